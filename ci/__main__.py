@@ -1,0 +1,3 @@
+from ci.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""`python -m ci`: the one command-line entry. Each subcommand lives in its own module."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from ci.errors import EXIT_INTERRUPTED, EXIT_USAGE, CIError
+
+# name -> (module exposing `main(argv) -> int`, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("ci.session", "run a suite (a nox session's work): plan, run, report"),
+    "audit": ("ci.audit", "check that every test file is registered, declares NUM_GPUS and runs something"),
+    "plan": ("ci.triggers", "show which CI jobs and sessions an event and its labels would run"),
+    "lock-gpus": ("ci.lock_cli", "run a command holding N GPUs exclusively (fair FIFO queue)"),
+    "gpu-status": ("ci.lock_cli", "show each GPU: free or held, by whom, since when; waiters"),
+    "changed": ("ci.changed", "list (or run) the test files a branch adds or modifies vs its base"),
+    "workflows": ("ci.workflow", "generate .github/workflows from the registry; --check for drift"),
+}
+
+
+def _usage() -> str:
+    width = max(len(n) for n in SUBCOMMANDS)
+    lines = ["usage: python -m ci <command> [options]   (python -m ci <command> --help)", "",
+             "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += ["", "exit codes: 0 ok, 1 tests failed, 2 bad input, 3 nothing registered, "
+              "124 timed out waiting, 130 interrupted"]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if args else EXIT_USAGE
+    name, rest = args[0], args[1:]
+    if name not in SUBCOMMANDS:
+        print(f"error: unknown command {name!r}; known: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        return EXIT_USAGE
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    try:
+        if name == "gpu-status":
+            return int(module.status_main(rest))
+        return int(module.main(rest))
+    except CIError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

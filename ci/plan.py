@@ -1,0 +1,149 @@
+"""Plan: which entries a suite selects, in which order, on which shard. Pure functions."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from ci.discover import Kind, TestFile
+from ci.errors import NothingRegistered, UsageError
+from ci.suites import Entry, Suite
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedEntry:
+    """An entry ready to run: its file's GPU count and kind resolved."""
+
+    id: str
+    path: str
+    test_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    timeout: float
+    num_gpus: int
+    kind: Kind
+    why: str = ""  # why the plan selected it (shown by `changed`)
+
+
+def _under(path: str, directory: str) -> bool:
+    return PurePosixPath(path).is_relative_to(PurePosixPath(directory))
+
+
+def rule_files(suite: Suite, files: Mapping[str, TestFile]) -> list[str]:
+    """Test files a rule-based suite takes: NUM_GPUS = 0 files under `include`, not under `exclude`."""
+    if not suite.include:
+        return []
+    return sorted(
+        path
+        for path, tf in files.items()
+        if tf.num_gpus == 0
+        and any(_under(path, d) for d in suite.include)
+        and not any(_under(path, d) for d in suite.exclude)
+    )
+
+
+def plan_entry(entry: Entry, tf: TestFile, *, default_timeout: float, why: str = "") -> PlannedEntry:
+    """Resolve one registry entry against what its file declares."""
+    if tf.num_gpus is None:
+        raise UsageError(f"{entry.path}: {tf.num_gpus_problem} (run `python -m ci audit`)")
+    return PlannedEntry(
+        id=entry.id,
+        path=entry.path,
+        test_args=entry.test_args,
+        env=entry.env,
+        timeout=entry.timeout if entry.timeout is not None else default_timeout,
+        num_gpus=tf.num_gpus,
+        kind=tf.kind,
+        why=why,
+    )
+
+
+def suite_entries(suite: Suite, files: Mapping[str, TestFile]) -> list[Entry]:
+    """The registry entries of a suite: its explicit list, or its rule applied to the files."""
+    return list(suite.entries) + [Entry(path=p) for p in rule_files(suite, files)]
+
+
+def resolve(suite: Suite, files: Mapping[str, TestFile]) -> list[PlannedEntry]:
+    """Every entry of `suite`, resolved; an empty suite is an error, never a silent green."""
+    entries = suite_entries(suite, files)
+    if not entries:
+        raise NothingRegistered(
+            f"nothing registered for {suite.name}: add entries to ci/suites.py "
+            f"(see README, 'Add a test')"
+        )
+    planned = []
+    for entry in entries:
+        tf = files.get(entry.path)
+        if tf is None:
+            raise UsageError(f"{suite.name}: registered file {entry.path} does not exist "
+                             f"(fix ci/suites.py, then run `python -m ci audit`)")
+        planned.append(plan_entry(entry, tf, default_timeout=suite.timeout))
+    return planned
+
+
+def _norm(path: str) -> str:
+    p = PurePosixPath(path.replace("\\", "/"))
+    parts = [x for x in p.parts if x not in (".",)]
+    return PurePosixPath(*parts).as_posix() if parts else ""
+
+
+def select_paths(entries: Sequence[PlannedEntry], paths: Iterable[str], *, suite: str) -> list[PlannedEntry]:
+    """Keep entries whose file is one of `paths` (a directory selects what lies under it)."""
+    wanted = [_norm(p).rstrip("/") for p in paths]
+    known = sorted({e.path for e in entries})
+    for w in wanted:
+        if not any(e.path == w or _under(e.path, w) for e in entries):
+            shown = ", ".join(known[:12]) + (f", … ({len(known)} in all)" if len(known) > 12 else "")
+            raise UsageError(f"{w} is not a test of {suite}; known: {shown}")
+    return [e for e in entries if any(e.path == w or _under(e.path, w) for w in wanted)]
+
+
+def select_only(entries: Sequence[PlannedEntry], pattern: str) -> list[PlannedEntry]:
+    """Keep entries whose id matches a glob, or contains `pattern` as a substring."""
+    chosen = [
+        e for e in entries
+        if fnmatch.fnmatchcase(e.id, pattern) or fnmatch.fnmatchcase(e.path, pattern) or pattern in e.id
+    ]
+    if not chosen:
+        raise UsageError(f"--only {pattern!r} matches no entry; entries: "
+                         + ", ".join(e.id for e in entries[:12]))
+    return chosen
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """`I/K` with 1 <= I <= K."""
+    try:
+        left, right = text.split("/")
+        index, count = int(left), int(right)
+    except ValueError:
+        raise UsageError(f"--shard {text!r}: expected I/K, e.g. 1/4") from None
+    if count < 1 or not 1 <= index <= count:
+        raise UsageError(f"--shard {text!r}: need 1 <= I <= K")
+    return index, count
+
+
+def estimate(entry: PlannedEntry, durations: Mapping[str, float]) -> float:
+    """Measured seconds for an entry, else a guess that puts unknown entries early."""
+    if entry.id in durations:
+        return durations[entry.id]
+    known = sorted(durations.values())
+    return known[len(known) // 2] * 2 if known else entry.timeout / 10
+
+
+def longest_first(entries: Sequence[PlannedEntry], durations: Mapping[str, float]) -> list[PlannedEntry]:
+    """Order for parallel runs: longest expected first (LPT), ties by id."""
+    return sorted(entries, key=lambda e: (-estimate(e, durations), e.id))
+
+
+def shard(entries: Sequence[PlannedEntry], index: int, count: int,
+          durations: Mapping[str, float]) -> list[PlannedEntry]:
+    """Shard `index` of `count` by LPT on measured durations: each entry to the lightest shard."""
+    loads = [0.0] * count
+    assigned: list[list[PlannedEntry]] = [[] for _ in range(count)]
+    for entry in longest_first(entries, durations):
+        weight = estimate(entry, durations) * max(1, entry.num_gpus)
+        target = min(range(count), key=lambda i: (loads[i], i))
+        loads[target] += weight
+        assigned[target].append(entry)
+    return assigned[index - 1]

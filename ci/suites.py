@@ -1,0 +1,150 @@
+"""The registry: the only list of suites and entries. Data only; `ci.plan` resolves it.
+
+A test file's GPU count is never written here: it lives in the file as
+`NUM_GPUS = N` and is read by `ci.discover`. Rule-based suites take every test
+file under their `include` directories (minus `exclude`); GPU suites list their
+entries, because the same file may run several times with different arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Tier = Literal["cpu", "gpu"]
+# Install profiles are extras in pyproject.toml; "image" means: use what the Docker image has.
+Profile = Literal["cpu", "agent", "e2e", "dev", "lint"]
+
+FRAMEWORK_IMAGE = "slimerl/slime:latest"
+TEST_IMAGE = "slimerl/slime-test:latest"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """One run of one test file."""
+
+    path: str
+    test_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    timeout: float | None = None  # seconds; None takes the suite's
+    # A 0-GPU configuration check that deliberately lives in a GPU suite.
+    cpu_only: bool = False
+
+    @property
+    def id(self) -> str:
+        return " ".join((self.path, *self.test_args))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Suite:
+    """A named set of entries: one nox session, one CI job (or matrix)."""
+
+    name: str
+    tier: Tier
+    purpose: str  # one line: what `nox -l` shows
+    profile: Profile
+    label: str | None = None  # PR label that runs it on GPU runners; None = every event
+    image: str | None = None  # Docker image of the GPU tier
+    entries: tuple[Entry, ...] = ()
+    include: tuple[str, ...] = ()  # rule: NUM_GPUS = 0 test files under these directories
+    exclude: tuple[str, ...] = ()
+    timeout: float = 900.0  # seconds per entry
+    shards: int = 1  # CI matrix width (`--shard I/K`)
+    dynamic: bool = False  # entries come from the diff (`changed`), not from here
+
+
+def _env(**values: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(values.items()))
+
+
+# The megatron matrix. Each entry trains for real; the tiny-model entry is the honest
+# smoke that runs anywhere (CUDA when present, CPU ranks under --emulate-gpus).
+MEGATRON_ENTRIES: tuple[Entry, ...] = (
+    Entry(path="tests/e2e/test_tiny_train.py", timeout=600),
+)
+
+SUITES: tuple[Suite, ...] = (
+    Suite(
+        name="cpu_unit",
+        tier="cpu",
+        purpose="CPU correctness tier: every NUM_GPUS = 0 test of slime's core, in parallel",
+        profile="cpu",
+        include=("tests",),
+        exclude=("tests/test_agent", "tests/toolkit", "tests/e2e"),
+        timeout=600,
+    ),
+    Suite(
+        name="agent_adapter",
+        tier="cpu",
+        purpose="Agent tier: provider adapters, trajectories and sandbox with real SDK clients",
+        profile="agent",
+        include=("tests/test_agent",),
+        timeout=600,
+    ),
+    Suite(
+        name="toolkit",
+        tier="cpu",
+        purpose="The CI toolkit's own tests: registry, runner, GPU lock, changed, workflows",
+        profile="dev",
+        include=("tests/toolkit",),
+        timeout=900,
+    ),
+    Suite(
+        name="sglang_config",
+        tier="gpu",
+        purpose="GPU tier: rollout-engine deployment configurations",
+        profile="e2e",
+        label="run-ci-sglang-config",
+        image=FRAMEWORK_IMAGE,
+    ),
+    Suite(
+        name="megatron",
+        tier="gpu",
+        purpose="GPU tier: the core training matrix",
+        profile="e2e",
+        label="run-ci-megatron",
+        image=FRAMEWORK_IMAGE,
+        entries=MEGATRON_ENTRIES,
+        timeout=3600,
+    ),
+    Suite(
+        name="precision",
+        tier="gpu",
+        purpose="GPU tier: numerical consistency across parallel layouts",
+        profile="e2e",
+        label="run-ci-precision",
+        image=FRAMEWORK_IMAGE,
+    ),
+    Suite(
+        name="ckpt",
+        tier="gpu",
+        purpose="GPU tier: checkpoint save/load combinations",
+        profile="e2e",
+        label="run-ci-ckpt",
+        image=FRAMEWORK_IMAGE,
+    ),
+    Suite(
+        name="image",
+        tier="gpu",
+        purpose="GPU tier: the megatron matrix on the test image",
+        profile="e2e",
+        label="run-ci-image",
+        image=TEST_IMAGE,
+        entries=MEGATRON_ENTRIES,
+        timeout=3600,
+    ),
+    Suite(
+        name="changed",
+        tier="gpu",
+        purpose="Test files this branch adds or modifies vs origin/main, each on its NUM_GPUS",
+        profile="e2e",
+        label="run-ci-changed",
+        image=FRAMEWORK_IMAGE,
+        dynamic=True,
+        timeout=3600,
+    ),
+)
+
+
+def by_name() -> dict[str, Suite]:
+    return {s.name: s for s in SUITES}
