@@ -1,0 +1,150 @@
+"""`python -m ci audit`: every test file registered, declaring NUM_GPUS, and running something.
+
+Each finding names file and line. It works on any checkout (`--root`): a checkout
+without our registry (`ci/suites.py`) still gets every per-file finding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
+
+from ci.discover import TestFile, discover
+from ci.errors import EXIT_FAILED, EXIT_OK, UsageError
+from ci.plan import rule_files
+from ci.suites import Suite
+
+REGISTRY = "ci/suites.py"
+
+
+@dataclass(frozen=True, kw_only=True, order=True)
+class Finding:
+    """One problem, where it is and what to do about it."""
+
+    path: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+def file_findings(tf: TestFile) -> list[Finding]:
+    """Problems visible in the file alone."""
+    out: list[Finding] = []
+    if tf.syntax_error:
+        return [Finding(path=tf.path, line=1, message=f"does not parse ({tf.syntax_error})")]
+    if tf.num_gpus is None:
+        out.append(Finding(path=tf.path, line=tf.num_gpus_line or 1,
+                           message=f"{tf.num_gpus_problem} (e.g. `NUM_GPUS = 0` for a CPU test)"))
+        return out
+    main_line = tf.main_line or 1
+    if tf.num_gpus == 0 and tf.test_functions == 0:
+        out.append(Finding(path=tf.path, line=1,
+                           message="NUM_GPUS = 0 but no test functions: the file would run nothing"))
+    elif tf.kind == "script" and not tf.has_main:
+        out.append(Finding(path=tf.path, line=1, message="e2e script without an "
+                           "`if __name__ == \"__main__\":` block: running it does nothing"))
+    elif not tf.has_main:
+        out.append(Finding(path=tf.path, line=1, message="no `if __name__ == \"__main__\":` block: "
+                           "`python <file>` runs nothing; end it with "
+                           "`raise SystemExit(pytest.main([__file__, *sys.argv[1:]]))`"))
+    elif not tf.main_runs_something:
+        out.append(Finding(path=tf.path, line=main_line, message="the `__main__` block calls neither "
+                           "pytest.main nor a function of the file: `python <file>` runs nothing"))
+    return out
+
+
+def registry_findings(suites: Sequence[Suite], files: Mapping[str, TestFile]) -> list[Finding]:
+    """Problems between the registry and the files: unregistered, missing, GPU count mismatches."""
+    out: list[Finding] = []
+    claimed: set[str] = set()
+    for suite in suites:
+        claimed.update(rule_files(suite, files))
+        for entry in suite.entries:
+            claimed.add(entry.path)
+            tf = files.get(entry.path)
+            where = f"registered in suite {suite.name} ({REGISTRY})"
+            if tf is None:
+                out.append(Finding(path=entry.path, line=0,
+                                   message=f"{where} but the file does not exist"))
+                continue
+            if tf.num_gpus is None:
+                continue  # already reported by file_findings
+            if suite.tier == "gpu" and tf.num_gpus == 0 and not entry.cpu_only:
+                out.append(Finding(path=entry.path, line=tf.num_gpus_line or 1, message=(
+                    f"{where}, a GPU suite, but NUM_GPUS = 0; move it to a CPU suite or mark "
+                    "the entry cpu_only=True if it is a deliberate config check")))
+            if suite.tier == "cpu" and tf.num_gpus > 0:
+                out.append(Finding(path=entry.path, line=tf.num_gpus_line or 1, message=(
+                    f"{where}, a CPU suite, but NUM_GPUS = {tf.num_gpus}")))
+    for path, tf in files.items():
+        if path in claimed or tf.num_gpus is None:
+            continue
+        hint = ("add an Entry to a GPU suite" if tf.num_gpus
+                else "put it under a directory a CPU suite includes")
+        out.append(Finding(path=path, line=tf.num_gpus_line or 1,
+                           message=f"in no suite (NUM_GPUS = {tf.num_gpus}); {hint} in {REGISTRY}"))
+    return out
+
+
+def load_registry(root: Path) -> tuple[Suite, ...] | None:
+    """The SUITES of the checkout at root, loaded from its file; None when it has none."""
+    path = root / REGISTRY
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("_audited_suites", path)
+    if spec is None or spec.loader is None:
+        return None
+    module: ModuleType = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses need the module registered while executing
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # a broken registry is a finding, not a crash
+        raise UsageError(f"{path}: cannot load the registry: {exc}") from None
+    finally:
+        sys.modules.pop(spec.name, None)
+    suites = getattr(module, "SUITES", None)
+    return tuple(suites) if suites is not None else None
+
+
+def audit(root: Path) -> tuple[list[Finding], int, bool]:
+    """All findings for the checkout at root, the number of test files, and whether a registry was read."""
+    files = discover(root)
+    findings = [f for tf in files.values() for f in file_findings(tf)]
+    suites = load_registry(root)
+    if suites is not None:
+        findings += registry_findings(suites, files)
+    return sorted(set(findings)), len(files), suites is not None
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `python -m ci audit --help`)")
+
+
+def main(argv: Sequence[str]) -> int:
+    p = _Parser(prog="python -m ci audit", description=(
+        "Check every test file under tests/: declares NUM_GPUS (read by AST), runs something, "
+        "and belongs to exactly the suites its GPU count allows. Exit 1 when anything is wrong."))
+    p.add_argument("--root", type=Path, default=Path.cwd(), help="checkout to audit (default: .)")
+    args = p.parse_args(list(argv))
+    root = args.root.resolve()
+    if not (root / "tests").is_dir():
+        raise UsageError(f"{root} has no tests/ directory; pass the repository root with --root")
+    findings, count, registry = audit(root)
+    for finding in findings:
+        print(finding)
+    scope = "" if registry else f" (no {REGISTRY} here: per-file checks only)"
+    if findings:
+        files = len({f.path for f in findings})
+        print(f"audit: {len(findings)} problem(s) in {files} of {count} test files{scope}")
+        return EXIT_FAILED
+    print(f"audit: {count} test files, no problems{scope}")
+    return EXIT_OK

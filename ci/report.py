@@ -1,0 +1,148 @@
+"""Report: JUnit parsing and merging, the summary table, the durations store."""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ci.runner import Result
+
+
+@dataclass(frozen=True, kw_only=True)
+class Counts:
+    """Test counts of one JUnit report."""
+
+    tests: int = 0
+    failures: int = 0
+    errors: int = 0
+    skipped: int = 0
+
+    @property
+    def passed(self) -> int:
+        return max(0, self.tests - self.failures - self.errors - self.skipped)
+
+
+def _suites(root: ET.Element) -> list[ET.Element]:
+    return [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+
+
+def parse_junit(path: Path) -> Counts | None:
+    """Counts from a JUnit file; None when it is missing or unreadable (a crash, a kill)."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    tests = failures = errors = skipped = 0
+    for suite in _suites(root):
+        tests += int(suite.get("tests", 0))
+        failures += int(suite.get("failures", 0))
+        errors += int(suite.get("errors", 0))
+        skipped += int(suite.get("skipped", 0))
+    return Counts(tests=tests, failures=failures, errors=errors, skipped=skipped)
+
+
+def _synthetic_suite(result: Result) -> ET.Element:
+    """A one-case suite for an entry without a JUnit file of its own (scripts, crashes)."""
+    failed = not result.ok
+    suite = ET.Element("testsuite", {
+        "name": result.entry.id, "tests": "1", "failures": "1" if failed else "0",
+        "errors": "0", "skipped": "0", "time": f"{result.seconds:.3f}",
+    })
+    case = ET.SubElement(suite, "testcase", {
+        "classname": result.entry.path, "name": result.entry.id, "time": f"{result.seconds:.3f}",
+    })
+    if failed:
+        node = ET.SubElement(case, "failure", {"message": result.reason})
+        node.text = result.output_tail
+    return suite
+
+
+def merge_junit(results: Iterable[Result], out: Path) -> Path:
+    """Merge every entry's JUnit report into one `<testsuites>` file at `out`."""
+    merged = ET.Element("testsuites")
+    for result in results:
+        suites: list[ET.Element] = []
+        if result.junit_path is not None and result.entry.kind == "pytest":
+            try:
+                suites = _suites(ET.parse(result.junit_path).getroot())
+            except (OSError, ET.ParseError):
+                suites = []
+        if not suites or not result.ok and result.outcome in ("timeout", "interrupted"):
+            suites = [_synthetic_suite(result)]
+        for suite in suites:
+            suite.set("name", result.entry.id)
+            merged.append(suite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(merged).write(out, encoding="utf-8", xml_declaration=True)
+    return out
+
+
+def _fmt_gpus(devices: tuple[int, ...], num_gpus: int) -> str:
+    if not num_gpus:
+        return "-"
+    return ",".join(map(str, devices)) if devices else str(num_gpus)
+
+
+def table(results: Iterable[Result]) -> str:
+    """Plain-text table of outcomes, slowest first."""
+    rows = sorted(results, key=lambda r: (-r.seconds, r.entry.id))
+    head = ("entry", "outcome", "passed", "failed", "skipped", "gpus", "seconds")
+    body = [
+        (r.entry.id, r.outcome, str(r.passed), str(r.failed), str(r.skipped),
+         _fmt_gpus(r.devices, r.entry.num_gpus), f"{r.seconds:.1f}")
+        for r in rows
+    ]
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=False)]
+    right = {2, 3, 4, 6}
+
+    def fmt(row: tuple[str, ...]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([fmt(head), rule, *(fmt(r) for r in body)])
+
+
+def markdown(title: str, results: Iterable[Result], closing: str) -> str:
+    """The GitHub step summary: failures first, then every entry slowest first."""
+    rows = sorted(results, key=lambda r: (r.ok, -r.seconds))
+    icon = {"passed": "✅", "flaky": "⚠️", "deselected": "➖"}
+    lines = [f"### {title}", "", closing, "",
+             "| entry | outcome | passed | failed | skipped | seconds |",
+             "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        mark = icon.get(r.outcome, "❌")
+        lines.append(f"| `{r.entry.id}` | {mark} {r.outcome} | {r.passed} | {r.failed} | "
+                     f"{r.skipped} | {r.seconds:.1f} |")
+    return "\n".join(lines)
+
+
+class DurationStore:
+    """Measured seconds per entry id, kept between runs so plans can order and shard by them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> dict[str, float]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float))}
+
+    def update(self, measured: Mapping[str, float]) -> None:
+        """Merge new measurements in; written atomically so concurrent runs never see half a file."""
+        data = self.load()
+        data.update({k: round(v, 2) for k, v in measured.items()})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        tmp.replace(self.path)

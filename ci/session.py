@@ -1,0 +1,342 @@
+"""`python -m ci run --suite NAME`: what every nox session does — plan, run, report.
+
+The nox sessions only forward their posargs here, so `nox -s megatron -- --dry-run`
+on a laptop and the CI job print and run exactly the same thing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from ci import plan as planner
+from ci.discover import discover
+from ci.errors import EXIT_FAILED, EXIT_OK, CIError, UsageError
+from ci.log import Log
+from ci.plan import PlannedEntry
+from ci.report import DurationStore, markdown, merge_junit, table
+from ci.runner import Acquire, Lease, Result, Runner, RunConfig, Wrap, base_argv
+from ci.suites import SUITES, Suite, by_name
+
+MAX_JOBS = 256
+DEFAULT_LOCK_PATTERN = "/dev/shm/custom_gpu_lock_{gpu_id}.lock"
+# Variables the original CI passed into its containers; unset ones are skipped.
+PASSTHROUGH = (
+    "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
+    "GITHUB_COMMIT_NAME", "WANDB_API_KEY", "HF_TOKEN", "HF_HUB_OFFLINE",
+)
+TEST_FLAGS = {
+    "SLIME_TEST_USE_DEEPEP": "0",
+    "SLIME_TEST_USE_FP8_ROLLOUT": "0",
+    "SLIME_TEST_ENABLE_EVAL": "1",
+    "SLIME_TEST_ENABLE_INFINITE_RUN": "0",
+}
+TRUE_WORDS = {"1", "true", "yes", "on"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line and exit 2 through our error family."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `python -m ci run --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    names = ", ".join(s.name for s in SUITES)
+    p = _Parser(
+        prog="python -m ci run",
+        description="Run one suite of the registry (what `nox -s <suite>` does).",
+        epilog="Exit codes: 0 all passed, 1 something failed or nothing ran, 2 bad input, "
+               "3 nothing registered, 130 interrupted. Unknown options of a CPU suite go to pytest.",
+    )
+    p.add_argument("--suite", required=True, help=f"one of: {names}")
+    p.add_argument("paths", nargs="*", help="only these test files or directories of the suite")
+    p.add_argument("-k", dest="keyword", metavar="EXPR", help="pytest -k expression (pytest files)")
+    p.add_argument("-j", "--jobs", type=int, help="entries run at once (default: CPU count; "
+                   "GPU suites: as many as the GPUs allow)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (entries, GPUs, argv) and stop")
+    p.add_argument("--only", metavar="PATTERN", help="only entries whose id matches (glob or substring)")
+    p.add_argument("--shard", metavar="I/K", help="run shard I of K (balanced by measured durations)")
+    p.add_argument("--timeout", type=float, help="seconds per entry (default: the registry's)")
+    p.add_argument("--retries", type=int, default=0, help="re-run a failed entry up to N times; "
+                   "one that then passes is reported flaky")
+    p.add_argument("--gpus", type=int, help="GPUs this run may use (default: detected; 8 when emulating)")
+    p.add_argument("--emulate-gpus", action="store_true",
+                   help="allocate logical GPUs and run each entry's ranks on the CPU (no Docker)")
+    p.add_argument("--no-docker", action="store_true", help="GPU suites: run in this environment")
+    p.add_argument("--image", help="GPU suites: Docker image (default: the registry's)")
+    p.add_argument("--pull", choices=("always", "missing", "never"), default="always",
+                   help="docker run --pull policy (default: always)")
+    p.add_argument("--lock-path-pattern", help=f"GPU lock files (default: {DEFAULT_LOCK_PATTERN}; "
+                   "a private temp dir when emulating)")
+    p.add_argument("--lock-timeout", type=float, default=86400.0,
+                   help="seconds an entry may wait for its GPUs (default: 86400)")
+    p.add_argument("--base", default="origin/main", help="changed suite: compare with this ref")
+    p.add_argument("--affected", action="store_true",
+                   help="changed suite: also tests that import changed modules")
+    p.add_argument("--junit", type=Path, help="merged JUnit file (default: .ci-cache/junit/<suite>.xml)")
+    p.add_argument("--durations", type=Path,
+                   help="durations store (default: .ci-cache/durations.json)")
+    p.add_argument("--keep-outputs", action="store_true", help="keep output dirs of passing entries")
+    p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: .)")
+    return p
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """Parsed and validated command line."""
+
+    suite: Suite
+    args: argparse.Namespace
+    pytest_args: tuple[str, ...]
+    root: Path
+
+
+def parse(argv: Sequence[str]) -> Options:
+    """Parse and validate; every problem is a one-line UsageError."""
+    args, unknown = build_parser().parse_known_args(list(argv))
+    suites = by_name()
+    if args.suite not in suites:
+        raise UsageError(f"unknown suite {args.suite!r}; known: {', '.join(suites)}")
+    suite = suites[args.suite]
+    if args.jobs is not None and not 1 <= args.jobs <= MAX_JOBS:
+        raise UsageError(f"-j {args.jobs}: must be between 1 and {MAX_JOBS}")
+    if args.timeout is not None and not 0 < args.timeout <= 7 * 86400:
+        raise UsageError(f"--timeout {args.timeout:g}: must be between 0 (exclusive) and 604800 s")
+    if not 0 <= args.retries <= 10:
+        raise UsageError(f"--retries {args.retries}: must be between 0 and 10")
+    if args.gpus is not None and not 0 <= args.gpus <= 1024:
+        raise UsageError(f"--gpus {args.gpus}: must be between 0 and 1024")
+    if args.lock_timeout <= 0:
+        raise UsageError("--lock-timeout must be positive")
+    if args.lock_path_pattern is not None and "{gpu_id}" not in args.lock_path_pattern:
+        raise UsageError("--lock-path-pattern must contain {gpu_id}")
+    if unknown and suite.tier == "gpu":
+        raise UsageError(f"unknown option(s) for GPU suite {suite.name}: {' '.join(unknown)}")
+    root = args.root.resolve()
+    if not (root / "tests").is_dir():
+        raise UsageError(f"{root} has no tests/ directory; run from the repository root or pass --root")
+    return Options(suite=suite, args=args, pytest_args=tuple(unknown), root=root)
+
+
+def select(opts: Options, durations: Mapping[str, float]) -> list[PlannedEntry]:
+    """The entries this invocation runs, in run order."""
+    args, suite = opts.args, opts.suite
+    if suite.dynamic:
+        from ci.changed import changed_entries
+
+        entries = changed_entries(opts.root, args.base, affected=args.affected,
+                                  timeout=suite.timeout,
+                                  warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+    else:
+        entries = planner.resolve(suite, discover(opts.root))
+    if args.paths:
+        entries = planner.select_paths(entries, args.paths, suite=suite.name)
+    if args.only:
+        entries = planner.select_only(entries, args.only)
+    if args.shard:
+        index, count = planner.parse_shard(args.shard)
+        entries = planner.shard(entries, index, count, durations)
+    if args.timeout is not None:
+        entries = [PlannedEntry(**{**e.__dict__, "timeout": args.timeout}) for e in entries]
+    return planner.longest_first(entries, durations)
+
+
+def detect_gpus() -> int | None:
+    """GPUs NVML sees on this machine; None when NVML is unavailable."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no device: NVML raises its own error family
+        return None
+
+
+def _gpu_budget(opts: Options, entries: Sequence[PlannedEntry]) -> int:
+    args = opts.args
+    needed = max((e.num_gpus for e in entries), default=0)
+    if args.gpus is not None:
+        gpus = args.gpus
+    elif args.emulate_gpus or args.dry_run:
+        gpus = detect_gpus() or 8
+    else:
+        gpus = detect_gpus() or 0
+        if needed and not gpus:
+            raise UsageError("no GPU detected; pass --emulate-gpus to run on the CPU, "
+                             "or --gpus N if NVML cannot see them")
+    too_big = [e for e in entries if e.num_gpus > gpus]
+    if too_big:
+        e = too_big[0]
+        raise UsageError(f"{e.id} needs {e.num_gpus} GPUs but this run may use {gpus} "
+                         f"(--gpus); {len(too_big)} entr{'y' if len(too_big) == 1 else 'ies'} too large")
+    return gpus
+
+
+def _uses_docker(opts: Options) -> bool:
+    return opts.suite.tier == "gpu" and not opts.args.no_docker and not opts.args.emulate_gpus
+
+
+def _docker_wrap(opts: Options) -> Wrap:
+    from ci.docker import DockerOptions, docker_run_argv
+
+    image = opts.args.image or opts.suite.image or "slimerl/slime:latest"
+    env_src = os.environ
+
+    def wrap(entry: PlannedEntry, argv: Sequence[str], env: Mapping[str, str],
+             devices: tuple[int, ...]) -> Sequence[str]:
+        inner_env = {k: v for k, v in env.items()
+                     if k.startswith(("SLIME_CI_", "SLIME_TEST_")) or k in ("NUM_GPUS", "TMPDIR")
+                     or k in dict(entry.env)}
+        inner_env["TEST_FILE"] = entry.path
+        inner_env["TEST_ARGS"] = " ".join(entry.test_args)
+        inner = ("python3", *argv[1:])
+        options = DockerOptions(
+            image=image, workspace=opts.root, devices=devices, env=inner_env,
+            passthrough=tuple(k for k in PASSTHROUGH if k in env_src),
+            caches=_caches(env_src), pull=opts.args.pull,
+            name=f"slime-ci-{os.getpid()}-{abs(hash(entry.id)) % 10**8}",
+        )
+        return docker_run_argv(options, inner=inner)
+
+    return wrap
+
+
+
+def _caches(env: Mapping[str, str]) -> dict[Path, Path]:
+    models = Path(env.get("SLIME_CI_MODELS_DIR", "/data/ci/models"))
+    datasets = Path(env.get("SLIME_CI_DATASETS_DIR", "/data/ci/datasets"))
+    return {models: Path("/root/models"), datasets: Path("/root/datasets")}
+
+
+def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, gpus: int,
+                log: Log) -> None:
+    suite = opts.suite
+    where = "docker " + (opts.args.image or suite.image or "") if _uses_docker(opts) else "local"
+    if opts.args.emulate_gpus:
+        where = "local, GPUs emulated on the CPU"
+    log.line(f"plan for {suite.name}: {len(entries)} entries, {cfg.jobs} at a time, "
+             f"{gpus if suite.tier == 'gpu' else 0} GPUs, {where}")
+    for e in entries:
+        devices = tuple(range(e.num_gpus))
+        junit = cfg.work_dir / "junit" / "<entry>.xml"
+        argv: Sequence[str] = base_argv(e, cfg, junit)
+        if cfg.wrap is not None:
+            argv = cfg.wrap(e, argv, {"NUM_GPUS": str(e.num_gpus)}, devices)
+        why = f"  [{e.why}]" if e.why else ""
+        log.line(f"  {e.id}  gpus={e.num_gpus}  timeout={e.timeout:.0f}s{why}")
+        log.line(f"      $ {shlex.join(argv)}")
+    if suite.tier == "gpu" and any(e.num_gpus for e in entries):
+        log.line("  (GPU ids shown are placeholders: each entry takes whichever GPUs the lock grants)")
+
+
+def _closing(suite: str, results: Sequence[Result]) -> str:
+    passed = sum(r.passed for r in results)
+    failed = sum(r.failed for r in results)
+    skipped = sum(r.skipped for r in results)
+    return f"{suite}: {passed} passed, {failed} failed, {skipped} skipped"
+
+
+def _bool_env(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() in TRUE_WORDS
+
+
+def main(argv: Sequence[str]) -> int:
+    opts = parse(argv)
+    args, suite, root = opts.args, opts.suite, opts.root
+    log = Log.from_env()
+    cache = root / ".ci-cache"
+    store = DurationStore(args.durations or cache / "durations.json")
+    durations = store.load()
+    entries = select(opts, durations)
+    if not entries:
+        log.line(f"{suite.name}: nothing selected; nothing to run")
+        return EXIT_OK
+    gpus = _gpu_budget(opts, entries) if suite.tier == "gpu" or any(e.num_gpus for e in entries) else 0
+    gpu_entries = any(e.num_gpus for e in entries)
+    jobs = args.jobs or (min(len(entries), 64) if gpu_entries else (os.cpu_count() or 1))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    work_dir = cache / "runs" / f"{suite.name}-{stamp}-{os.getpid()}"
+    env = {**TEST_FLAGS, **os.environ}
+    wrap = _docker_wrap(opts) if _uses_docker(opts) else None
+    cfg = RunConfig(
+        root=root, work_dir=work_dir, jobs=jobs, base_env=env,
+        pytest_args=(*(("-k", args.keyword) if args.keyword else ()), *opts.pytest_args),
+        filtering=bool(args.keyword), retries=args.retries,
+        infinite=_bool_env(env, "SLIME_TEST_ENABLE_INFINITE_RUN"),
+        emulate_gpus=args.emulate_gpus, keep_outputs=args.keep_outputs, wrap=wrap,
+    )
+    if args.dry_run:
+        _print_plan(opts, entries, cfg, gpus, log)
+        return EXIT_OK
+    lock_dir = None
+    if gpu_entries:
+        pattern = args.lock_path_pattern
+        if pattern is None and args.emulate_gpus:
+            lock_dir = tempfile.mkdtemp(prefix="slime-ci-locks-")
+            pattern = os.path.join(lock_dir, "gpu_{gpu_id}.lock")
+        cfg = RunConfig(**{**cfg.__dict__, "acquire": _acquirer(
+            gpus, pattern or DEFAULT_LOCK_PATTERN, args.lock_timeout)})
+    log.line(f"{suite.name}: {len(entries)} entries, {jobs} at a time"
+             + (f", {gpus} GPUs" + (" (emulated)" if args.emulate_gpus else "") if gpu_entries else "")
+             + (" — repeating until a failure (SLIME_TEST_ENABLE_INFINITE_RUN)" if cfg.infinite else ""))
+    start = time.monotonic()
+    results = Runner(cfg, log).run(entries)
+    wall = time.monotonic() - start
+    return _report(suite.name, results, wall, args.junit or cache / "junit" / f"{suite.name}.xml",
+                   store, log)
+
+
+def _acquirer(gpus: int, pattern: str, timeout: float) -> Acquire:
+    from ci.gpu_lock import hold
+
+    def acquire(count: int, command: str) -> AbstractContextManager[Lease]:
+        return hold(count=count, total_gpus=gpus, lock_path_pattern=pattern, timeout=timeout,
+                    command=command)
+
+    return acquire
+
+
+def _report(name: str, results: Sequence[Result], wall: float, junit: Path,
+            store: DurationStore, log: Log) -> int:
+    log.line("")
+    log.line(table(results))
+    log.line("")
+    merge_junit(results, junit)
+    store.update({r.entry.id: r.seconds for r in results
+                  if r.outcome not in ("interrupted", "deselected", "timeout")})
+    closing = _closing(name, results)
+    bad = [r for r in results if not r.ok]
+    flaky = [r for r in results if r.outcome == "flaky"]
+    log.summary(markdown(name, results, closing))
+    for r in flaky:
+        log.line(f"flaky: {r.entry.id} ({r.reason})")
+    for r in bad:
+        log.line(f"FAILED {r.entry.id}: {r.outcome}: {r.reason}")
+    log.line(closing)
+    log.line(f"{len(results)} entries in {wall:.1f}s; JUnit: {junit}")
+    if any(r.outcome == "interrupted" for r in results):
+        return 130
+    if bad:
+        return EXIT_FAILED
+    if sum(r.passed for r in results) == 0:
+        log.line(f"{name}: no test ran")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+__all__ = ["CIError", "main", "parse", "select"]
