@@ -95,7 +95,7 @@ def _num_gpus(tree: ast.Module) -> tuple[int | None, int | None, str | None]:
             value, problem = expr.value, None
         else:
             value = None
-            problem = f"`{NUM_GPUS}` must be a non-negative integer literal, got `{ast.unparse(expr)}`"
+            problem = f"`{NUM_GPUS}` must be a non-negative integer literal, got `{ast.unparse(expr) if expr is not None else ''}`"
     return value, line, problem
 
 
@@ -129,9 +129,9 @@ def _main_runs_something(block: ast.If, local_functions: set[str]) -> bool:
         if not isinstance(node, ast.Call):
             continue
         func = node.func
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
-            if (func.value.id, func.attr) in _RUNNER_CALLS:
-                return True
+        if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+                and (func.value.id, func.attr) in _RUNNER_CALLS):
+            return True
         if isinstance(func, ast.Name) and func.id in local_functions:
             return True
     return False

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Protocol
@@ -58,8 +58,13 @@ class Result:
 
 
 class Lease(Protocol):
-    devices: tuple[int, ...]
-    fds: tuple[int, ...]
+    """GPUs held for one entry, and the locked file descriptors that hold them."""
+
+    @property
+    def devices(self) -> tuple[int, ...]: ...
+
+    @property
+    def fds(self) -> tuple[int, ...]: ...
 
 
 # Acquires GPUs for an entry; blocks until they are free. Given (count, command).
@@ -139,10 +144,8 @@ def entry_env(entry: PlannedEntry, cfg: RunConfig, *, devices: tuple[int, ...],
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class _Active:
@@ -274,8 +277,8 @@ def _judge(entry: PlannedEntry, attempt: _Attempt, *, junit: Path, log: Path,
         if cfg.filtering:
             return replace(result, outcome="deselected", reason="no test matched the filter")
         # The original CI counted files that ran nothing as green; here they fail.
-        return replace(result, outcome="empty",
-                       failed=max(1, result.failed), reason="ran no test: a test file must execute at least one test")
+        return replace(result, outcome="empty", failed=max(1, result.failed),
+                       reason="ran no test: a test file must execute at least one test")
     return replace(result, failed=max(1, result.failed),
                    reason=_reason(tail) or f"exit code {attempt.returncode}")
 

@@ -24,7 +24,7 @@ from ci.errors import EXIT_FAILED, EXIT_OK, CIError, UsageError
 from ci.log import Log
 from ci.plan import PlannedEntry
 from ci.report import DurationStore, markdown, merge_junit, table
-from ci.runner import Acquire, Lease, Result, Runner, RunConfig, Wrap, base_argv
+from ci.runner import Acquire, Lease, Result, RunConfig, Runner, Wrap, base_argv
 from ci.suites import SUITES, Suite, by_name
 
 MAX_JOBS = 256
@@ -160,7 +160,8 @@ def detect_gpus() -> int | None:
     try:
         pynvml.nvmlInit()
         try:
-            return int(pynvml.nvmlDeviceGetCount())
+            count: int = pynvml.nvmlDeviceGetCount()
+            return count
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # no driver, no device: NVML raises its own error family
@@ -211,7 +212,8 @@ def _docker_wrap(opts: Options) -> Wrap:
             caches=_caches(env_src), pull=opts.args.pull,
             name=f"slime-ci-{os.getpid()}-{abs(hash(entry.id)) % 10**8}",
         )
-        return docker_run_argv(options, inner=inner)
+        built: Sequence[str] = docker_run_argv(options, inner=inner)
+        return built
 
     return wrap
 

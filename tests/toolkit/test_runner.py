@@ -1,0 +1,268 @@
+"""The runner on real test files in tmp_path, through the real CLI and real subprocesses."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from _ci import PASSING, REPO, code, run_ci, write
+
+from ci.log import Log
+from ci.plan import PlannedEntry
+from ci.runner import RunConfig, Runner
+
+NUM_GPUS = 0
+
+
+
+def _alive(pid: int) -> bool:
+    """True while pid exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _run(root: Path, *args: str, env=None, timeout: float = 120):
+    return run_ci("run", "--suite", "cpu_unit", "--root", str(root), *args, env=env, timeout=timeout)
+
+
+def test_hanging_file_is_killed_with_everything_it_started(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    write(tmp_path, {"tests/test_hang.py": code(f"""
+        import subprocess, sys, time, pytest
+        NUM_GPUS = 0
+        def test_hangs():
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            open({str(pidfile)!r}, "w").write(str(child.pid))
+            time.sleep(600)
+    """)})
+    proc = _run(tmp_path, "--timeout", "3")
+    assert proc.returncode == 1
+    assert "tests/test_hang.py" in proc.stdout and "timeout" in proc.stdout
+    assert "timed out after 3s" in proc.stdout
+    grandchild = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(grandchild), "a process the test started outlived its timeout"
+
+
+def test_file_that_runs_no_test_fails(tmp_path):
+    write(tmp_path, {"tests/test_ok.py": PASSING, "tests/test_nothing.py": code("""
+        import pytest
+        NUM_GPUS = 0
+        def helper():
+            return 1
+    """)})
+    proc = _run(tmp_path)
+    assert proc.returncode == 1
+    assert "tests/test_nothing.py: empty: ran no test" in proc.stdout
+    assert "cpu_unit: 1 passed, 1 failed, 0 skipped" in proc.stdout.splitlines()
+
+
+def test_import_error_is_shown_from_the_file(tmp_path):
+    write(tmp_path, {"tests/test_dep.py": code("""
+        import pytest
+        import not_installed_anywhere_pkg
+        NUM_GPUS = 0
+        def test_a():
+            assert True
+    """)})
+    proc = _run(tmp_path)
+    assert proc.returncode == 1
+    assert ("FAILED tests/test_dep.py: failed: ModuleNotFoundError: "
+            "No module named 'not_installed_anywhere_pkg'") in proc.stdout
+    assert "tests/test_dep.py:2: in <module>" in proc.stdout  # the file's own traceback line
+    assert "ci/runner.py" not in proc.stdout + proc.stderr
+
+
+def test_import_time_stubs_do_not_leak_between_files(tmp_path):
+    write(tmp_path, {
+        "tests/test_a_stubs.py": code("""
+            import os, sys, types, pytest
+            sys.modules["json"] = types.ModuleType("json")  # an import-time stub
+            os.environ["LEAKED_BY_A"] = "1"
+            NUM_GPUS = 0
+            def test_stubbed():
+                import json
+                assert not hasattr(json, "dumps")
+        """),
+        "tests/test_b_real.py": code("""
+            import os, pytest
+            NUM_GPUS = 0
+            def test_real_json():
+                import json
+                assert json.dumps([1]) == "[1]"
+                assert "LEAKED_BY_A" not in os.environ
+        """),
+    })
+    proc = _run(tmp_path, "-j", "1")
+    assert proc.returncode == 0, proc.stdout
+    assert "cpu_unit: 2 passed, 0 failed, 0 skipped" in proc.stdout.splitlines()
+
+
+def test_files_run_in_parallel_and_report_merges(tmp_path):
+    stamps = tmp_path / "stamps"
+    stamps.mkdir()
+    body = code(f"""
+        import os, time, pytest
+        NUM_GPUS = 0
+        def test_sleepy():
+            start = time.time()
+            time.sleep(1.5)
+            open(os.path.join({str(stamps)!r}, os.path.basename(__file__)), "w").write(f"{{start}} {{time.time()}}")
+        def test_skipped():
+            pytest.skip("on purpose")
+    """)
+    write(tmp_path, {"tests/test_p1.py": body, "tests/test_p2.py": body})
+    junit = tmp_path / "merged.xml"
+    durations = tmp_path / "durations.json"
+    proc = _run(tmp_path, "-j", "2", "--junit", str(junit), "--durations", str(durations))
+    assert proc.returncode == 0, proc.stdout
+    (s1, e1), (s2, e2) = ([float(x) for x in p.read_text().split()] for p in sorted(stamps.iterdir()))
+    assert s1 < e2 and s2 < e1, "the two files did not overlap"
+    root = ET.parse(junit).getroot()
+    suites = root.findall("testsuite")
+    assert sorted(s.get("name") for s in suites) == ["tests/test_p1.py", "tests/test_p2.py"]
+    assert sum(int(s.get("tests")) for s in suites) == 4
+    assert sum(int(s.get("skipped")) for s in suites) == 2
+    stored = json.loads(durations.read_text())
+    assert set(stored) == {"tests/test_p1.py", "tests/test_p2.py"}
+    assert all(v >= 1.5 for v in stored.values())
+    assert "cpu_unit: 2 passed, 0 failed, 2 skipped" in proc.stdout.splitlines()
+    # The table lists the slowest entry first and has a header.
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("entry"))
+    assert header.split() == ["entry", "outcome", "passed", "failed", "skipped", "gpus", "seconds"]
+
+
+def test_retry_that_passes_is_flaky_not_green(tmp_path):
+    marker = tmp_path / "attempted"
+    write(tmp_path, {"tests/test_flaky.py": code(f"""
+        import os, pytest
+        NUM_GPUS = 0
+        def test_second_time_lucky():
+            if not os.path.exists({str(marker)!r}):
+                open({str(marker)!r}, "w").close()
+                assert False, "first attempt fails"
+    """)})
+    proc = _run(tmp_path, "--retries", "2")
+    assert proc.returncode == 0, proc.stdout
+    assert "FLAKY" in proc.stdout
+    assert "flaky: tests/test_flaky.py (failed 1 time(s), then passed)" in proc.stdout
+    without = _run(tmp_path, "--retries", "0")  # the marker exists now: passes at once
+    assert "FLAKY" not in without.stdout
+
+
+def test_keyword_filter_and_nothing_matched(tmp_path):
+    write(tmp_path, {"tests/test_a.py": PASSING, "tests/test_b.py": code("""
+        import pytest
+        NUM_GPUS = 0
+        def test_special():
+            assert True
+    """)})
+    proc = _run(tmp_path, "-k", "special")
+    assert proc.returncode == 0, proc.stdout
+    assert "cpu_unit: 1 passed, 0 failed, 0 skipped" in proc.stdout.splitlines()
+    assert "deselected" in proc.stdout
+    none = _run(tmp_path, "-k", "no_such_test_anywhere")
+    assert none.returncode == 1
+    assert "cpu_unit: no test ran" in none.stdout
+
+
+def test_github_actions_output(tmp_path):
+    summary = tmp_path / "summary.md"
+    write(tmp_path, {"tests/test_ok.py": PASSING, "tests/test_bad.py": code("""
+        import pytest
+        NUM_GPUS = 0
+        def test_wrong():
+            assert 1 == 2, "one is not two"
+    """)})
+    proc = _run(tmp_path, env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)})
+    assert proc.returncode == 1
+    assert "::group::output of tests/test_bad.py" in proc.stdout
+    assert "::endgroup::" in proc.stdout
+    error = next(line for line in proc.stdout.splitlines() if line.startswith("::error "))
+    assert error.startswith("::error file=tests/test_bad.py,title=tests/test_bad.py%3A failed::")
+    text = summary.read_text()
+    assert "| `tests/test_bad.py` | ❌ failed | 0 | 1 |" in text
+    assert "| `tests/test_ok.py` | ✅ passed | 1 | 0 |" in text
+
+
+def test_interrupt_ends_running_files_and_reports(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    write(tmp_path, {"tests/test_long.py": code(f"""
+        import os, time, pytest
+        NUM_GPUS = 0
+        def test_long():
+            open({str(pidfile)!r}, "w").write(str(os.getpid()))
+            time.sleep(600)
+    """)})
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "ci", "run", "--suite", "cpu_unit", "--root",
+                             str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.monotonic() < deadline, "the test file never started"
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "interrupted" in out
+    assert not _alive(child)
+
+
+def test_script_entries_are_judged_by_exit_code(tmp_path):
+    write(tmp_path, {
+        "tests/e2e/test_good.py": "NUM_GPUS = 1\nprint('trained')\n",
+        "tests/e2e/test_bad.py": "NUM_GPUS = 1\nraise SystemExit('loss did not fall')\n",
+    })
+    entries = [PlannedEntry(id=p, path=p, timeout=30, num_gpus=1, kind="script")
+               for p in ("tests/e2e/test_good.py", "tests/e2e/test_bad.py")]
+    cfg = RunConfig(root=tmp_path, work_dir=tmp_path / "work", jobs=2)
+    with open(os.devnull, "w") as sink:
+        results = {r.entry.path: r for r in Runner(cfg, Log(actions=False, stream=sink)).run(entries)}
+    good, bad = results["tests/e2e/test_good.py"], results["tests/e2e/test_bad.py"]
+    assert (good.outcome, good.passed, good.returncode) == ("passed", 1, 0)
+    assert (bad.outcome, bad.failed, bad.returncode) == ("failed", 1, 1)
+    assert bad.reason == "loss did not fall"
+
+
+def test_paths_dry_run_and_bad_input(tmp_path):
+    write(tmp_path, {"tests/test_a.py": PASSING, "tests/utils/test_b.py": PASSING})
+    dry = _run(tmp_path, "tests/utils", "--dry-run")
+    assert dry.returncode == 0
+    assert "plan for cpu_unit: 1 entries" in dry.stdout
+    assert "tests/utils/test_b.py" in dry.stdout and "tests/test_a.py" not in dry.stdout
+    assert "-m pytest tests/utils/test_b.py" in dry.stdout
+    unknown = _run(tmp_path, "tests/test_zzz.py")
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == ("error: tests/test_zzz.py is not a test of cpu_unit; "
+                                      "known: tests/test_a.py, tests/utils/test_b.py")
+    for args, text in [(("-j", "0"), "-j 0: must be between 1 and 256"),
+                       (("--timeout", "-5"), "--timeout -5: must be between 0 (exclusive)"),
+                       (("--retries", "-1"), "--retries -1: must be between 0 and 10")]:
+        bad = _run(tmp_path, *args)
+        assert bad.returncode == 2, args
+        assert text in bad.stderr and bad.stderr.count("\n") == 1
+    suite = run_ci("run", "--suite", "nightly", "--root", str(tmp_path))
+    assert suite.returncode == 2
+    assert "unknown suite 'nightly'; known: cpu_unit, agent_adapter" in suite.stderr
+
+
+def test_empty_gpu_suite_is_exit_3(tmp_path):
+    write(tmp_path, {"tests/test_a.py": PASSING})
+    proc = run_ci("run", "--suite", "precision", "--root", str(tmp_path), "--dry-run")
+    assert proc.returncode == 3
+    assert proc.stderr.startswith("error: nothing registered for precision")
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
