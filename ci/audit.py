@@ -7,20 +7,15 @@ without our registry (`ci/suites.py`) still gets every per-file finding.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import NoReturn
 
 from ci.discover import TestFile, discover
 from ci.errors import EXIT_FAILED, EXIT_OK, UsageError
-from ci.plan import rule_files
+from ci.plan import REGISTRY, load_registry, rule_files
 from ci.suites import Suite
-
-REGISTRY = "ci/suites.py"
 
 
 @dataclass(frozen=True, kw_only=True, order=True)
@@ -35,8 +30,8 @@ class Finding:
         return f"{self.path}:{self.line}: {self.message}"
 
 
-def file_findings(tf: TestFile) -> list[Finding]:
-    """Problems visible in the file alone."""
+def file_findings(tf: TestFile, *, config_check: bool = False) -> list[Finding]:
+    """Problems visible in the file alone (`config_check`: a registered 0-GPU script of a GPU suite)."""
     out: list[Finding] = []
     if tf.syntax_error:
         return [Finding(path=tf.path, line=1, message=f"does not parse ({tf.syntax_error})")]
@@ -45,10 +40,10 @@ def file_findings(tf: TestFile) -> list[Finding]:
                            message=f"{tf.num_gpus_problem} (e.g. `NUM_GPUS = 0` for a CPU test)"))
         return out
     main_line = tf.main_line or 1
-    if tf.num_gpus == 0 and tf.test_functions == 0:
+    if tf.num_gpus == 0 and tf.test_functions == 0 and not (config_check and tf.kind == "script"):
         out.append(Finding(path=tf.path, line=1,
                            message="NUM_GPUS = 0 but no test functions: the file would run nothing"))
-    elif tf.kind == "script" and not tf.has_main:
+    elif tf.test_functions == 0 and not tf.has_main:
         out.append(Finding(path=tf.path, line=1, message="e2e script without an "
                            "`if __name__ == \"__main__\":` block: running it does nothing"))
     elif not tf.has_main:
@@ -94,31 +89,13 @@ def registry_findings(suites: Sequence[Suite], files: Mapping[str, TestFile]) ->
     return out
 
 
-def load_registry(root: Path) -> tuple[Suite, ...] | None:
-    """The SUITES of the checkout at root, loaded from its file; None when it has none."""
-    path = root / REGISTRY
-    if not path.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location("_audited_suites", path)
-    if spec is None or spec.loader is None:
-        return None
-    module: ModuleType = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses need the module registered while executing
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # a broken registry is a finding, not a crash
-        raise UsageError(f"{path}: cannot load the registry: {exc}") from None
-    finally:
-        sys.modules.pop(spec.name, None)
-    suites = getattr(module, "SUITES", None)
-    return tuple(suites) if suites is not None else None
-
-
 def audit(root: Path) -> tuple[list[Finding], int, bool]:
     """All findings for the checkout at root, the number of test files, and whether a registry was read."""
     files = discover(root)
-    findings = [f for tf in files.values() for f in file_findings(tf)]
     suites = load_registry(root)
+    config_checks = {e.path for s in suites or () if s.tier == "gpu" for e in s.entries if e.cpu_only}
+    findings = [f for tf in files.values()
+                for f in file_findings(tf, config_check=tf.path in config_checks)]
     if suites is not None:
         findings += registry_findings(suites, files)
     return sorted(set(findings)), len(files), suites is not None

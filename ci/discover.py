@@ -38,7 +38,7 @@ class TestFile:
     @property
     def kind(self) -> Kind:
         """pytest files are judged by their report; e2e scripts (prepare/execute) by exit code."""
-        if self.test_functions == 0 and (self.num_gpus or 0) > 0:
+        if self.test_functions == 0 and self.main_runs_something:
             return "script"
         return "pytest"
 

@@ -25,7 +25,7 @@ from ci.log import Log
 from ci.plan import PlannedEntry
 from ci.report import DurationStore, markdown, merge_junit, table
 from ci.runner import Acquire, Lease, Result, RunConfig, Runner, Wrap, base_argv
-from ci.suites import SUITES, Suite, by_name
+from ci.suites import SUITES, Suite
 
 MAX_JOBS = 256
 DEFAULT_LOCK_PATTERN = "/dev/shm/custom_gpu_lock_{gpu_id}.lock"
@@ -53,7 +53,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     names = ", ".join(s.name for s in SUITES)
     p = _Parser(
-        prog="python -m ci run",
+        prog="python -m ci run", allow_abbrev=False,
         description="Run one suite of the registry (what `nox -s <suite>` does).",
         epilog="Exit codes: 0 all passed, 1 something failed or nothing ran, 2 bad input, "
                "3 nothing registered, 130 interrupted. Unknown options of a CPU suite go to pytest.",
@@ -104,7 +104,10 @@ class Options:
 def parse(argv: Sequence[str]) -> Options:
     """Parse and validate; every problem is a one-line UsageError."""
     args, unknown = build_parser().parse_known_args(list(argv))
-    suites = by_name()
+    root = args.root.resolve()
+    if not (root / "tests").is_dir():
+        raise UsageError(f"{root} has no tests/ directory; run from the repository root or pass --root")
+    suites = {s.name: s for s in planner.registry(root)}
     if args.suite not in suites:
         raise UsageError(f"unknown suite {args.suite!r}; known: {', '.join(suites)}")
     suite = suites[args.suite]
@@ -122,9 +125,6 @@ def parse(argv: Sequence[str]) -> Options:
         raise UsageError("--lock-path-pattern must contain {gpu_id}")
     if unknown and suite.tier == "gpu":
         raise UsageError(f"unknown option(s) for GPU suite {suite.name}: {' '.join(unknown)}")
-    root = args.root.resolve()
-    if not (root / "tests").is_dir():
-        raise UsageError(f"{root} has no tests/ directory; run from the repository root or pass --root")
     return Options(suite=suite, args=args, pytest_args=tuple(unknown), root=root)
 
 
