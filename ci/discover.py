@@ -95,7 +95,8 @@ def _num_gpus(tree: ast.Module) -> tuple[int | None, int | None, str | None]:
             value, problem = expr.value, None
         else:
             value = None
-            problem = f"`{NUM_GPUS}` must be a non-negative integer literal, got `{ast.unparse(expr) if expr is not None else ''}`"
+            shown = ast.unparse(expr) if expr is not None else ""
+            problem = f"`{NUM_GPUS}` must be a non-negative integer literal, got `{shown}`"
     return value, line, problem
 
 
