@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias
 
+from ci.errors import UsageError
 from ci.triggers import (
     BASE_BRANCH,
     WORKFLOW_NAME,
@@ -170,7 +171,9 @@ def _expr(text: str) -> str:
 # * A `labeled` event runs only the job(s) of the label just added (the `if:`
 #   checks `github.event.label.name`), so an unrelated label cancels nothing and
 #   starts nothing, and CPU jobs are not re-run for a commit they already tested.
-#   Re-adding a job's own label restarts that job: the way to re-run it.
+#   Re-adding a job's own label restarts that job: the way to re-run it. (A PR
+#   opened with labels already set gets `opened` and then `labeled` events, so
+#   its labelled jobs restart once, early; Actions gives no way to tell apart.)
 # * push to main and workflow_dispatch always use `run<run_id>`: every commit on
 #   main is tested in full (that is how two PRs that pass alone but break main
 #   together are caught), and a manual run never cancels another.
@@ -353,15 +356,24 @@ def _parser() -> argparse.ArgumentParser:
                       help="write nothing; print a diff and exit 1 if a committed file is stale")
     mode.add_argument("--dry-run", action="store_true",
                       help="write nothing; print the diff that a write would apply")
-    parser.add_argument("--root", type=Path, default=Path.cwd(),
-                        help="repository root (default: the current directory)")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="repository root (default: the checkout around the current directory)")
     return parser
+
+
+def find_root(start: Path) -> Path:
+    """The nearest directory at or above `start` that holds the registry."""
+    for folder in (start, *start.parents):
+        if (folder / "ci" / "suites.py").is_file():
+            return folder
+    raise UsageError(f"no ci/suites.py in {start} or above: run from the repository or "
+                     "pass --root")
 
 
 def main(argv: list[str]) -> int:
     """`python -m ci workflows [--check | --dry-run]`."""
     args = _parser().parse_args(argv)
-    root: Path = args.root
+    root: Path = args.root if args.root is not None else find_root(Path.cwd().resolve())
     changes = drift(root, render(table()))
     if args.check or args.dry_run:
         for d in changes:

@@ -1,0 +1,306 @@
+"""Which CI job runs which nox session, on which runner, when: the one table.
+
+The workflow generator (`ci.workflow`) renders each rule below as an Actions
+`if:` expression; `python -m ci plan` applies the same rule in Python. A test
+evaluates the rendered expressions for every label combination and checks
+that both agree, so what `plan` prints is what Actions does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from ci.errors import UsageError
+from ci.suites import SUITES, Suite, Tier
+
+EventName = Literal["pull_request", "push", "workflow_dispatch"]
+PullRequestAction = Literal["opened", "synchronize", "reopened", "labeled"]
+
+BASE_BRANCH = "main"
+WORKFLOW_NAME = "pr-test"
+HOSTED_RUNNER: tuple[str, ...] = ("ubuntu-latest",)
+GPU_RUNNER: tuple[str, ...] = ("self-hosted", "gpu")
+# Labels whose prefix marks them as CI switches: an unknown one is a typo, not an unrelated label.
+LABEL_PREFIX = "run-ci-"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """One CI job: a nox session on a runner, gated by a PR label or run on every event."""
+
+    id: str
+    session: str
+    tier: Tier
+    purpose: str
+    runs_on: tuple[str, ...]
+    label: str | None = None  # None: every pull request, push and dispatch
+    shards: int = 1
+    full_history: bool = False  # the session diffs against origin/main
+
+    @property
+    def self_hosted(self) -> bool:
+        return "self-hosted" in self.runs_on
+
+    def command(self, shard: int | None = None) -> str:
+        """The shell command the job runs (what a developer types locally)."""
+        if self.shards > 1 and shard is not None:
+            return f"nox -s {self.session} -- --shard {shard}/{self.shards}"
+        return f"nox -s {self.session}"
+
+
+# Not a suite: the workflow's own checks (drift, zizmor, schema) as a CPU nox session.
+LINT = Job(
+    id="lint",
+    session="lint",
+    tier="cpu",
+    purpose="Workflow checks: generated files up to date, zizmor, workflow schema",
+    runs_on=HOSTED_RUNNER,
+)
+
+# Not a suite either: the megatron entries on emulated GPUs under real locks, so every
+# pull request exercises the GPU tier's runner, allocator and e2e path without a GPU.
+GPU_SMOKE = Job(
+    id="gpu_smoke",
+    session="gpu_smoke",
+    tier="cpu",
+    purpose="GPU tier smoke: megatron entries on emulated GPUs under real locks",
+    runs_on=HOSTED_RUNNER,
+)
+
+
+def job_for(suite: Suite) -> Job:
+    """The CI job of one suite."""
+    if suite.tier == "gpu" and suite.label is None:
+        raise UsageError(f"suite {suite.name} is GPU tier but has no label: add "
+                         f"label='{LABEL_PREFIX}…' to it in ci/suites.py")
+    if suite.shards < 1:
+        raise UsageError(f"suite {suite.name}: shards must be >= 1 in ci/suites.py")
+    return Job(
+        id=suite.name,
+        session=suite.name,
+        tier=suite.tier,
+        purpose=suite.purpose,
+        runs_on=GPU_RUNNER if suite.tier == "gpu" else HOSTED_RUNNER,
+        label=suite.label,
+        shards=suite.shards,
+        full_history=suite.dynamic,
+    )
+
+
+def table(suites: Sequence[Suite] = SUITES) -> tuple[Job, ...]:
+    """Every CI job: one per suite, then the lint and GPU-smoke jobs."""
+    jobs = (*(job_for(s) for s in suites), LINT, GPU_SMOKE)
+    ids = [j.id for j in jobs]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise UsageError(f"two CI jobs named {', '.join(dupes)}: rename the suite in ci/suites.py")
+    return jobs
+
+
+def gating_labels(jobs: Iterable[Job]) -> list[str]:
+    """The PR labels that switch jobs on, sorted."""
+    return sorted({j.label for j in jobs if j.label is not None})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """What triggered a workflow run, reduced to what the rules read."""
+
+    name: EventName
+    action: PullRequestAction = "synchronize"  # pull_request only
+    labels: frozenset[str] = frozenset()  # labels on the PR after the event
+    added: str | None = None  # the label a `labeled` event added
+    from_fork: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """Whether one job runs for one event, and why."""
+
+    job: Job
+    runs: bool
+    why: str
+
+
+def _has(labels: Iterable[str], label: str) -> bool:
+    # Actions compares strings case-insensitively; so must the plan.
+    return any(x.casefold() == label.casefold() for x in labels)
+
+
+def decide(job: Job, event: Event) -> Decision:
+    """Apply the job's rule to one event."""
+    def verdict(runs: bool, why: str) -> Decision:
+        return Decision(job=job, runs=runs, why=why)
+
+    if event.name == "workflow_dispatch":
+        return verdict(True, "manual dispatch runs every job")
+    if event.name == "push":
+        if job.label is None:
+            return verdict(True, f"every push to {BASE_BRANCH} runs it")
+        return verdict(False, f"pushes run no labelled job (it runs on label {job.label})")
+    if job.self_hosted and event.from_fork:
+        return verdict(False, "self-hosted runners never run pull requests from forks")
+    if job.label is None:
+        if event.action == "labeled":
+            return verdict(False, "a new label adds no commit: this commit's run already has it")
+        return verdict(True, f"every pull request to {BASE_BRANCH} runs it")
+    if not _has(event.labels, job.label):
+        return verdict(False, f"the PR lacks label {job.label}")
+    if event.action == "labeled" and not (event.added and _has([event.added], job.label)):
+        return verdict(False, f"adding {event.added} leaves this job alone "
+                              f"(it runs on label {job.label})")
+    return verdict(True, f"the PR has label {job.label}")
+
+
+def plan(event: Event, jobs: Sequence[Job]) -> list[Decision]:
+    """Every job's decision for one event, in table order."""
+    return [decide(j, event) for j in jobs]
+
+
+# --- the same rules as Actions expressions (rendered into the workflow) -----------------------
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+SAME_REPO = "github.event.pull_request.head.repo.full_name == github.repository"
+
+
+def pr_terms(job: Job) -> list[str]:
+    """When the job runs for a pull_request event: AND-ed terms, false for other events."""
+    terms = ["github.event_name == 'pull_request'"]
+    if job.label is None:
+        return [*terms, "github.event.action != 'labeled'"]
+    label = _quote(job.label)
+    if job.self_hosted:
+        terms.append(SAME_REPO)
+    return [
+        *terms,
+        f"contains(github.event.pull_request.labels.*.name, {label})",
+        f"(github.event.action != 'labeled' || github.event.label.name == {label})",
+    ]
+
+
+def condition_lines(job: Job) -> list[str]:
+    """The job's `if:` expression, one operator per line (joined by spaces, it is `condition`)."""
+    if job.label is None:
+        return ["github.event_name != 'pull_request'", "|| github.event.action != 'labeled'"]
+    first, *rest = pr_terms(job)
+    and_lines = [f"&& {t}" for t in rest]
+    return ["github.event_name == 'workflow_dispatch'", f"|| ({first}",
+            *and_lines[:-1], and_lines[-1] + ")"]
+
+
+def condition(job: Job) -> str:
+    """The job's `if:` expression, equivalent to `decide`."""
+    return " ".join(condition_lines(job))
+
+
+# --- `python -m ci plan` ----------------------------------------------------------------------
+
+def _split(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def parse_event(args: argparse.Namespace, jobs: Sequence[Job]) -> Event:
+    """Validate the command line into an Event."""
+    labels = _split(args.labels)
+    known = gating_labels(jobs)
+    for label in labels + ([args.added] if args.added else []):
+        if label.startswith(LABEL_PREFIX) and not _has(known, label):
+            raise UsageError(f"unknown CI label {label!r}; known: {', '.join(known)}")
+    action = args.action
+    if args.added:
+        if args.event != "pull_request":
+            raise UsageError("--added only applies to --event pull_request")
+        if action not in (None, "labeled"):
+            raise UsageError(f"--added means a `labeled` event, not --action {action}")
+        action = "labeled"
+        if not _has(labels, args.added):
+            labels.append(args.added)
+    elif action == "labeled":
+        raise UsageError("--action labeled needs --added LABEL (the label just added)")
+    if args.event != "pull_request" and (labels or args.fork or action):
+        raise UsageError(f"--labels, --fork and --action only apply to pull_request, "
+                         f"not {args.event}")
+    return Event(name=args.event, action=action or "synchronize",
+                 labels=frozenset(labels), added=args.added, from_fork=args.fork)
+
+
+def _describe(event: Event) -> str:
+    if event.name != "pull_request":
+        return event.name
+    origin = "from a fork" if event.from_fork else "from this repository"
+    labels = ", ".join(sorted(event.labels)) or "none"
+    added = f" (added {event.added})" if event.added else ""
+    return f"pull_request {event.action}{added}, {origin}; labels: {labels}"
+
+
+def render_plan(event: Event, decisions: Sequence[Decision]) -> str:
+    """The table `plan` prints."""
+    rows = [("job", "runner", "runs", "command", "why")]
+    for d in decisions:
+        shards = range(1, d.job.shards + 1) if d.job.shards > 1 else [None]
+        command = "; ".join(d.job.command(i) for i in shards) if d.runs else "-"
+        rows.append((d.job.id, ",".join(d.job.runs_on), "yes" if d.runs else "no", command, d.why))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [f"event: {_describe(event)}", ""]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
+              for r in rows]
+    running = sum(d.runs for d in decisions)
+    lines += ["", f"{running} of {len(decisions)} jobs run"]
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m ci plan",
+        description="Show which CI jobs (nox sessions) an event would run, and why. "
+                    "Reads the same table the workflow generator renders.",
+        epilog="examples:\n"
+               "  python -m ci plan --event pull_request --labels run-ci-megatron,run-ci-ckpt\n"
+               "  python -m ci plan --event pull_request --labels run-ci-megatron "
+               "--added documentation\n"
+               "  python -m ci plan --event push",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--event", choices=get_args(EventName), default="pull_request",
+                        help="what triggered the run (default: pull_request)")
+    parser.add_argument("--labels", default="", metavar="A,B",
+                        help="labels on the pull request, comma separated")
+    parser.add_argument("--action", choices=get_args(PullRequestAction), default=None,
+                        help="pull_request activity (default: synchronize, a new commit)")
+    parser.add_argument("--added", metavar="LABEL", default=None,
+                        help="the label a `labeled` event just added (implies --action labeled)")
+    parser.add_argument("--fork", action="store_true",
+                        help="the pull request comes from a fork")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """`python -m ci plan`: print the jobs an event would run."""
+    args = _parser().parse_args(argv)
+    jobs = table()
+    event = parse_event(args, jobs)
+    decisions = plan(event, jobs)
+    if args.json:
+        print(json.dumps([
+            {"job": d.job.id, "session": d.job.session, "runs_on": list(d.job.runs_on),
+             "runs": d.runs, "why": d.why,
+             "commands": [d.job.command(i) for i in range(1, d.job.shards + 1)]
+             if d.job.shards > 1 else [d.job.command()]}
+            for d in decisions
+        ], indent=2))
+    else:
+        print(render_plan(event, decisions))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

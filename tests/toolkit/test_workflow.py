@@ -1,0 +1,298 @@
+"""The generated workflow: its shape, its security properties, and the drift check."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ci.errors import UsageError
+from ci.suites import SUITES, Suite
+from ci.triggers import table
+from ci.workflow import (
+    ACTIONLINT_PATH,
+    MARKER,
+    NOX_VERSION,
+    WORKFLOW_PATH,
+    Flow,
+    Folded,
+    Note,
+    find_root,
+    render,
+    to_yaml,
+)
+
+NUM_GPUS = 0
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def _tool(name: str) -> str | None:
+    local = BIN / name
+    return str(local) if local.exists() else shutil.which(name)
+
+
+def _files() -> dict[str, str]:
+    return render(table())
+
+
+def _workflow() -> dict[str, Any]:
+    parsed: dict[str, Any] = yaml.safe_load(_files()[WORKFLOW_PATH])
+    return parsed
+
+
+def _ci(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ci", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+# --- the YAML writer ----------------------------------------------------------------------------
+
+def test_yaml_writer_round_trips_tricky_scalars_through_a_real_parser() -> None:
+    tree = {
+        "on": {"yes": "no", "off": "null", "plain": "nox -s cpu_unit", "empty": ""},
+        "colon": "a: b", "hash": "x #y", "quote": "it's \"quoted\"", "expr": "${{ a && 'b' }}",
+        "unicode": "tiers … ok", "number_like": "1.5", "leading_dash": "-x", "star": "*x",
+        "lead_space": " x", "newline": "a\nb", "bools": [True, False, None, 0, 12],
+        "flow": Flow(("self-hosted", "gpu", "on")), "empty_map": {},
+        "note": Note("read", "why: it is # needed"), "folded": Folded(("a == 'b'", "|| c")),
+        "steps": [{"name": "one", "with": {"k": Note(0, "zero")}}, {"run": "echo hi"}],
+        "nested": [[1, 2], {"a": [{"b": 1}]}],
+    }
+    text = to_yaml(tree, header=["a header", ""], spaced=1)
+    assert text.startswith("# a header\n#\n")
+    loaded = yaml.safe_load(text)
+    assert loaded == {
+        **tree,
+        "flow": ["self-hosted", "gpu", "on"], "note": "read", "folded": "a == 'b' || c",
+        "steps": [{"name": "one", "with": {"k": 0}}, {"run": "echo hi"}],
+    }
+    assert "  # why: it is # needed" in text
+    assert to_yaml(tree) == text.split("\n", 2)[2].replace("\n\n", "\n")
+
+
+# --- the workflow's shape ----------------------------------------------------------------------
+
+def test_one_job_per_session_each_running_nox() -> None:
+    jobs = _workflow()["jobs"]
+    assert list(jobs) == [s.name for s in SUITES] + ["lint", "gpu_smoke"]
+    for job_id, job in jobs.items():
+        last = job["steps"][-1]
+        assert last["run"] == f"nox -s {job_id}"
+        assert job["steps"][2]["run"].startswith("python -m pip install nox==")
+        gpu = job_id not in {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke"}
+        assert job["runs-on"] == (["self-hosted", "gpu"] if gpu else "ubuntu-latest")
+        assert ("SLIME_TEST_ENABLE_INFINITE_RUN" in last.get("env", {})) == gpu
+        assert job["timeout-minutes"] > 0
+    assert jobs["changed"]["steps"][0]["with"]["fetch-depth"] == 0
+    assert "fetch-depth" not in jobs["megatron"]["steps"][0]["with"]
+    assert jobs["cpu_unit"]["env"]["SLIME_CI_TORCH_INDEX"].endswith("/whl/cpu")
+
+
+def test_jobs_install_the_nox_that_the_ci_entry_point_pins() -> None:
+    entry = ROOT / ".ci" / "run"
+    if not entry.exists():
+        pytest.skip(".ci/run not present")
+    pinned = re.findall(r"nox==([\w.]+)", entry.read_text())
+    assert pinned
+    assert {f"nox=={NOX_VERSION}"} == {f"nox=={v}" for v in pinned}
+    assert f"nox=={NOX_VERSION}" in _files()[WORKFLOW_PATH]
+
+
+def test_dispatch_declares_the_infinite_run_input() -> None:
+    inputs = _workflow()["on"]["workflow_dispatch"]["inputs"]
+    assert inputs == {"infinite_run": {"description": inputs["infinite_run"]["description"],
+                                       "type": "boolean", "default": False}}
+
+
+def test_sharded_suite_becomes_a_matrix_passing_shard_through_the_environment() -> None:
+    suites = tuple(
+        Suite(name=s.name, tier=s.tier, purpose=s.purpose, profile=s.profile, label=s.label,
+              shards=3 if s.name == "ckpt" else 1)
+        for s in SUITES
+    )
+    wf = yaml.safe_load(render(table(suites))[WORKFLOW_PATH])
+    ckpt = wf["jobs"]["ckpt"]
+    assert ckpt["strategy"] == {"fail-fast": False, "matrix": {"shard": [1, 2, 3]}}
+    step = ckpt["steps"][-1]
+    assert step["env"]["SHARD"] == "${{ matrix.shard }}"
+    assert step["run"] == 'nox -s ckpt -- --shard "$SHARD/3"'
+    assert "${{ matrix.shard }}" in ckpt["name"]
+    assert "strategy" not in wf["jobs"]["megatron"]
+
+
+# --- security properties -----------------------------------------------------------------------
+
+def test_least_privilege_and_no_credentials_left_on_disk() -> None:
+    wf = _workflow()
+    assert wf["permissions"] == {}
+    text = _files()[WORKFLOW_PATH]
+    assert "pull_request_target" not in text
+    assert "secrets." not in text
+    for job in wf["jobs"].values():
+        assert job["permissions"] == {"contents": "read"}
+        checkout = job["steps"][0]
+        assert checkout["uses"].startswith("actions/checkout@")
+        assert checkout["with"]["persist-credentials"] is False
+
+
+def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> None:
+    text = _files()[WORKFLOW_PATH]
+    uses = re.findall(r"uses: (\S+)(.*)", text)
+    assert len(uses) == 2 * len(table())
+    for ref, rest in uses:
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", ref), ref
+        assert re.fullmatch(r"  # v\d+\.\d+\.\d+", rest), rest
+
+
+def test_no_expression_reaches_a_shell_directly() -> None:
+    for job in _workflow()["jobs"].values():
+        for step in job["steps"]:
+            assert "${{" not in step.get("run", "")
+
+
+def test_self_hosted_jobs_carry_an_inline_reasoned_zizmor_ignore() -> None:
+    lines = _files()[WORKFLOW_PATH].splitlines()
+    hosted = [ln for ln in lines if "runs-on: [self-hosted" in ln]
+    assert len(hosted) == sum(j.self_hosted for j in table())
+    for line in hosted:
+        reason = line.split("zizmor: ignore[self-hosted-runner]", 1)[1]
+        assert "fork" in reason
+
+
+def test_banner_names_the_command() -> None:
+    for text in _files().values():
+        assert text.startswith(f"# {MARKER}")
+        assert "run `python -m ci workflows`" in text
+
+
+def test_actionlint_config_declares_the_self_hosted_labels() -> None:
+    config = yaml.safe_load(_files()[ACTIONLINT_PATH])
+    assert config == {"self-hosted-runner": {"labels": ["gpu"]}}
+
+
+# --- drift check --------------------------------------------------------------------------------
+
+def test_committed_files_are_up_to_date() -> None:
+    result = _ci("workflows", "--check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "up to date" in result.stdout
+
+
+def _checkout(tmp_path: Path) -> Path:
+    for rel, text in _files().items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text, encoding="utf-8")
+    return tmp_path
+
+
+def test_check_prints_a_unified_diff_and_fails_on_a_hand_edit(tmp_path: Path) -> None:
+    root = _checkout(tmp_path)
+    path = root / WORKFLOW_PATH
+    edited = path.read_text().replace("timeout-minutes: 60", "timeout-minutes: 61", 1)
+    path.write_text(edited)
+    (root / ACTIONLINT_PATH).unlink()
+
+    check = _ci("workflows", "--check", "--root", str(root))
+    assert check.returncode == 1
+    assert f"--- a/{WORKFLOW_PATH}\n+++ b/{WORKFLOW_PATH}\n" in check.stdout
+    assert "-    timeout-minutes: 61\n+    timeout-minutes: 60\n" in check.stdout
+    assert f"--- /dev/null\n+++ b/{ACTIONLINT_PATH}" in check.stdout
+    assert check.stderr.count("\n") == 1
+    assert "run `python -m ci workflows`" in check.stderr
+
+    dry = _ci("workflows", "--dry-run", "--root", str(root))
+    assert dry.returncode == 0
+    assert "+    timeout-minutes: 60" in dry.stdout
+    assert path.read_text() == edited  # nothing written
+
+    fix = _ci("workflows", "--root", str(root))
+    assert fix.returncode == 0
+    assert f"wrote {WORKFLOW_PATH}" in fix.stdout
+    assert _ci("workflows", "--check", "--root", str(root)).returncode == 0
+
+
+def test_stale_generated_workflow_is_reported_and_removed_but_hand_written_ones_stay(
+        tmp_path: Path) -> None:
+    root = _checkout(tmp_path)
+    stale = root / ".github/workflows/old-gpu.yml"
+    stale.write_text(f"# {MARKER} from somewhere.\nname: old\n")
+    mine = root / ".github/workflows/release.yaml"
+    mine.write_text("name: release\n")
+    check = _ci("workflows", "--check", "--root", str(root))
+    assert check.returncode == 1
+    assert "--- a/.github/workflows/old-gpu.yml\n+++ /dev/null" in check.stdout
+    assert "release.yaml" not in check.stdout
+    assert _ci("workflows", "--root", str(root)).returncode == 0
+    assert not stale.exists()
+    assert mine.read_text() == "name: release\n"
+
+
+def test_bad_flags_exit_2() -> None:
+    result = _ci("workflows", "--check", "--dry-run")
+    assert result.returncode == 2
+    assert "not allowed with" in result.stderr
+
+
+def test_check_from_a_subdirectory_finds_the_checkout(tmp_path: Path) -> None:
+    assert _ci("workflows", "--check", cwd=ROOT / "tests").returncode == 0
+    nested = tmp_path / "repo" / "a" / "b"
+    nested.mkdir(parents=True)
+    (tmp_path / "repo" / "ci").mkdir()
+    (tmp_path / "repo" / "ci" / "suites.py").write_text("")
+    assert find_root(nested) == tmp_path / "repo"
+    with pytest.raises(UsageError, match=r"no ci/suites\.py in / or above"):
+        find_root(Path("/"))
+
+
+# --- the real linters (installed by the lint profile) -------------------------------------------
+
+@pytest.mark.skipif(_tool("zizmor") is None, reason="zizmor not installed (lint profile)")
+def test_zizmor_finds_nothing_even_as_auditor_and_the_only_silenced_finding_is_self_hosted(
+        tmp_path: Path) -> None:
+    root = _checkout(tmp_path)
+    zizmor = _tool("zizmor")
+    assert zizmor is not None
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NO_COLOR": "1"}
+    folder = str(root / ".github/workflows")
+    for persona in ("pedantic", "auditor"):
+        run = subprocess.run([zizmor, "--offline", "--persona", persona, folder], env=env,
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "No findings to report" in run.stdout
+    # Without the inline ignores, self-hosted-runner is all that zizmor reports.
+    path = root / WORKFLOW_PATH
+    path.write_text(re.sub(r"  # zizmor: ignore.*", "", path.read_text()))
+    bare = subprocess.run([zizmor, "--offline", "--persona", "auditor", "--format", "json",
+                           folder], env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    idents = [f["ident"] for f in yaml.safe_load(bare.stdout)]
+    assert idents == ["self-hosted-runner"] * sum(j.self_hosted for j in table())
+
+
+@pytest.mark.skipif(_tool("check-jsonschema") is None,
+                    reason="check-jsonschema not installed (lint profile)")
+def test_workflow_validates_against_the_github_workflow_schema(tmp_path: Path) -> None:
+    root = _checkout(tmp_path)
+    tool = _tool("check-jsonschema")
+    assert tool is not None
+    # One run (the tool is slow to start): the generated file passes, a broken copy does not.
+    broken = root / ".github/workflows/broken.yml"
+    broken.write_text(_files()[WORKFLOW_PATH].replace("runs-on:", "run-on:"))
+    run = subprocess.run([tool, "--builtin-schema", "vendor.github-workflows",
+                          str(root / WORKFLOW_PATH), str(broken)], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert run.returncode == 1
+    assert str(broken) in run.stdout
+    assert str(root / WORKFLOW_PATH) not in run.stdout + run.stderr
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
