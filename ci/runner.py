@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -299,6 +300,17 @@ class Runner:
         self._total = 0
         self._running: dict[str, float] = {}
         self.heartbeat = 30.0  # seconds between "still running" lines on long runs
+        self._tmp: str | None = None
+
+    def _tmp_root(self) -> str:
+        # Short on purpose: multiprocessing and gloo put AF_UNIX sockets in TMPDIR, and a
+        # socket path over 107 bytes fails ("AF_UNIX path too long").
+        with self._print_lock:
+            if self._tmp is None:
+                outer = self.cfg.base_env.get("TMPDIR", "")
+                base = outer if outer and len(outer) <= 40 and os.path.isdir(outer) else "/tmp"
+                self._tmp = tempfile.mkdtemp(prefix="slime-ci-", dir=base)
+            return self._tmp
 
     def _beat(self) -> None:
         now = time.monotonic()
@@ -328,8 +340,8 @@ class Runner:
         junit = junits / f"{name}{suffix}.xml"
         junit.unlink(missing_ok=True)
         out_dir = self.cfg.work_dir / "out" / name
-        tmp_dir = out_dir / "tmp"
-        tmp_dir.mkdir(parents=True, exist_ok=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp_dir = Path(tempfile.mkdtemp(prefix=f"e{index:03d}-", dir=self._tmp_root()))
         gpus = nullcontext(((), ())) if self.active.stopping.is_set() else self._gpus(entry)
         with gpus as (devices, fds):
             if self.active.stopping.is_set():
@@ -427,6 +439,8 @@ class Runner:
         finally:
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, previous)
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
         ordered = []
         for index, entry in enumerate(entries):
             ordered.append(results.get(index) or Result(
