@@ -1,0 +1,597 @@
+"""Per-GPU `flock` allocator with one fair FIFO queue shared by every process on the host.
+
+Layout for a pattern P (default `/dev/shm/custom_gpu_lock_{gpu_id}.lock`):
+
+- `P.format(gpu_id=i)`: GPU i. Its holder keeps an exclusive `flock` on it and writes a
+  holder record (pid, command, start time) into it. The kernel frees the lock when the
+  last descriptor closes, so a dead holder can never keep a GPU, and a record whose lock
+  is not held reads as free.
+- `P.format(gpu_id="queue")`: the queue lock. Every decision (who may take which GPUs)
+  is made under its `flock`, so GPUs are only ever probed with non-blocking locks while
+  it is held: all-or-nothing, no deadlock. Its content is a ticket counter and a
+  generation counter; waiters poll the generation with one `pread` and re-evaluate when
+  it moves, so a release is noticed within one poll interval without busy work.
+- `P.format(gpu_id="queue") + ".d/<ticket>.json"`: one file per waiter, flocked by the
+  waiter while it waits. A ticket whose lock is free belongs to a dead waiter and is
+  dropped; flocks (unlike pids) mean the same thing across containers sharing /dev/shm.
+
+Fairness: waiters are served in ticket order. Walking the queue, every earlier waiter
+claims the free GPUs it needs (a `--count` waiter claims up to its count, a `--devices`
+waiter its listed ones), and a later request may only use what is left, so backfill
+never delays an earlier waiter: an 8-GPU request collects GPUs as they free up.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ci.errors import UsageError, WaitTimeout
+
+DEFAULT_PATTERN = "/dev/shm/custom_gpu_lock_{gpu_id}.lock"
+DEFAULT_TOTAL_GPUS = 8
+DEFAULT_TIMEOUT = 86400.0
+# A pread every POLL seconds is cheap (~µs); a full re-evaluation runs only when the
+# generation moves, or every FULL_CHECK seconds to notice holders that died without
+# telling anyone (SIGKILL: the kernel frees the flock but nobody bumps the generation).
+POLL = 0.01
+FULL_CHECK = 0.2
+
+_HEADER = 64
+_FILE_MODE = 0o666  # runners in different containers may run as different users
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """A validated request: a count of any GPUs, or an exact device list."""
+
+    count: int | None
+    devices: tuple[int, ...] | None
+    total_gpus: int
+
+    @property
+    def size(self) -> int:
+        return self.count if self.count is not None else len(self.devices or ())
+
+    def describe(self) -> str:
+        if self.devices is not None:
+            return f"GPU(s) {','.join(map(str, self.devices))}"
+        return f"{self.count} GPU(s)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lease:
+    """GPUs held by this process: `devices` (sorted) and the open, locked `fds`."""
+
+    devices: tuple[int, ...]
+    fds: tuple[int, ...]
+    paths: tuple[str, ...]
+    pattern: str
+    ticket: int
+    # Set by release(); guards against closing descriptor numbers the OS reused.
+    _released: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def note_child(self, pid: int) -> None:
+        """Record the pid of the command that runs on these GPUs in their holder records."""
+        # Under the queue lock, so `gpu-status` never reads a half-written record.
+        with _queue_locked(self.pattern):
+            for fd in self.fds:
+                record = _read_record_fd(fd)
+                record["child_pid"] = pid
+                _write_record_fd(fd, record)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Holder:
+    """Who holds a GPU, read from its lock file's holder record."""
+
+    pid: int | None
+    command: str
+    since: float | None
+    host: str
+    child_pid: int | None
+
+    def describe(self) -> str:
+        who = f"pid {self.pid}" if self.pid is not None else "an unknown process"
+        if self.host and self.host != socket.gethostname():
+            who += f" on {self.host}"
+        parts = [who]
+        if self.command:
+            parts.append(f"(`{_shorten(self.command)}`)")
+        if self.since is not None:
+            parts.append(f"since {time.strftime('%H:%M:%S', time.localtime(self.since))}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuState:
+    """One GPU as `gpu-status` shows it; `holder` is None when the GPU is free."""
+
+    gpu: int
+    path: str
+    holder: Holder | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Waiter:
+    """One queued request, in arrival order."""
+
+    ticket: int
+    pid: int | None
+    command: str
+    since: float | None
+    count: int | None
+    devices: tuple[int, ...] | None
+    host: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Status:
+    """Every GPU and the queue of waiters, read consistently under the queue lock."""
+
+    gpus: tuple[GpuState, ...]
+    waiters: tuple[Waiter, ...]
+
+
+# ---------------------------------------------------------------- validation
+
+
+def validate_pattern(pattern: str) -> str:
+    """Check that a lock path pattern names one file per GPU through `{gpu_id}`."""
+    if "{gpu_id}" not in pattern:
+        raise UsageError(f"--lock-path-pattern {pattern!r} must contain {{gpu_id}}, "
+                         "e.g. /dev/shm/custom_gpu_lock_{gpu_id}.lock")
+    try:
+        first, second = pattern.format(gpu_id=0), pattern.format(gpu_id=1)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise UsageError(f"--lock-path-pattern {pattern!r} may use only the field {{gpu_id}} "
+                         f"({exc}); write other braces as {{{{ }}}}") from None
+    if first == second:
+        raise UsageError(f"--lock-path-pattern {pattern!r} gives the same file for every GPU")
+    return pattern
+
+
+def make_request(*, count: int | None = None, devices: Sequence[int] | None = None,
+                 total_gpus: int) -> Request:
+    """Validate a request; impossible ones raise UsageError at once instead of waiting forever."""
+    if total_gpus <= 0:
+        raise UsageError(f"--total-gpus must be at least 1 (got {total_gpus})")
+    if count is None and devices is None:
+        raise UsageError("say how many GPUs: pass --count N or --devices 0,1")
+    if count is not None and devices is not None:
+        raise UsageError("pass either --count or --devices, not both")
+    if count is not None:
+        if count <= 0:
+            raise UsageError(f"--count must be at least 1 (got {count})")
+        if count > total_gpus:
+            raise UsageError(f"--count {count} is more than the {total_gpus} GPU(s) on this "
+                             "machine; lower it or pass --total-gpus")
+        return Request(count=count, devices=None, total_gpus=total_gpus)
+    assert devices is not None
+    devs = tuple(devices)
+    if not devs:
+        raise UsageError("--devices is empty; list GPU indices such as 0,1")
+    seen: set[int] = set()
+    for dev in devs:
+        if dev < 0 or dev >= total_gpus:
+            raise UsageError(f"GPU {dev} does not exist: devices are 0..{total_gpus - 1}")
+        if dev in seen:
+            raise UsageError(f"GPU {dev} is listed twice in --devices; list each GPU once")
+        seen.add(dev)
+    return Request(count=None, devices=tuple(sorted(devs)), total_gpus=total_gpus)
+
+
+def detect_total_gpus() -> int:
+    """The GPU count NVML reports (nvidia-ml-py), else 8."""
+    try:
+        import pynvml
+    except ImportError:
+        return DEFAULT_TOTAL_GPUS
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no library: not a GPU machine
+        return DEFAULT_TOTAL_GPUS
+    try:
+        count = int(pynvml.nvmlDeviceGetCount())
+    except Exception:
+        return DEFAULT_TOTAL_GPUS
+    finally:
+        with suppress(Exception):
+            pynvml.nvmlShutdown()
+    return count if count > 0 else DEFAULT_TOTAL_GPUS
+
+
+# ---------------------------------------------------------------- files and records
+
+
+def gpu_path(pattern: str, gpu: int) -> str:
+    """The lock file of one GPU."""
+    return pattern.format(gpu_id=gpu)
+
+
+def queue_path(pattern: str) -> str:
+    """The queue lock file: ticket and generation counters, guarded by its own flock."""
+    return pattern.format(gpu_id="queue")
+
+
+def tickets_dir(pattern: str) -> str:
+    """The directory holding one ticket file per waiter."""
+    return queue_path(pattern) + ".d"
+
+
+def _open(path: str, *, create: bool = True) -> int:
+    flags = os.O_RDWR | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, _FILE_MODE)
+    except FileNotFoundError:
+        if not create:
+            raise
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, flags, _FILE_MODE)
+    except PermissionError:
+        # Created by another user without write permission for us: a read-only open
+        # still takes flocks on Linux.
+        fd = os.open(path, os.O_RDONLY)
+    return fd
+
+
+def _try_lock(fd: int, kind: int = fcntl.LOCK_EX) -> bool:
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    offset = 0
+    while True:
+        chunk = os.pread(fd, 65536, offset)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        offset += len(chunk)
+
+
+def _read_record_fd(fd: int) -> dict[str, object]:
+    try:
+        data = json.loads(_read_all(fd).decode("utf-8", "replace") or "{}")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_record_fd(fd: int, record: dict[str, object]) -> None:
+    data = (json.dumps(record, sort_keys=True) + "\n").encode()
+    with suppress(OSError):  # a read-only lock file just has no record
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float_or_none(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _holder_from(record: dict[str, object]) -> Holder:
+    return Holder(pid=_int_or_none(record.get("pid")), command=str(record.get("command", "")),
+                  since=_float_or_none(record.get("since")), host=str(record.get("host", "")),
+                  child_pid=_int_or_none(record.get("child_pid")))
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@contextmanager
+def _queue_locked(pattern: str) -> Iterator[int]:
+    # A fresh open per use: flocks belong to the open file description, so two threads of
+    # one process exclude each other exactly as two processes do.
+    fd = _open(queue_path(pattern))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _read_counters(fd: int) -> tuple[int, int]:
+    parts = os.pread(fd, _HEADER, 0).split()
+    try:
+        return int(parts[1]), int(parts[2])
+    except (IndexError, ValueError):
+        return 0, 0
+
+
+def _write_counters(fd: int, ticket: int, gen: int) -> None:
+    os.pwrite(fd, f"v1 {ticket:020d} {gen:020d}\n".encode().ljust(_HEADER - 1) + b"\n", 0)
+
+
+def _bump(fd: int) -> None:
+    ticket, gen = _read_counters(fd)
+    _write_counters(fd, ticket, gen + 1)
+
+
+def _read_gen(fd: int) -> int:
+    return _read_counters(fd)[1]
+
+
+# ---------------------------------------------------------------- the queue
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Ticket:
+    number: int
+    count: int | None
+    devices: tuple[int, ...] | None
+    record: dict[str, object]
+
+
+def _live_tickets(pattern: str) -> list[_Ticket]:
+    """Tickets of live waiters in arrival order; call with the queue lock held."""
+    directory = tickets_dir(pattern)
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    tickets = []
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            fd = _open(path, create=False)
+        except FileNotFoundError:
+            continue
+        try:
+            if _try_lock(fd):
+                # Nobody holds the ticket: its waiter died (SIGKILL, crash). Drop it.
+                with suppress(FileNotFoundError):
+                    os.unlink(path)
+                continue
+            record = _read_record_fd(fd)
+        finally:
+            os.close(fd)
+        number = _int_or_none(record.get("ticket"))
+        if number is None:
+            continue
+        devices = record.get("devices")
+        tickets.append(_Ticket(
+            number=number, count=_int_or_none(record.get("count")),
+            devices=tuple(d for d in devices if isinstance(d, int)) if isinstance(devices, list)
+            else None, record=record))
+    tickets.sort(key=lambda t: t.number)
+    return tickets
+
+
+def claim(count: int | None, devices: tuple[int, ...] | None,
+          avail: list[int]) -> tuple[list[int], list[int]]:
+    """(GPUs a request takes or reserves from `avail`, GPUs left for later requests)."""
+    if devices is not None:
+        wanted = set(devices)
+        return [g for g in avail if g in wanted], [g for g in avail if g not in wanted]
+    n = count or 0
+    return avail[:n], avail[n:]
+
+
+def _probe_free(pattern: str, total: int) -> dict[int, int]:
+    """Lock every free GPU (non-blocking); returns gpu -> locked fd. Queue lock held."""
+    free: dict[int, int] = {}
+    for gpu in range(total):
+        fd = _open(gpu_path(pattern, gpu))
+        if _try_lock(fd):
+            free[gpu] = fd
+        else:
+            os.close(fd)
+    return free
+
+
+def _try_take(pattern: str, req: Request, ticket: int,
+              record: dict[str, object]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Take the GPUs for `ticket` if fair; returns (devices, fds) or None. Queue lock held."""
+    free = _probe_free(pattern, req.total_gpus)
+    avail = sorted(free)
+    for t in _live_tickets(pattern):
+        if t.number >= ticket:
+            break
+        _, avail = claim(t.count, t.devices, avail)
+    mine, _ = claim(req.count, req.devices, avail)
+    if len(mine) < req.size:
+        mine = []
+    for gpu, fd in free.items():
+        if gpu not in mine:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+    if not mine:
+        return None
+    now_record = dict(record, since=time.time())
+    fds = tuple(free[g] for g in mine)
+    for gpu, fd in zip(mine, fds, strict=True):
+        _write_record_fd(fd, dict(now_record, gpu=gpu))
+    return tuple(mine), fds
+
+
+def _new_ticket(pattern: str, req: Request, record: dict[str, object]) -> tuple[int, int, str]:
+    """Enqueue; returns (ticket number, locked ticket fd, ticket path)."""
+    directory = tickets_dir(pattern)
+    with _queue_locked(pattern) as qfd:
+        ticket, gen = _read_counters(qfd)
+        ticket += 1
+        _write_counters(qfd, ticket, gen + 1)
+        path = os.path.join(directory, f"{ticket:012d}.json")
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        with suppress(OSError):
+            os.chmod(directory, 0o777)  # shared by runners that may run as other users
+        # Created and locked under the queue lock, so nobody can see it unlocked and
+        # mistake it for the ticket of a dead waiter.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _write_record_fd(fd, dict(record, ticket=ticket, count=req.count,
+                                  devices=list(req.devices) if req.devices is not None else None))
+    return ticket, fd, path
+
+
+def _drop_ticket(fd: int, path: str) -> None:
+    with suppress(FileNotFoundError):
+        os.unlink(path)
+    os.close(fd)
+
+
+def _gpu_list(gpus: Sequence[int]) -> str:
+    return f"GPU {gpus[0]} is" if len(gpus) == 1 else f"GPUs {','.join(map(str, gpus))} are"
+
+
+def _timeout_message(pattern: str, req: Request, ticket: int, timeout: float) -> str:
+    st = read_status(pattern, req.total_gpus)
+    by_holder: dict[Holder, list[int]] = {}
+    for g in st.gpus:
+        if g.holder is not None and (req.devices is None or g.gpu in req.devices):
+            by_holder.setdefault(g.holder, []).append(g.gpu)
+    parts = [f"{_gpu_list(gpus)} held by {holder.describe()}"
+             for holder, gpus in by_holder.items()]
+    ahead = [w for w in st.waiters if w.ticket < ticket]
+    if ahead:
+        first = ahead[0]
+        what = f" `{_shorten(first.command)}`" if first.command else ""
+        parts.append(f"{len(ahead)} earlier request(s) queued ahead "
+                     f"(first: pid {first.pid}{what})")
+    why = "; ".join(parts) if parts else "the GPUs were busy"
+    return (f"timed out after {timeout:g}s waiting for {req.describe()}: {why}; "
+            "wait, free them, or pass a longer --timeout")
+
+
+def acquire(*, count: int | None = None, devices: Sequence[int] | None = None,
+            total_gpus: int, lock_path_pattern: str = DEFAULT_PATTERN,
+            timeout: float = DEFAULT_TIMEOUT, command: str = "",
+            poll: float = POLL) -> Lease:
+    """Wait in the fair queue, then lock the GPUs all at once; release with `release()`."""
+    pattern = validate_pattern(lock_path_pattern)
+    req = make_request(count=count, devices=devices, total_gpus=total_gpus)
+    if timeout < 0:
+        raise UsageError(f"--timeout must be 0 or more seconds (got {timeout:g})")
+    record: dict[str, object] = {"pid": os.getpid(), "command": command,
+                                 "host": socket.gethostname(), "since": time.time()}
+    deadline = time.monotonic() + timeout
+    watch = _open(queue_path(pattern))
+    try:
+        ticket, tfd, tpath = _new_ticket(pattern, req, record)
+    except BaseException:
+        os.close(watch)
+        raise
+    try:
+        last_gen = -1
+        next_full = 0.0
+        while True:
+            now = time.monotonic()
+            gen = _read_gen(watch)
+            if gen != last_gen or now >= next_full:
+                with _queue_locked(pattern) as qfd:
+                    got = _try_take(pattern, req, ticket, dict(record, ticket=ticket))
+                    if got is not None:
+                        _drop_ticket(tfd, tpath)
+                        tfd = -1
+                        _bump(qfd)
+                    last_gen = _read_gen(qfd)
+                if got is not None:
+                    devs, fds = got
+                    return Lease(devices=devs, fds=fds, ticket=ticket, pattern=pattern,
+                                 paths=tuple(gpu_path(pattern, g) for g in devs))
+                next_full = now + FULL_CHECK
+            if now >= deadline:
+                raise WaitTimeout(_timeout_message(pattern, req, ticket, timeout))
+            time.sleep(poll)
+    finally:
+        os.close(watch)
+        if tfd >= 0:
+            _drop_ticket(tfd, tpath)
+            with suppress(OSError), _queue_locked(pattern) as qfd:
+                _bump(qfd)  # later waiters may now backfill what this one had claimed
+
+
+def release(lease: Lease) -> None:
+    """Unlock the GPUs (this process's descriptors) and wake the waiters; idempotent."""
+    if lease._released.is_set():
+        return
+    lease._released.set()
+    for fd in lease.fds:
+        # The record stays: while a process that inherited the descriptor still holds
+        # the lock it says whose GPU this is, and once the lock is free it reads as free.
+        with suppress(OSError):
+            os.close(fd)
+    with suppress(OSError), _queue_locked(lease.pattern) as qfd:
+        _bump(qfd)
+
+
+@contextmanager
+def hold(*, count: int | None = None, devices: Sequence[int] | None = None,
+         total_gpus: int, lock_path_pattern: str = DEFAULT_PATTERN,
+         timeout: float = DEFAULT_TIMEOUT, command: str = "",
+         poll: float = POLL) -> Iterator[Lease]:
+    """Hold GPUs exclusively for the `with` block; thread- and process-safe, fair FIFO."""
+    lease = acquire(count=count, devices=devices, total_gpus=total_gpus,
+                    lock_path_pattern=lock_path_pattern, timeout=timeout, command=command,
+                    poll=poll)
+    try:
+        yield lease
+    finally:
+        release(lease)
+
+
+# ---------------------------------------------------------------- status
+
+
+def read_status(lock_path_pattern: str = DEFAULT_PATTERN,
+                total_gpus: int = DEFAULT_TOTAL_GPUS) -> Status:
+    """Each GPU (free, or who holds it) and the waiters in arrival order."""
+    pattern = validate_pattern(lock_path_pattern)
+    gpus = []
+    # Probing takes a lock for an instant; under the queue lock no allocator of ours is
+    # looking at the same moment, so the probe never makes a request fail.
+    with _queue_locked(pattern):
+        for gpu in range(total_gpus):
+            path = gpu_path(pattern, gpu)
+            try:
+                fd = _open(path, create=False)
+            except FileNotFoundError:
+                gpus.append(GpuState(gpu=gpu, path=path, holder=None))
+                continue
+            try:
+                # A record whose lock is free was left by a dead holder: it means nothing.
+                free = _try_lock(fd, fcntl.LOCK_SH)
+                holder = None if free else _holder_from(_read_record_fd(fd))
+            finally:
+                os.close(fd)
+            gpus.append(GpuState(gpu=gpu, path=path, holder=holder))
+        tickets = _live_tickets(pattern)
+    waiters = tuple(
+        Waiter(ticket=t.number, pid=_int_or_none(t.record.get("pid")),
+               command=str(t.record.get("command", "")),
+               since=_float_or_none(t.record.get("since")), count=t.count, devices=t.devices,
+               host=str(t.record.get("host", "")))
+        for t in tickets)
+    return Status(gpus=tuple(gpus), waiters=waiters)
+
+
+def free_now(lock_path_pattern: str = DEFAULT_PATTERN,
+             total_gpus: int = DEFAULT_TOTAL_GPUS) -> tuple[int, ...]:
+    """GPUs neither held nor claimed by a waiter: what a new request could take at once."""
+    st = read_status(lock_path_pattern, total_gpus)
+    avail = [g.gpu for g in st.gpus if g.holder is None]
+    for w in st.waiters:
+        _, avail = claim(w.count, w.devices, avail)
+    return tuple(avail)
