@@ -28,11 +28,12 @@ nox.options.error_on_external_run = True
 LOCAL_FLAGS = {"--no-docker", "--emulate-gpus"}
 
 
-def _install(session: nox.Session, profile: str | None) -> None:
-    """Install a pyproject profile (torch first, alone), then this repo with --no-deps."""
-    if profile is not None:
-        reqs = profiles.requirements(nox.project.load_toml(ROOT / "pyproject.toml"), profile)
-        torch, rest = profiles.split_torch(reqs)
+def _install(session: nox.Session, *names: str) -> None:
+    """Install pyproject profiles (torch first, alone), then this repo with --no-deps."""
+    pyproject = nox.project.load_toml(ROOT / "pyproject.toml")
+    reqs = [r for name in names for r in profiles.requirements(pyproject, name)]
+    if reqs:
+        torch, rest = profiles.split_torch(list(dict.fromkeys(reqs)))
         if torch:
             session.install(*profiles.torch_install_args(torch, os.environ))
         session.install(*rest)
@@ -43,10 +44,10 @@ def _suite(session: nox.Session, suite: str, *extra: str) -> None:
     session.run("python", "-m", "ci", "run", "--suite", suite, *extra, *session.posargs)
 
 
-def _gpu_session(session: nox.Session, suite: str) -> None:
+def _gpu_session(session: nox.Session, suite: str, *extra_profiles: str) -> None:
     # In Docker the image brings the stack: the host venv only needs the runner (stdlib).
     local = bool(LOCAL_FLAGS & set(session.posargs))
-    _install(session, "e2e" if local else None)
+    _install(session, *(["e2e"] if local else []), *extra_profiles)
     _suite(session, suite)
 
 
@@ -117,8 +118,7 @@ def image(session: nox.Session) -> None:
 @nox.session(tags=["gpu"])
 def changed(session: nox.Session) -> None:
     """Test files this branch adds or modifies vs origin/main, each on its NUM_GPUS (-- --affected)."""
-    _install(session, "e2e")
-    _suite(session, "changed")
+    _gpu_session(session, "changed", "git")
 
 
 @nox.session(tags=["cpu", "ci"])

@@ -1,0 +1,353 @@
+"""`python -m ci changed`: the test files a branch adds, modifies or renames vs its base.
+
+The original CI found them with a shell glob whose `*` crossed `/` (helpers ran as
+8-GPU tests), that never saw `tests/utils/` or renamed files, and that read
+`NUM_GPUS: int = 0` as "undeclared". Here the diff comes from git (merge base of
+HEAD and the base, rename detection on), test files are picked by the registry's
+own rule (`ci.discover.is_test_file`) and GPU counts are read by the AST reader.
+`--affected` adds the tests that import a changed module, through the import graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Literal
+
+from ci.discover import TestFile, discover, is_test_file, read_source, read_test_file
+from ci.errors import NothingRegistered, UsageError
+from ci.imports import affected_chains, describe_chain
+from ci.plan import PlannedEntry, resolve
+from ci.suites import by_name
+
+if TYPE_CHECKING:
+    import git
+
+DEFAULT_BASE = "origin/main"
+DEFAULT_GPUS = 8  # as the original: an undeclared file gets a whole machine
+# Files whose change can alter the outcome of any test: packaging, sessions, the
+# registry, pytest configuration. With --affected they select the whole CPU tier.
+GLOBAL_FILES = frozenset({"pyproject.toml", "setup.py", "setup.cfg", "noxfile.py", "ci/suites.py"})
+GLOBAL_NAMES = frozenset({"conftest.py"})
+EVERYTHING_SUITE = "cpu_unit"
+
+Status = Literal["added", "modified", "renamed", "deleted"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Change:
+    """One file of the diff; `path` is the new path (the old one for deletions)."""
+
+    path: str
+    status: Status
+    old_path: str | None = None  # renames only
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChangedPlan:
+    """What `changed` selected, and against which commits."""
+
+    base: str
+    merge_base: str
+    head: str
+    entries: tuple[PlannedEntry, ...]
+
+
+def _stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+# --- the diff --------------------------------------------------------------------------
+
+_STATUS: dict[str, Status] = {"A": "added", "C": "added", "M": "modified", "T": "modified",
+                              "R": "renamed", "D": "deleted"}
+
+
+def parse_name_status(raw: bytes) -> list[Change]:
+    """Parse `git diff-tree -r -M --name-status -z` output (paths may hold any character)."""
+    fields = raw.split(b"\0")
+    if fields and fields[-1] == b"":
+        fields.pop()
+    changes: list[Change] = []
+    i = 0
+    while i < len(fields):
+        letter = fields[i].decode("ascii")[:1]
+        status = _STATUS.get(letter)
+        two_paths = letter in ("R", "C")
+        paths = [f.decode("utf-8", "surrogateescape") for f in fields[i + 1 : i + 2 + two_paths]]
+        i += 2 + two_paths
+        if status is None:  # "U" (unmerged) or an unknown letter: nothing to select
+            continue
+        if letter == "R":
+            changes.append(Change(path=paths[1], status=status, old_path=paths[0]))
+        else:
+            changes.append(Change(path=paths[-1], status=status))
+    return changes
+
+
+def _git_error(exc: Exception) -> UsageError:
+    stderr = str(getattr(exc, "stderr", "") or exc).strip().splitlines()
+    detail = stderr[-1].strip().strip("'").strip() if stderr else str(exc)
+    return UsageError(f"git failed: {detail}")
+
+
+def _open_repo(root: Path) -> git.Repo:
+    try:
+        import git  # lazy: GitPython costs ~0.1 s and `--help` must stay fast
+    except ImportError as exc:  # GitPython missing, or no git executable on PATH
+        raise UsageError(f"cannot use git ({exc}); install git and "
+                         f"`pip install GitPython`") from None
+    try:
+        return git.Repo(root)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise UsageError(f"{root} is not a git repository: run this in a clone of the "
+                         f"project, or pass --root <clone>") from None
+
+
+def _rev(repo: git.Repo, ref: str) -> str | None:
+    import git
+
+    try:
+        out: str = repo.git.rev_parse("--verify", "--quiet", f"{ref}^{{commit}}")
+    except git.GitCommandError as exc:
+        if exc.status == 1:
+            return None
+        raise _git_error(exc) from None
+    return out.strip() or None
+
+
+def _is_shallow(repo: git.Repo) -> bool:
+    return (Path(repo.git_dir) / "shallow").exists()
+
+
+def _missing_base(repo: git.Repo, base: str) -> UsageError:
+    remote, _, branch = base.partition("/")
+    known_remotes = {r.name for r in repo.remotes}
+    if branch and remote in known_remotes:
+        fix = f"run git fetch {remote} {branch}"
+    elif branch and remote == "origin":
+        fix = (f"this clone has no remote 'origin': run git remote add origin <url> && "
+               f"git fetch origin {branch}, or pass --base <ref>")
+    else:
+        fix = f"fetch it, or pass --base <ref> (default {DEFAULT_BASE})"
+    if _is_shallow(repo):
+        fix += "; this clone is shallow: in Actions, check out with fetch-depth: 0"
+    return UsageError(f"base {base!r} does not exist here: {fix}")
+
+
+def diff_vs_base(root: Path, base: str = DEFAULT_BASE) -> tuple[str, str, list[Change]]:
+    """(merge base, HEAD, changes) of HEAD against the merge base of HEAD and `base`."""
+    import git
+
+    if not base or base.startswith("-"):
+        raise UsageError(f"--base {base!r}: expected a git ref such as {DEFAULT_BASE}")
+    repo = _open_repo(root)
+    try:
+        head = _rev(repo, "HEAD")
+        if head is None:
+            raise UsageError(f"{root}: HEAD has no commit yet; commit something first")
+        base_sha = _rev(repo, base)
+        if base_sha is None:
+            raise _missing_base(repo, base)
+        bases = repo.merge_base(head, base_sha)
+        if not bases:
+            if _is_shallow(repo):
+                raise UsageError(
+                    f"no merge base of HEAD and {base} in this shallow clone: fetch with "
+                    f"fetch-depth: 0 (actions/checkout), or run git fetch --unshallow")
+            raise UsageError(f"HEAD and {base} share no history; pass --base <the branch "
+                             f"this one grew from>")
+        merge_base = bases[0].hexsha  # the one `git diff base...HEAD` uses
+        raw = repo.git.diff_tree("-r", "-M", "--no-color", "--name-status", "-z",
+                                 merge_base, head, stdout_as_string=False)
+    except git.GitCommandError as exc:
+        raise _git_error(exc) from None
+    finally:
+        repo.close()
+    return merge_base, head, parse_name_status(raw)
+
+
+# --- selection (pure) -------------------------------------------------------------------
+
+def edited_tests(changes: Iterable[Change]) -> dict[str, str]:
+    """Test files the diff adds, modifies or renames (new path) -> why; deletions dropped."""
+    chosen: dict[str, str] = {}
+    for change in changes:
+        if change.status == "deleted" or not is_test_file(change.path):
+            continue
+        if change.status == "renamed" and change.old_path is not None:
+            chosen[change.path] = f"renamed from {change.old_path}"
+        else:
+            chosen[change.path] = "added" if change.status == "added" else "edited"
+    return chosen
+
+
+def global_changes(changes: Iterable[Change]) -> list[str]:
+    """Changed paths that affect every test (packaging, sessions, registry, conftest)."""
+    found: set[str] = set()
+    for change in changes:
+        for path in (change.path, change.old_path):
+            if path is not None and (path in GLOBAL_FILES
+                                     or PurePosixPath(path).name in GLOBAL_NAMES):
+                found.add(path)
+    return sorted(found)
+
+
+def touched_paths(changes: Iterable[Change]) -> set[str]:
+    """Every path the diff touches, old and new: a deleted module still affects its importers."""
+    paths: set[str] = set()
+    for change in changes:
+        paths.add(change.path)
+        if change.old_path is not None:
+            paths.add(change.old_path)
+    return paths
+
+
+def affected_tests(root: Path, changes: Sequence[Change]) -> dict[str, str]:
+    """Test files that import a changed file of this repository, directly or not -> why."""
+    touched = {p for p in touched_paths(changes) if p.endswith(".py")}
+    if not touched:
+        return {}
+    gone = [c.path for c in changes if c.status == "deleted"]
+    gone += [c.old_path for c in changes if c.old_path is not None]
+    chains = affected_chains(root, touched, also_known=gone)
+    return {
+        node: describe_chain(chain)
+        for node, chain in sorted(chains.items())
+        if is_test_file(node) and (root / node).is_file()
+    }
+
+
+# --- entries ----------------------------------------------------------------------------
+
+def _read(root: Path, rel: str, head: str | None) -> TestFile:
+    # The work tree is what runs; the committed blob is the fallback when it is missing.
+    if (root / rel).is_file():
+        return read_test_file(root, rel)
+    return read_source(rel, _blob(root, head, rel).decode("utf-8", "replace"))
+
+
+def _blob(root: Path, head: str | None, rel: str) -> bytes:
+    if head is None:
+        return b""
+    repo = _open_repo(root)
+    try:
+        data: bytes = (repo.commit(head).tree / rel).data_stream.read()
+    except KeyError:
+        return b""
+    finally:
+        repo.close()
+    return data
+
+
+def entry_for(tf: TestFile, *, why: str, timeout: float,
+              warn: Callable[[str], None]) -> PlannedEntry:
+    """A planned entry for one selected file; an undeclared GPU count becomes 8, loudly."""
+    gpus = tf.num_gpus
+    if gpus is None:
+        problem = tf.num_gpus_problem or "NUM_GPUS is not declared"
+        warn(f"{tf.path}: {problem}; running it on {DEFAULT_GPUS} GPUs "
+             f"(`python -m ci audit` stops such files from landing)")
+        gpus = DEFAULT_GPUS
+    # The kind follows the GPU count actually used (a test-less 8-GPU file is a script).
+    kind = dataclasses.replace(tf, num_gpus=gpus).kind
+    return PlannedEntry(id=tf.path, path=tf.path, timeout=timeout, num_gpus=gpus, kind=kind,
+                        why=why)
+
+
+def _everything(root: Path, reason: str) -> list[PlannedEntry]:
+    try:
+        planned = resolve(by_name()[EVERYTHING_SUITE], discover(root))
+    except NothingRegistered:
+        return []
+    return [dataclasses.replace(e, why=reason) for e in planned]
+
+
+def plan_changed(root: Path, base: str = DEFAULT_BASE, *, affected: bool = False,
+                 timeout: float = 3600.0,
+                 warn: Callable[[str], None] = _stderr) -> ChangedPlan:
+    """Diff HEAD against its merge base with `base` and plan the selected test files."""
+    merge_base, head, changes = diff_vs_base(root, base)
+    why = edited_tests(changes)
+    chosen: dict[str, PlannedEntry] = {}
+    for rel in sorted(why):
+        chosen[rel] = entry_for(_read(root, rel, head), why=why[rel], timeout=timeout, warn=warn)
+    if affected:
+        everything = global_changes(changes)
+        if everything:
+            reason = f"affects everything ({', '.join(everything)})"
+            for entry in _everything(root, reason):
+                chosen.setdefault(entry.path, entry)
+        for rel, reason in affected_tests(root, changes).items():
+            if rel not in chosen:
+                chosen[rel] = entry_for(_read(root, rel, head), why=reason, timeout=timeout,
+                                        warn=warn)
+    entries = tuple(chosen[rel] for rel in sorted(chosen))
+    return ChangedPlan(base=base, merge_base=merge_base, head=head, entries=entries)
+
+
+def changed_entries(root: Path, base: str = DEFAULT_BASE, *, affected: bool = False,
+                    timeout: float = 3600.0,
+                    warn: Callable[[str], None] = _stderr) -> list[PlannedEntry]:
+    """The entries `nox -s changed` runs: changed test files (and, with affected, importers)."""
+    return list(plan_changed(root, base, affected=affected, timeout=timeout, warn=warn).entries)
+
+
+# --- command line -----------------------------------------------------------------------
+
+def to_json(entries: Iterable[PlannedEntry]) -> str:
+    """The plan as a JSON list for a workflow matrix: path, num_gpus, kind, why."""
+    rows = [{"path": e.path, "num_gpus": e.num_gpus, "kind": e.kind, "why": e.why}
+            for e in entries]
+    return json.dumps(rows)  # ASCII escapes: any file name survives any terminal
+
+
+def format_table(plan: ChangedPlan) -> str:
+    """A readable table: GPUs, kind, file, why."""
+    against = f"vs {plan.base} (merge base {plan.merge_base[:10]})"
+    if not plan.entries:
+        return f"no test files selected {against}: nothing to run"
+    width = max(len("file"), *(len(e.path) for e in plan.entries))
+    noun = "test file" if len(plan.entries) == 1 else "test files"
+    lines = [f"{len(plan.entries)} {noun} selected {against}:",
+             f"GPUs  kind    {'file':<{width}}  why"]
+    lines += [f"{e.num_gpus:>4}  {e.kind:<6}  {e.path:<{width}}  {e.why}" for e in plan.entries]
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m ci changed",
+        description="List the test files this branch adds, modifies or renames compared with "
+                    "its merge base with --base, each with its NUM_GPUS and why it was "
+                    "selected. `nox -s changed` runs them.",
+        epilog="exit codes: 0 ok (also when nothing is selected), 2 bad input "
+               "(missing base, shallow clone, not a git repository)")
+    parser.add_argument("--root", type=Path, default=Path.cwd(),
+                        help="repository root (default: the current directory)")
+    parser.add_argument("--base", default=DEFAULT_BASE,
+                        help=f"ref the branch is compared with (default {DEFAULT_BASE})")
+    parser.add_argument("--affected", action="store_true",
+                        help="also select tests that import a changed module, directly or "
+                             "through other modules; a change to pyproject.toml, noxfile.py, "
+                             "a conftest.py or ci/suites.py selects the whole CPU tier")
+    parser.add_argument("--json", action="store_true",
+                        help="print the plan as JSON (a list of {path, num_gpus, kind, why}) "
+                             "for a workflow matrix")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `python -m ci changed`."""
+    args = _parser().parse_args(argv)
+    plan = plan_changed(args.root, args.base, affected=args.affected)
+    if args.json:
+        print(to_json(plan.entries))
+    else:
+        print(format_table(plan))
+    return 0
