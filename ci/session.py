@@ -171,8 +171,9 @@ def detect_gpus() -> int | None:
 def _gpu_budget(opts: Options, entries: Sequence[PlannedEntry]) -> int:
     args = opts.args
     needed = max((e.num_gpus for e in entries), default=0)
+    gpus: int
     if args.gpus is not None:
-        gpus = args.gpus
+        gpus = int(args.gpus)
     elif args.emulate_gpus or args.dry_run:
         gpus = detect_gpus() or 8
     else:
@@ -219,10 +220,10 @@ def _docker_wrap(opts: Options) -> Wrap:
 
 
 
-def _caches(env: Mapping[str, str]) -> dict[Path, Path]:
-    models = Path(env.get("SLIME_CI_MODELS_DIR", "/data/ci/models"))
-    datasets = Path(env.get("SLIME_CI_DATASETS_DIR", "/data/ci/datasets"))
-    return {models: Path("/root/models"), datasets: Path("/root/datasets")}
+def _caches(env: Mapping[str, str]) -> dict[str, str]:
+    models = env.get("SLIME_CI_MODELS_DIR", "/data/ci/models")
+    datasets = env.get("SLIME_CI_DATASETS_DIR", "/data/ci/datasets")
+    return {models: "/root/models", datasets: "/root/datasets"}
 
 
 def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, gpus: int,
