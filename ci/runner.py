@@ -90,6 +90,9 @@ class RunConfig:
     grace: float = 5.0  # seconds between SIGTERM and SIGKILL
     acquire: Acquire | None = None  # None: GPU entries run without a lock (dry runs, tests)
     wrap: Wrap | None = None
+    # Called with the argv of an entry that was killed (timeout, interrupt): e.g. to
+    # `docker kill` its container, which outlives the killed `docker run` client.
+    on_abort: Callable[[Sequence[str]], None] | None = None
     emulate_gpus: bool = False
     keep_outputs: bool = False
 
@@ -355,6 +358,8 @@ class Runner:
             try:
                 attempt = _run_process(argv, cfg=self.cfg, env=env, log=log_path,
                                        timeout=entry.timeout, fds=fds, active=self.active)
+                if (attempt.timed_out or attempt.interrupted) and self.cfg.on_abort is not None:
+                    self.cfg.on_abort(argv)
             finally:
                 with self._print_lock:
                     self._running.pop(entry.id, None)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -20,26 +22,18 @@ from typing import NoReturn
 
 from ci import plan as planner
 from ci.discover import discover
+from ci.docker import ENTRY_FLAG_DEFAULTS
 from ci.errors import EXIT_FAILED, EXIT_OK, CIError, UsageError
 from ci.log import Log
 from ci.plan import PlannedEntry
 from ci.report import DurationStore, markdown, merge_junit, table
-from ci.runner import Acquire, Lease, Result, RunConfig, Runner, Wrap, base_argv
+from ci.runner import Acquire, Lease, Result, RunConfig, Runner, Wrap, base_argv, entry_env
 from ci.suites import SUITES, Suite
 
 MAX_JOBS = 256
 DEFAULT_LOCK_PATTERN = "/dev/shm/custom_gpu_lock_{gpu_id}.lock"
-# Variables the original CI passed into its containers; unset ones are skipped.
-PASSTHROUGH = (
-    "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
-    "GITHUB_COMMIT_NAME", "WANDB_API_KEY", "HF_TOKEN", "HF_HUB_OFFLINE",
-)
-TEST_FLAGS = {
-    "SLIME_TEST_USE_DEEPEP": "0",
-    "SLIME_TEST_USE_FP8_ROLLOUT": "0",
-    "SLIME_TEST_ENABLE_EVAL": "1",
-    "SLIME_TEST_ENABLE_INFINITE_RUN": "0",
-}
+# The original CI's feature flags, unless the environment or the entry says otherwise.
+TEST_FLAGS = {**ENTRY_FLAG_DEFAULTS, "SLIME_TEST_ENABLE_INFINITE_RUN": "0"}
 TRUE_WORDS = {"1", "true", "yes", "on"}
 
 
@@ -74,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allocate logical GPUs and run each entry's ranks on the CPU (no Docker)")
     p.add_argument("--no-docker", action="store_true", help="GPU suites: run in this environment")
     p.add_argument("--image", help="GPU suites: Docker image (default: the registry's)")
-    p.add_argument("--pull", choices=("always", "missing", "never"), default="always",
-                   help="docker run --pull policy (default: always)")
+    p.add_argument("--pull", choices=("always", "missing", "never"),
+                   help="docker run --pull policy (default: SLIME_CI_DOCKER_PULL, else always)")
     p.add_argument("--lock-path-pattern", help=f"GPU lock files (default: {DEFAULT_LOCK_PATTERN}; "
                    "a private temp dir when emulating)")
     p.add_argument("--lock-timeout", type=float, default=86400.0,
@@ -193,37 +187,56 @@ def _uses_docker(opts: Options) -> bool:
     return opts.suite.tier == "gpu" and not opts.args.no_docker and not opts.args.emulate_gpus
 
 
-def _docker_wrap(opts: Options) -> Wrap:
-    from ci.docker import DockerOptions, docker_run_argv
+def _docker_wrap(opts: Options, log: Log) -> Wrap:
+    from ci.docker import (
+        DockerOptions,
+        container_name,
+        docker_run_argv,
+        fit_to_host,
+        host_settings,
+        read_host_limits,
+    )
 
     image = opts.args.image or opts.suite.image or "slimerl/slime:latest"
-    env_src = os.environ
+    host = host_settings(os.environ)
+    pull = opts.args.pull or host.pull or "always"
+    limits = read_host_limits()
+    noted: set[str] = set()
 
     def wrap(entry: PlannedEntry, argv: Sequence[str], env: Mapping[str, str],
              devices: tuple[int, ...]) -> Sequence[str]:
+        # The container has its own /tmp; everything else the entry reads lives under the
+        # workspace, which is mounted at the same path.
         inner_env = {k: v for k, v in env.items()
-                     if k.startswith(("SLIME_CI_", "SLIME_TEST_")) or k in ("NUM_GPUS", "TMPDIR")
-                     or k in dict(entry.env)}
+                     if (k.startswith(("SLIME_CI_", "SLIME_TEST_")) or k == "NUM_GPUS"
+                         or k in dict(entry.env))}
         inner_env["TEST_FILE"] = entry.path
         inner_env["TEST_ARGS"] = " ".join(entry.test_args)
-        inner = ("python3", *argv[1:])
         options = DockerOptions(
             image=image, workspace=opts.root, devices=devices, env=inner_env,
-            passthrough=tuple(k for k in PASSTHROUGH if k in env_src),
-            caches=_caches(env_src), pull=opts.args.pull,
-            name=f"slime-ci-{os.getpid()}-{abs(hash(entry.id)) % 10**8}",
+            caches=host.caches, pull=pull,
+            name=container_name(entry.id, uuid.uuid4().hex[:8]),
         )
-        built: Sequence[str] = docker_run_argv(options, inner=inner)
+        options, notes = fit_to_host(options, limits)
+        for note in notes:
+            if note not in noted:
+                noted.add(note)
+                log.line(f"docker: {note}")
+        built: Sequence[str] = docker_run_argv(options, inner=("python3", *argv[1:]))
         return built
 
     return wrap
 
 
+def _docker_kill(argv: Sequence[str]) -> None:
+    """Kill the container of an aborted `docker run …` (found by its --name)."""
+    from ci.docker import docker_kill_argv
 
-def _caches(env: Mapping[str, str]) -> dict[str, str]:
-    models = env.get("SLIME_CI_MODELS_DIR", "/data/ci/models")
-    datasets = env.get("SLIME_CI_DATASETS_DIR", "/data/ci/datasets")
-    return {models: "/root/models", datasets: "/root/datasets"}
+    args = list(argv)
+    if "--name" in args and args.index("--name") + 1 < len(args):
+        name = args[args.index("--name") + 1]
+        subprocess.run(docker_kill_argv(name), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=60, check=False)
 
 
 def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, gpus: int,
@@ -239,7 +252,9 @@ def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, 
         junit = cfg.work_dir / "junit" / "<entry>.xml"
         argv: Sequence[str] = base_argv(e, cfg, junit)
         if cfg.wrap is not None:
-            argv = cfg.wrap(e, argv, {"NUM_GPUS": str(e.num_gpus)}, devices)
+            placeholder = cfg.work_dir / "out" / "<entry>"
+            env = entry_env(e, cfg, devices=devices, out_dir=placeholder, tmp_dir=placeholder / "tmp")
+            argv = cfg.wrap(e, argv, env, devices)
         why = f"  [{e.why}]" if e.why else ""
         log.line(f"  {e.id}  gpus={e.num_gpus}  timeout={e.timeout:.0f}s{why}")
         log.line(f"      $ {shlex.join(argv)}")
@@ -275,13 +290,15 @@ def main(argv: Sequence[str]) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     work_dir = cache / "runs" / f"{suite.name}-{stamp}-{os.getpid()}"
     env = {**TEST_FLAGS, **os.environ}
-    wrap = _docker_wrap(opts) if _uses_docker(opts) else None
+    docker = _uses_docker(opts)
+    wrap = _docker_wrap(opts, log) if docker else None
     cfg = RunConfig(
         root=root, work_dir=work_dir, jobs=jobs, base_env=env,
         pytest_args=(*(("-k", args.keyword) if args.keyword else ()), *opts.pytest_args),
         filtering=bool(args.keyword), retries=args.retries,
         infinite=_bool_env(env, "SLIME_TEST_ENABLE_INFINITE_RUN"),
         emulate_gpus=args.emulate_gpus, keep_outputs=args.keep_outputs, wrap=wrap,
+        on_abort=_docker_kill if docker else None,
     )
     if args.dry_run:
         _print_plan(opts, entries, cfg, gpus, log)

@@ -1,0 +1,337 @@
+"""A private Ray head for one e2e entry: own ports, own temp dir, own processes, stopped by pid.
+
+The original helpers started Ray on its default ports and never stopped it, and cleaned up
+with `pkill -9` by name; two entries on one machine collided and each killed the other's
+processes. Here every head gets a block of ports (from `SLIME_CI_PORT_BASE` or found free),
+a temp dir of its own, and an owner token in its environment: stopping it kills exactly the
+processes that carry the token or descend from it, and nothing else (never `ray stop`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+PORT_BLOCK_SIZE = 200
+OWNER_VAR = "SLIME_CI_RAY_OWNER"
+# Unix socket paths are limited to 107 bytes, and Ray puts its sockets at
+# <temp>/ray-XXXXXXXX/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store: 77 bytes
+# below the parent directory, which therefore gets at most 30.
+_MAX_TEMP_DIR_LEN = 30
+_STARTED = "Ray runtime started."
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayPorts:
+    """Where one head listens; all inside one reserved block of ports."""
+
+    base: int
+    gcs: int
+    dashboard: int
+    client_server: int
+    node_manager: int
+    object_manager: int
+    dashboard_agent_listen: int
+    dashboard_agent_grpc: int
+    metrics_export: int
+    runtime_env_agent: int
+    master: int  # torch.distributed rendezvous of the training job
+    min_worker: int
+    max_worker: int
+
+    @classmethod
+    def from_base(cls, base: int, size: int = PORT_BLOCK_SIZE) -> RayPorts:
+        """Lay the named ports at the start of the block and give workers its second half."""
+        if size < 20:
+            raise ValueError(f"a port block needs at least 20 ports, got {size}")
+        if not 1024 <= base <= 65535 - size + 1:
+            raise ValueError(f"port block {base}..{base + size - 1} is outside 1024..65535")
+        return cls(
+            base=base,
+            gcs=base,
+            dashboard=base + 1,
+            client_server=base + 2,
+            node_manager=base + 3,
+            object_manager=base + 4,
+            dashboard_agent_listen=base + 5,
+            dashboard_agent_grpc=base + 6,
+            metrics_export=base + 7,
+            runtime_env_agent=base + 8,
+            master=base + 9,
+            min_worker=base + size // 2,
+            max_worker=base + size - 1,
+        )
+
+
+def _bindable(port: int, host: str) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As servers bind: a port held only by closed connections (TIME_WAIT) is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(size: int = PORT_BLOCK_SIZE, *, host: str = "127.0.0.1",
+                    attempts: int = 200, rng: random.Random | None = None) -> int:
+    """First port of `size` consecutive ports that are all free now (below the ephemeral range)."""
+    rng = rng or random.Random()
+    # 20000..31999 stays clear of Linux's ephemeral range (32768+), where outgoing
+    # connections would otherwise take ports out from under the block.
+    for _ in range(attempts):
+        base = rng.randrange(20000, 32000 - size)
+        if all(_bindable(p, host) for p in range(base, base + size)):
+            return base
+    raise RuntimeError(f"no block of {size} free ports found on {host}; set SLIME_CI_PORT_BASE")
+
+
+def ports_from_env(env: Mapping[str, str]) -> RayPorts:
+    """The ports the runner reserved (`SLIME_CI_PORT_BASE`), else a free block found now."""
+    raw = env.get("SLIME_CI_PORT_BASE", "").strip()
+    if not raw:
+        return RayPorts.from_base(free_port_block())
+    try:
+        base = int(raw)
+    except ValueError:
+        raise ValueError(f"SLIME_CI_PORT_BASE={raw!r} is not a port number") from None
+    return RayPorts.from_base(base)
+
+
+def ray_start_argv(ray: str, *, ports: RayPorts, temp_dir: str, num_gpus: int,
+                   node_ip: str = "127.0.0.1", num_cpus: int | None = None) -> tuple[str, ...]:
+    """The `ray start --head --block` command line of a private head (pure)."""
+    argv = [
+        ray, "start", "--head", "--block",
+        "--node-ip-address", node_ip,
+        "--port", str(ports.gcs),
+        "--dashboard-host", node_ip,
+        "--dashboard-port", str(ports.dashboard),
+        "--include-dashboard", "true",
+        "--ray-client-server-port", str(ports.client_server),
+        "--node-manager-port", str(ports.node_manager),
+        "--object-manager-port", str(ports.object_manager),
+        "--dashboard-agent-listen-port", str(ports.dashboard_agent_listen),
+        "--dashboard-agent-grpc-port", str(ports.dashboard_agent_grpc),
+        "--metrics-export-port", str(ports.metrics_export),
+        "--runtime-env-agent-port", str(ports.runtime_env_agent),
+        "--min-worker-port", str(ports.min_worker),
+        "--max-worker-port", str(ports.max_worker),
+        "--num-gpus", str(num_gpus),
+        "--temp-dir", temp_dir,
+        "--disable-usage-stats",
+    ]
+    if num_cpus is not None:
+        argv += ["--num-cpus", str(num_cpus)]
+    return tuple(argv)
+
+
+def ray_executable() -> str:
+    """The `ray` CLI of the interpreter running this code (a venv's bin is often not on PATH)."""
+    beside = Path(sys.executable).parent / "ray"
+    return str(beside) if beside.exists() else "ray"
+
+
+def _short_temp_dir(env: Mapping[str, str]) -> Path:
+    parent = env.get("TMPDIR") or tempfile.gettempdir()
+    if len(parent) > _MAX_TEMP_DIR_LEN:
+        parent = "/tmp"
+    return Path(tempfile.mkdtemp(prefix="ray-", dir=parent))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayHead:
+    """A running head: where to reach it and what identifies its processes."""
+
+    address: str  # dashboard / job submission address, http://host:port
+    gcs_address: str
+    ports: RayPorts
+    temp_dir: Path
+    log_path: Path
+    pid: int  # the `ray start --block` process, leader of its own process group
+    token: str  # value of SLIME_CI_RAY_OWNER in every process of this head
+
+
+def _owned_pids(leader: int, token: str) -> set[int]:
+    import psutil
+
+    pids: set[int] = set()
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(leader)
+        pids.add(leader)
+        pids.update(c.pid for c in root.children(recursive=True))
+    needle = f"{OWNER_VAR}={token}".encode()
+    for proc in psutil.process_iter():
+        # The token is read from /proc/<pid>/environ directly: psutil's environ() parses
+        # every variable of every process, which is slow on a busy machine.
+        try:
+            data = Path(f"/proc/{proc.pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in data.split(b"\0"):
+            pids.add(proc.pid)
+    pids.discard(os.getpid())
+    return pids
+
+
+def _alive(pids: set[int]) -> set[int]:
+    import psutil
+
+    alive = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.add(pid)
+    return alive
+
+
+def stop_head(head: RayHead, proc: subprocess.Popen[bytes], *, grace: float = 15.0) -> frozenset[int]:
+    """Stop exactly this head's processes; returns every pid it stopped."""
+    seen = _owned_pids(head.pid, head.token)
+    # `ray start --block` stops the processes it started on SIGTERM; the drain timeout
+    # set at start makes that take seconds rather than 30 s.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(head.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        seen |= _owned_pids(head.pid, head.token)
+        if not _alive(seen):
+            break
+        time.sleep(0.3)
+    for _ in range(3):
+        seen |= _owned_pids(head.pid, head.token)
+        left = _alive(seen)
+        if not left:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGKILL)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.3)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+    return frozenset(seen)
+
+
+def _wait_ready(head: RayHead, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    url = f"{head.address}/api/version"
+    deadline = time.monotonic() + timeout
+    # Loopback only: a proxy from the environment must not answer for our head.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"ray head exited with code {proc.returncode} while starting; "
+                f"last lines of {head.log_path}:\n{_tail(head.log_path)}"
+            )
+        session = ""
+        try:
+            with opener.open(url, timeout=5) as response:
+                session = json.loads(response.read().decode()).get("session_name", "")
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        if session and not (head.temp_dir / session).is_dir():
+            raise RuntimeError(
+                f"another Ray cluster (session {session}) answers on {url}; "
+                f"ports {head.ports.base}..{head.ports.max_worker} are not this entry's alone"
+            )
+        # Only our own dashboard counts (its session lives in our temp dir), and only once
+        # `ray start` says the node is up: the dashboard answers before the raylet starts,
+        # and `ray start` may still fail then and take the dashboard down with it.
+        if session and _STARTED in head.log_path.read_text(errors="replace"):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"ray head did not answer on {url} within {timeout:.0f} s; "
+                f"last lines of {head.log_path}:\n{_tail(head.log_path)}"
+            )
+        time.sleep(1.0)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadRecord:
+    """What a head left behind once stopped: the pids it ran (to check they are gone)."""
+
+    pids: frozenset[int]
+    temp_dir: Path
+
+
+@contextlib.contextmanager
+def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | None = None,
+                 start_timeout: float = 300.0, keep_temp: bool = False,
+                 record: list[HeadRecord] | None = None) -> Iterator[RayHead]:
+    """Start a head on loopback as a process group we own; always stop it on exit."""
+    ports = ports or ports_from_env(env)
+    busy = [p for p in range(ports.base, ports.max_worker + 1) if not _bindable(p, "127.0.0.1")]
+    if busy:
+        # Starting anyway would let Ray fail late, or reach another entry's cluster.
+        raise RuntimeError(
+            f"ports {', '.join(map(str, busy[:8]))} of block {ports.base}..{ports.max_worker} are "
+            f"in use; another Ray head holds them (a second runner not sharing this machine's "
+            f"GPU locks?). Stop it, or unset SLIME_CI_PORT_BASE to pick a free block."
+        )
+    temp_dir = _short_temp_dir(env)
+    token = uuid.uuid4().hex
+    head_env = dict(env)
+    if num_gpus and env.get("CUDA_VISIBLE_DEVICES") == "":
+        # Emulated GPUs: the ranks see none (the job's env keeps CUDA_VISIBLE_DEVICES=""),
+        # but Ray refuses --num-gpus N when that variable lists fewer than N devices.
+        del head_env["CUDA_VISIBLE_DEVICES"]
+    head_env = {
+        **head_env,
+        # Ray's own processes put unix sockets (multiprocessing's forkserver among them)
+        # under TMPDIR; the entry's TMPDIR can be too deep for the 107-byte limit.
+        "TMPDIR": str(temp_dir),
+        OWNER_VAR: token,
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    log_path = temp_dir / "head.log"
+    argv = ray_start_argv(ray_executable(), ports=ports, temp_dir=str(temp_dir), num_gpus=num_gpus)
+    print(f"+ {' '.join(argv)}", flush=True)
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, env=head_env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    head = RayHead(
+        address=f"http://127.0.0.1:{ports.dashboard}",
+        gcs_address=f"127.0.0.1:{ports.gcs}",
+        ports=ports, temp_dir=temp_dir, log_path=log_path, pid=proc.pid, token=token,
+    )
+    started = False
+    try:
+        _wait_ready(head, proc, start_timeout)
+        started = True
+        yield head
+    finally:
+        pids = stop_head(head, proc)
+        if record is not None:
+            record.append(HeadRecord(pids=pids, temp_dir=temp_dir))
+        # A job's own logs travel with its result; the head's logs matter when it did not start.
+        if not started or keep_temp:
+            print(f"ray head logs kept in {temp_dir}", flush=True)
+        else:
+            shutil.rmtree(temp_dir, ignore_errors=True)

@@ -1,0 +1,140 @@
+"""`U.execute_train` against real Ray heads on loopback (three heads in all: Ray is slow to start).
+
+A submitted script sees the runtime env; a failing job raises; two calls at once each get
+their own head and ports; after every call no process of its head remains, checked by pid.
+"""
+
+import json
+import os
+import socket
+import sys
+import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+
+import slime.utils.external_utils.command_utils as U
+from slime.utils.external_utils.ray_head import PORT_BLOCK_SIZE, free_port_block
+
+NUM_GPUS = 0
+REPO = Path(__file__).resolve().parents[2]
+
+PROBE = textwrap.dedent("""
+    import json, os, sys, time
+    out = sys.argv[1]
+    names = ["PROBE", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH", "CUDA_DEVICE_MAX_CONNECTIONS",
+             "NCCL_NVLS_ENABLE", "no_proxy", "SLIME_CI_DEVICE", "SLIME_CI_OUTPUT_DIR",
+             "CUDA_VISIBLE_DEVICES"]
+    with open(out, "w") as fh:
+        json.dump({"env": {n: os.environ.get(n) for n in names}, "argv": sys.argv[2:],
+                   "pid": os.getpid()}, fh)
+    print("probe wrote", out, flush=True)
+    if "--fail" in sys.argv:
+        print("failing on purpose", flush=True)
+        sys.exit(3)
+""")
+
+
+def _alive(pids):
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.Error:
+            pass
+    return alive
+
+
+def _free(port):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "in use"
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _env(tmp_path, base, name):
+    out = tmp_path / name
+    out.mkdir()
+    return {**os.environ, "SLIME_CI_PORT_BASE": str(base), "SLIME_CI_OUTPUT_DIR": str(out),
+            "SLIME_CI_DEVICE": "cpu", "TMPDIR": str(tmp_path)}
+
+
+@pytest.mark.timeout(600)
+def test_job_sees_runtime_env_and_head_is_gone_after(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    result = tmp_path / "result.json"
+    base = free_port_block()
+    heads, record = [], []
+    # As the runner sets it under --emulate-gpus: one logical GPU, none visible to torch.
+    env = {**_env(tmp_path, base, "out"), "CUDA_VISIBLE_DEVICES": "", "SLIME_CI_EMULATE_GPUS": "1"}
+    job_id = U.execute_train(
+        [str(result), "--name", "two words"], 1, None, train_script=str(script),
+        before_ray_job_submit=heads.append, extra_env_vars={"PROBE": "seen"},
+        env=env, timeout=300, head_record=record,
+    )
+    assert job_id
+    seen = json.loads(result.read_text())
+    env = seen["env"]
+    assert seen["argv"] == ["--name", "two words"]
+    assert env["PROBE"] == "seen"
+    assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(base + 9)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and env["NCCL_NVLS_ENABLE"] in ("0", "1")
+    assert "127.0.0.1" in env["no_proxy"].split(",")
+    assert env["SLIME_CI_DEVICE"] == "cpu" and env["SLIME_CI_OUTPUT_DIR"] == str(tmp_path / "out")
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    # The hook ran against this entry's head, on this entry's ports.
+    assert [h.address for h in heads] == [f"http://127.0.0.1:{base + 1}"]
+    (rec,) = record
+    assert heads[0].pid in rec.pids and len(rec.pids) > 3
+    assert _alive([*rec.pids, seen["pid"]]) == []
+    assert not rec.temp_dir.exists()
+    assert _free(base) and _free(base + 1)
+
+
+@pytest.mark.timeout(900)
+def test_two_calls_at_once_do_not_collide_and_a_failure_raises(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    base_a = free_port_block()
+    base_b = free_port_block()
+    while abs(base_b - base_a) < PORT_BLOCK_SIZE:
+        base_b = free_port_block()
+    both_up = threading.Barrier(2, timeout=600)
+    records = {"ok": [], "bad": []}
+
+    def run(name, base, extra):
+        return U.execute_train(
+            [str(tmp_path / f"{name}.json"), *extra], 1, None, train_script=str(script),
+            before_ray_job_submit=lambda head: both_up.wait(),  # both heads run at once
+            env=_env(tmp_path, base, name), timeout=300, head_record=records[name],
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        ok = pool.submit(run, "ok", base_a, [])
+        bad = pool.submit(run, "bad", base_b, ["--fail"])
+        assert ok.result(timeout=800)
+        with pytest.raises(U.TrainJobFailed) as info:
+            bad.result(timeout=800)
+    assert info.value.status == "FAILED"
+    assert "failing on purpose" in info.value.logs_tail
+    ok_env = json.loads((tmp_path / "ok.json").read_text())["env"]
+    bad_env = json.loads((tmp_path / "bad.json").read_text())["env"]
+    assert (ok_env["MASTER_PORT"], bad_env["MASTER_PORT"]) == (str(base_a + 9), str(base_b + 9))
+    (rec_ok,), (rec_bad,) = records["ok"], records["bad"]
+    assert rec_ok.pids.isdisjoint(rec_bad.pids)
+    assert rec_ok.temp_dir != rec_bad.temp_dir
+    assert not rec_ok.temp_dir.exists() and not rec_bad.temp_dir.exists()
+    assert _alive(rec_ok.pids | rec_bad.pids) == []
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
