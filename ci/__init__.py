@@ -1,1 +1,1 @@
-"""slime CI toolkit: declare tests once, plan, run, report — the same on a laptop, a GPU box and in Actions."""
+"""slime CI toolkit: declare tests once, then plan, run and report the same everywhere."""
