@@ -1,0 +1,1 @@
+"""Rollout side: reward graders and the reference rollout/generate plugins."""

@@ -1,0 +1,1 @@
+"""Framework utilities: PPO math, samples, scheduling, metrics, arguments, checkpoints."""

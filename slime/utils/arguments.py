@@ -1,0 +1,244 @@
+"""Command line of the trainer, and the checks that catch a bad run before it costs GPU hours."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+class ArgumentsError(ValueError):
+    """An inconsistent set of training arguments; the message says what to change."""
+
+
+ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "ppo", "cispo")
+KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The trainer's argument parser (no validation; see `validate_args`)."""
+    p = argparse.ArgumentParser(prog="slime-train", description="RL post-training of a language model.")
+    g = p.add_argument_group("cluster")
+    g.add_argument("--actor-num-nodes", type=int, default=1)
+    g.add_argument("--actor-num-gpus-per-node", type=int, default=8)
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--context-parallel-size", type=int, default=1)
+    g.add_argument("--expert-model-parallel-size", type=int, default=1)
+
+    g = p.add_argument_group("batching")
+    g.add_argument("--rollout-batch-size", type=int, required=True, help="prompts per rollout")
+    g.add_argument("--n-samples-per-prompt", type=int, default=1)
+    g.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step")
+    g.add_argument("--num-steps-per-rollout", type=int, default=None)
+    g.add_argument("--micro-batch-size", type=int, default=1)
+    g.add_argument("--use-dynamic-batch-size", action="store_true")
+    g.add_argument("--max-tokens-per-gpu", type=int, default=None)
+
+    g = p.add_argument_group("model")
+    g.add_argument("--hf-checkpoint", type=str, default=None, help="directory with config.json")
+    g.add_argument("--hidden-size", type=int, default=None)
+    g.add_argument("--num-layers", type=int, default=None)
+    g.add_argument("--num-attention-heads", type=int, default=None)
+    g.add_argument("--num-query-groups", type=int, default=None)
+    g.add_argument("--ffn-hidden-size", type=int, default=None)
+    g.add_argument("--vocab-size", type=int, default=None, help="padded vocabulary size")
+    g.add_argument("--num-experts", type=int, default=None)
+    g.add_argument("--moe-ffn-hidden-size", type=int, default=None)
+    g.add_argument("--moe-router-topk", type=int, default=None)
+
+    g = p.add_argument_group("algorithm")
+    g.add_argument("--advantage-estimator", choices=ADVANTAGE_ESTIMATORS, default="grpo")
+    g.add_argument("--kl-loss-type", choices=KL_LOSS_TYPES, default="low_var_kl")
+    g.add_argument("--eps-clip", type=float, default=0.2)
+    g.add_argument("--eps-clip-high", type=float, default=None)
+    g.add_argument("--eps-clip-c", type=float, default=None, help="dual-clip bound, > 1")
+    g.add_argument("--rollout-temperature", type=float, default=1.0)
+    g.add_argument("--rollout-max-response-len", type=int, default=1024)
+    g.add_argument("--rm-type", type=str, default=None)
+
+    g = p.add_argument_group("plugins")
+    g.add_argument("--rollout-function-path", default="slime.rollout.reference:generate_rollout")
+    g.add_argument("--custom-generate-function-path", default=None)
+
+    g = p.add_argument_group("debug")
+    g.add_argument("--debug-rollout-only", action="store_true")
+    g.add_argument("--debug-train-only", action="store_true")
+    g.add_argument("--save-debug-rollout-data", default=None, help="path with {rollout_id}")
+    g.add_argument("--load-debug-rollout-data", default=None, help="path with {rollout_id}")
+    g.add_argument("--start-rollout-id", type=int, default=0)
+    return p
+
+
+def _fail(message: str) -> None:
+    raise ArgumentsError(message)
+
+
+def _check_batches(args: argparse.Namespace) -> None:
+    for name in ("rollout_batch_size", "n_samples_per_prompt", "micro_batch_size"):
+        if getattr(args, name) < 1:
+            _fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    samples = args.rollout_batch_size * args.n_samples_per_prompt
+    if args.global_batch_size is None and args.num_steps_per_rollout is None:
+        args.num_steps_per_rollout = 1
+    if args.global_batch_size is None:
+        if samples % args.num_steps_per_rollout:
+            _fail(
+                f"rollout batch {args.rollout_batch_size} x {args.n_samples_per_prompt} samples = "
+                f"{samples} samples do not split into {args.num_steps_per_rollout} steps; "
+                "change --num-steps-per-rollout or --rollout-batch-size"
+            )
+        args.global_batch_size = samples // args.num_steps_per_rollout
+    elif args.num_steps_per_rollout is None:
+        if args.global_batch_size < 1 or samples % args.global_batch_size:
+            _fail(
+                f"{samples} samples per rollout are not a multiple of --global-batch-size "
+                f"{args.global_batch_size}"
+            )
+        args.num_steps_per_rollout = samples // args.global_batch_size
+    elif args.global_batch_size * args.num_steps_per_rollout != samples:
+        _fail(
+            f"--rollout-batch-size x --n-samples-per-prompt = {samples} must equal "
+            f"--global-batch-size x --num-steps-per-rollout = "
+            f"{args.global_batch_size * args.num_steps_per_rollout}"
+        )
+    if args.use_dynamic_batch_size:
+        if not args.max_tokens_per_gpu or args.max_tokens_per_gpu < 1:
+            _fail("--use-dynamic-batch-size needs --max-tokens-per-gpu > 0")
+    elif args.global_batch_size % (args.dp_size * args.micro_batch_size):
+        _fail(
+            f"--global-batch-size {args.global_batch_size} must be a multiple of data-parallel "
+            f"size {args.dp_size} x --micro-batch-size {args.micro_batch_size}"
+        )
+
+
+def _check_parallel(args: argparse.Namespace) -> None:
+    world = args.actor_num_nodes * args.actor_num_gpus_per_node
+    tp, pp, cp = (
+        args.tensor_model_parallel_size,
+        args.pipeline_model_parallel_size,
+        args.context_parallel_size,
+    )
+    if min(world, tp, pp, cp, args.expert_model_parallel_size) < 1:
+        _fail("GPU counts and parallel sizes must all be >= 1")
+    if world % (tp * pp * cp):
+        _fail(
+            f"{world} GPUs do not divide into tensor {tp} x pipeline {pp} x context {cp} "
+            f"= {tp * pp * cp}-GPU model replicas"
+        )
+    args.world_size = world
+    args.dp_size = world // (tp * pp * cp)
+    checks = [
+        ("num_attention_heads", tp, "--tensor-model-parallel-size"),
+        ("num_query_groups", tp, "--tensor-model-parallel-size"),
+        ("num_layers", pp, "--pipeline-model-parallel-size"),
+        ("num_experts", args.expert_model_parallel_size, "--expert-model-parallel-size"),
+    ]
+    for name, size, flag in checks:
+        value = getattr(args, name)
+        if value is not None and value % size:
+            _fail(f"--{name.replace('_', '-')} {value} is not divisible by {flag} {size}")
+    if args.expert_model_parallel_size > 1 and args.num_experts is None:
+        _fail("--expert-model-parallel-size > 1 needs a MoE model (--num-experts)")
+
+
+# HF config keys for each Megatron-style argument; the first present key wins.
+HF_KEYS: dict[str, tuple[str, ...]] = {
+    "hidden_size": ("hidden_size",),
+    "num_layers": ("num_hidden_layers",),
+    "num_attention_heads": ("num_attention_heads",),
+    "num_query_groups": ("num_key_value_heads",),
+    "ffn_hidden_size": ("intermediate_size",),
+    "num_experts": ("num_experts", "num_local_experts", "n_routed_experts"),
+    "moe_ffn_hidden_size": ("moe_intermediate_size",),
+    "moe_router_topk": ("num_experts_per_tok",),
+}
+
+
+def read_hf_config(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
+    """The `config.json` of a HF checkpoint directory (text config of multimodal models)."""
+    path = Path(checkpoint) / "config.json"
+    if not path.is_file():
+        _fail(f"--hf-checkpoint {checkpoint}: no config.json there; point it at a HF model directory")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ArgumentsError(f"{path} is not valid JSON: {exc}") from None
+    return dict(config.get("text_config", config))
+
+
+def _check_hf_config(args: argparse.Namespace) -> None:
+    if args.hf_checkpoint is None:
+        return
+    config = read_hf_config(args.hf_checkpoint)
+    mismatches = []
+    for name, keys in HF_KEYS.items():
+        ours = getattr(args, name)
+        theirs = next((config[k] for k in keys if k in config), None)
+        if ours is None or theirs is None:
+            continue
+        if ours != theirs:
+            mismatches.append(f"--{name.replace('_', '-')} {ours} vs {keys[0]} {theirs}")
+    vocab = config.get("vocab_size")
+    if args.vocab_size is not None and vocab is not None and args.vocab_size < vocab:
+        mismatches.append(f"--vocab-size {args.vocab_size} is smaller than vocab_size {vocab}")
+    if mismatches:
+        _fail(
+            f"model arguments disagree with {args.hf_checkpoint}/config.json: "
+            + "; ".join(mismatches)
+        )
+
+
+def _check_debug_paths(args: argparse.Namespace) -> None:
+    for flag in ("save_debug_rollout_data", "load_debug_rollout_data"):
+        value = getattr(args, flag)
+        if value is not None and "{rollout_id}" not in value:
+            _fail(
+                f"--{flag.replace('_', '-')} {value!r} must contain '{{rollout_id}}' "
+                "so each rollout gets its own file"
+            )
+    if args.debug_rollout_only and args.debug_train_only:
+        _fail("--debug-rollout-only and --debug-train-only exclude each other")
+    if args.load_debug_rollout_data is not None:
+        if args.debug_rollout_only:
+            _fail("--load-debug-rollout-data replaces the rollout; it cannot go with --debug-rollout-only")
+        first = args.load_debug_rollout_data.format(rollout_id=args.start_rollout_id)
+        if not Path(first).is_file():
+            _fail(
+                f"--load-debug-rollout-data: {first} does not exist; "
+                "save it first with --save-debug-rollout-data"
+            )
+
+
+def _check_algorithm(args: argparse.Namespace) -> None:
+    if args.rollout_max_response_len < 1:
+        _fail(f"--rollout-max-response-len must be >= 1, got {args.rollout_max_response_len}")
+    if not args.rollout_temperature > 0:
+        _fail(f"--rollout-temperature must be positive, got {args.rollout_temperature}")
+    if args.eps_clip <= 0 or (args.eps_clip_high is not None and args.eps_clip_high <= 0):
+        _fail("--eps-clip and --eps-clip-high must be positive")
+    if args.eps_clip_c is not None and args.eps_clip_c <= 1.0:
+        _fail(f"--eps-clip-c is a dual-clip bound and must be > 1.0, got {args.eps_clip_c}")
+    if args.rm_type is not None:
+        from slime.rollout.rm_hub import RM_TYPES
+
+        if args.rm_type not in RM_TYPES:
+            _fail(f"--rm-type {args.rm_type!r} is unknown; pick one of {', '.join(RM_TYPES)}")
+
+
+def validate_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Check and complete parsed arguments (derives dp_size, global batch or steps)."""
+    _check_parallel(args)
+    _check_batches(args)
+    _check_hf_config(args)
+    _check_debug_paths(args)
+    _check_algorithm(args)
+    return args
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse and validate the trainer's command line."""
+    return validate_args(build_parser().parse_args(list(argv)))
