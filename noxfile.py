@@ -75,13 +75,15 @@ def toolkit(session: nox.Session) -> None:
 
 @nox.session(tags=["cpu", "ci"])
 def lint(session: nox.Session) -> None:
-    """Generated workflow is current and passes zizmor and the workflow schema; ruff and mypy on ci/."""
+    """Generated workflow is current and passes zizmor and the schemas; ruff everywhere, mypy on ci/."""
     _install(session, "lint")
     session.run("python", "-m", "ci", "workflows", "--check")
     session.run("zizmor", "--offline", "--persona", "pedantic", ".github/workflows")
     workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
     session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
-    session.run("ruff", "check", "ci", "noxfile.py", "tasks.py")
+    session.run("check-jsonschema", "--builtin-schema", "vendor.compose-spec",
+                "runners/docker-compose.yml")
+    session.run("ruff", "check", ".")
     session.run("mypy")
 
 
