@@ -190,24 +190,29 @@ def make_request(*, count: int | None = None, devices: Sequence[int] | None = No
     return Request(count=None, devices=tuple(sorted(devs)), total_gpus=total_gpus)
 
 
-def detect_total_gpus() -> int:
-    """The GPU count NVML reports (nvidia-ml-py), else 8."""
+def nvml_gpu_count() -> int | None:
+    """The GPU count NVML reports (nvidia-ml-py); None without a driver, library or GPU."""
     try:
         import pynvml
     except ImportError:
-        return DEFAULT_TOTAL_GPUS
+        return None
     try:
         pynvml.nvmlInit()
     except Exception:  # no driver, no library: not a GPU machine
-        return DEFAULT_TOTAL_GPUS
+        return None
     try:
         count = int(pynvml.nvmlDeviceGetCount())
     except Exception:
-        return DEFAULT_TOTAL_GPUS
+        return None
     finally:
         with suppress(Exception):
             pynvml.nvmlShutdown()
-    return count if count > 0 else DEFAULT_TOTAL_GPUS
+    return count if count > 0 else None
+
+
+def detect_total_gpus() -> int:
+    """The GPU count NVML reports, else 8."""
+    return nvml_gpu_count() or DEFAULT_TOTAL_GPUS
 
 
 # ---------------------------------------------------------------- files and records

@@ -67,6 +67,8 @@ class Lease(Protocol):
     @property
     def fds(self) -> tuple[int, ...]: ...
 
+    def note_child(self, pid: int) -> None: ...
+
 
 # Acquires GPUs for an entry; blocks until they are free. Given (count, command).
 Acquire = Callable[[int, str], AbstractContextManager[Lease]]
@@ -187,17 +189,22 @@ class _Active:
 
 
 def _run_process(argv: Sequence[str], *, cfg: RunConfig, env: Mapping[str, str], log: Path,
-                 timeout: float, fds: tuple[int, ...], active: _Active) -> _Attempt:
+                 timeout: float, lease: Lease | None, active: _Active) -> _Attempt:
     start = time.monotonic()
     timed_out = threading.Event()
     killers: list[threading.Timer] = []
     with log.open("wb") as out:
         proc = subprocess.Popen(
             list(argv), cwd=cfg.root, env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True, pass_fds=fds,
+            # The child inherits the lock descriptors: if this runner dies, the flocks stay
+            # held by the entry's processes, never freed under a running test.
+            stderr=subprocess.STDOUT, start_new_session=True,
+            pass_fds=tuple(lease.fds) if lease is not None else (),
         )
     pgid = proc.pid
     active.add(pgid)
+    if lease is not None:
+        lease.note_child(proc.pid)
 
     def on_timeout() -> None:
         timed_out.set()
@@ -324,13 +331,13 @@ class Runner:
             self.log.line(f"      … {self._done}/{self._total} done; running: {shown}")
 
     @contextmanager
-    def _gpus(self, entry: PlannedEntry) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
+    def _gpus(self, entry: PlannedEntry) -> Iterator[Lease | None]:
         if entry.num_gpus == 0 or self.cfg.acquire is None:
-            yield (), ()
+            yield None
             return
         command = " ".join((entry.path, *entry.test_args))
         with self.cfg.acquire(entry.num_gpus, command) as lease:
-            yield tuple(lease.devices), tuple(lease.fds)
+            yield lease
 
     def _attempt(self, entry: PlannedEntry, index: int, attempt_no: int) -> Result:
         name = f"{index:03d}-{_safe(entry.id)}"
@@ -345,8 +352,9 @@ class Runner:
         out_dir = self.cfg.work_dir / "out" / name
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp_dir = Path(tempfile.mkdtemp(prefix=f"e{index:03d}-", dir=self._tmp_root()))
-        gpus = nullcontext(((), ())) if self.active.stopping.is_set() else self._gpus(entry)
-        with gpus as (devices, fds):
+        gpus = nullcontext(None) if self.active.stopping.is_set() else self._gpus(entry)
+        with gpus as lease:
+            devices = tuple(lease.devices) if lease is not None else ()
             if self.active.stopping.is_set():
                 return Result(entry=entry, outcome="interrupted", failed=1, reason="interrupted")
             env = entry_env(entry, self.cfg, devices=devices, out_dir=out_dir, tmp_dir=tmp_dir)
@@ -357,7 +365,7 @@ class Runner:
                 self._running[entry.id] = time.monotonic()
             try:
                 attempt = _run_process(argv, cfg=self.cfg, env=env, log=log_path,
-                                       timeout=entry.timeout, fds=fds, active=self.active)
+                                       timeout=entry.timeout, lease=lease, active=self.active)
                 if (attempt.timed_out or attempt.interrupted) and self.cfg.on_abort is not None:
                     self.cfg.on_abort(argv)
             finally:

@@ -24,6 +24,7 @@ from ci import plan as planner
 from ci.discover import discover
 from ci.docker import ENTRY_FLAG_DEFAULTS
 from ci.errors import EXIT_FAILED, EXIT_OK, CIError, UsageError
+from ci.gpu_lock import nvml_gpu_count
 from ci.log import Log
 from ci.plan import PlannedEntry
 from ci.report import DurationStore, markdown, merge_junit, table
@@ -145,23 +146,6 @@ def select(opts: Options, durations: Mapping[str, float]) -> list[PlannedEntry]:
     return planner.longest_first(entries, durations)
 
 
-def detect_gpus() -> int | None:
-    """GPUs NVML sees on this machine; None when NVML is unavailable."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        try:
-            count: int = pynvml.nvmlDeviceGetCount()
-            return count
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no driver, no device: NVML raises its own error family
-        return None
-
-
 def _gpu_budget(opts: Options, entries: Sequence[PlannedEntry]) -> int:
     args = opts.args
     needed = max((e.num_gpus for e in entries), default=0)
@@ -169,9 +153,9 @@ def _gpu_budget(opts: Options, entries: Sequence[PlannedEntry]) -> int:
     if args.gpus is not None:
         gpus = int(args.gpus)
     elif args.emulate_gpus or args.dry_run:
-        gpus = detect_gpus() or 8
+        gpus = nvml_gpu_count() or 8
     else:
-        gpus = detect_gpus() or 0
+        gpus = nvml_gpu_count() or 0
         if needed and not gpus:
             raise UsageError("no GPU detected; pass --emulate-gpus to run on the CPU, "
                              "or --gpus N if NVML cannot see them")
