@@ -228,7 +228,9 @@ def test_big_request_is_not_starved_by_a_stream_of_small_ones(pattern: str) -> N
     assert big_started, "the 4-GPU request never started"
     waited = big_started[0] - big_arrived
     # Longest remaining job when it arrived: 0.4 s (GPU 0) and 0.15 s for small ones.
-    assert waited < 0.4 + 0.5, f"4-GPU request waited {waited:.2f}s behind 1-GPU requests"
+    # The margin absorbs scheduling jitter on a loaded 2-core CI machine; starvation
+    # (the original's behaviour) means waiting until the stream stops, seconds later.
+    assert waited < 0.4 + 1.0, f"4-GPU request waited {waited:.2f}s behind 1-GPU requests"
     # Requests that arrived after it (0.1 s later, to be sure of the order) started after it.
     late = [when for name, when in events if when > big_arrived + 0.1]
     assert all(when >= big_started[0] for when in late) or not late
@@ -283,8 +285,10 @@ def test_hand_off_is_prompt(pattern: str) -> None:
         t.join(timeout=10)
         gaps.append(started[0] - release_at[0])
     gaps.sort()
+    # The median shows the hand-off; the worst case only has to stay far below the
+    # original's 0-5 s random backoff (a loaded CI machine can delay one thread wake-up).
     assert gaps[len(gaps) // 2] < 0.1, gaps
-    assert gaps[-1] < 0.5, gaps
+    assert gaps[-1] < 1.0, gaps
 
 
 def test_fds_passed_to_a_child_keep_the_gpus_held(pattern: str) -> None:
