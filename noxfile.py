@@ -45,9 +45,10 @@ def _suite(session: nox.Session, suite: str, *extra: str) -> None:
 
 
 def _gpu_session(session: nox.Session, suite: str, *extra_profiles: str) -> None:
-    # In Docker the image brings the stack: the host venv only needs the runner (stdlib).
+    # In Docker the image brings the stack: the host venv needs only the runner (stdlib)
+    # and NVML to count the GPUs.
     local = bool(LOCAL_FLAGS & set(session.posargs))
-    _install(session, *(["e2e"] if local else []), *extra_profiles)
+    _install(session, "gpu-host", *(["e2e"] if local else []), *extra_profiles)
     _suite(session, suite)
 
 
@@ -126,6 +127,6 @@ def changed(session: nox.Session) -> None:
 @nox.session(tags=["cpu", "ci"])
 def gpu_smoke(session: nox.Session) -> None:
     """The GPU tier without GPUs: megatron entries on emulated GPUs under real locks."""
-    _install(session, "e2e")
+    _install(session, "e2e", "gpu-host")
     session.run("python", "-m", "ci", "run", "--suite", "megatron", "--emulate-gpus",
                 "--gpus", "4", *session.posargs)
