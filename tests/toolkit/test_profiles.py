@@ -6,9 +6,9 @@ import sys
 import pytest
 from _ci import REPO
 
-tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
-
 from ci.profiles import TORCH_INDEX_ENV, requirements, split_torch, torch_install_args
+
+tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
 
 NUM_GPUS = 0
 
