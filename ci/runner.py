@@ -309,6 +309,7 @@ class Runner:
         self._done = 0
         self._total = 0
         self._running: dict[str, float] = {}
+        self._waiting: dict[str, float] = {}  # entries queued for their GPUs
         self.heartbeat = 30.0  # seconds between "still running" lines on long runs
         self._tmp: str | None = None
 
@@ -326,9 +327,11 @@ class Runner:
         now = time.monotonic()
         with self._print_lock:
             running = sorted(self._running.items(), key=lambda kv: kv[1])
-        if running:
+            waiting = len(self._waiting)
+        if running or waiting:
             shown = ", ".join(f"{name} ({now - since:.0f}s)" for name, since in running[:6])
-            self.log.line(f"      … {self._done}/{self._total} done; running: {shown}")
+            queued = f"; {waiting} waiting for GPUs" if waiting else ""
+            self.log.line(f"      … {self._done}/{self._total} done; running: {shown or 'none'}{queued}")
 
     @contextmanager
     def _gpus(self, entry: PlannedEntry) -> Iterator[Lease | None]:
@@ -336,8 +339,16 @@ class Runner:
             yield None
             return
         command = " ".join((entry.path, *entry.test_args))
-        with self.cfg.acquire(entry.num_gpus, command) as lease:
-            yield lease
+        with self._print_lock:
+            self._waiting[entry.id] = time.monotonic()
+        try:
+            with self.cfg.acquire(entry.num_gpus, command) as lease:
+                with self._print_lock:
+                    self._waiting.pop(entry.id, None)
+                yield lease
+        finally:
+            with self._print_lock:
+                self._waiting.pop(entry.id, None)
 
     def _attempt(self, entry: PlannedEntry, index: int, attempt_no: int) -> Result:
         name = f"{index:03d}-{_safe(entry.id)}"

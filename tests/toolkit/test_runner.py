@@ -1,5 +1,6 @@
 """The runner on real test files in tmp_path, through the real CLI and real subprocesses."""
 
+import io
 import json
 import os
 import signal
@@ -238,6 +239,19 @@ def test_script_entries_are_judged_by_exit_code(tmp_path):
     assert (good.outcome, good.passed, good.returncode) == ("passed", 1, 0)
     assert (bad.outcome, bad.failed, bad.returncode) == ("failed", 1, 1)
     assert bad.reason == "loss did not fall"
+
+
+def test_long_runs_print_what_is_still_running(tmp_path):
+    write(tmp_path, {"tests/e2e/test_slow.py": "import time\nNUM_GPUS = 1\ntime.sleep(2)\n"})
+    entry = PlannedEntry(id="tests/e2e/test_slow.py", path="tests/e2e/test_slow.py", timeout=30,
+                         num_gpus=1, kind="script")
+    out = io.StringIO()
+    runner = Runner(RunConfig(root=tmp_path, work_dir=tmp_path / "work", jobs=1),
+                    Log(actions=False, stream=out))
+    runner.heartbeat = 0.3
+    [result] = runner.run([entry])
+    assert result.outcome == "passed"
+    assert "0/1 done; running: tests/e2e/test_slow.py (" in out.getvalue()
 
 
 def test_paths_dry_run_and_bad_input(tmp_path):
