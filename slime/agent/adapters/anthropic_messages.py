@@ -15,11 +15,13 @@ from aiohttp import web
 
 from slime.agent.adapters.common import (
     CONTEXT,
+    ToolEntry,
     TurnResult,
     bearer_token,
     error_status,
     open_sse,
     read_json_body,
+    read_tool_list,
     resolve_session,
     run_turn,
     send_sse,
@@ -102,23 +104,15 @@ def read_messages(raw: Any, system: Any) -> list[Message]:
     return out
 
 
+def _tool_entry(i: int, t: Any) -> ToolEntry:
+    if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+        raise BadRequest(f"tools[{i}] needs a 'name'", param="tools")
+    return t["name"], str(t.get("description") or ""), t.get("input_schema"), f"tools[{i}].input_schema"
+
+
 def read_tools(raw: Any) -> list[ToolSpec]:
     """Anthropic `tools` → neutral tool specs."""
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise BadRequest("'tools' must be a list", param="tools")
-    out = []
-    for i, t in enumerate(raw):
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
-            raise BadRequest(f"tools[{i}] needs a 'name'", param="tools")
-        schema = t.get("input_schema") or {"type": "object", "properties": {}}
-        if not isinstance(schema, dict):
-            raise BadRequest(f"tools[{i}].input_schema must be an object", param="tools")
-        out.append(
-            ToolSpec.make(name=t["name"], description=str(t.get("description") or ""), parameters=schema)
-        )
-    return out
+    return read_tool_list(raw, _tool_entry)
 
 
 def _stop(result: TurnResult, params: SamplingParams) -> tuple[str, str | None]:

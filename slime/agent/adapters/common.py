@@ -47,6 +47,26 @@ class TurnResult:
     response: Message
 
 
+# (name, description, parameter schema or None, where that schema sits in the body)
+ToolEntry = tuple[str, str, Any, str]
+
+
+def read_tool_list(raw: Any, entry: Callable[[int, Any], ToolEntry]) -> list[ToolSpec]:
+    """A provider's `tools` list as neutral specs; `entry` reads one item in that provider's shape."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise BadRequest("'tools' must be a list", param="tools")
+    out = []
+    for i, item in enumerate(raw):
+        name, description, schema, where = entry(i, item)
+        schema = schema or {"type": "object", "properties": {}}
+        if not isinstance(schema, dict):
+            raise BadRequest(f"{where} must be an object", param="tools")
+        out.append(ToolSpec.make(name=name, description=description, parameters=schema))
+    return out
+
+
 async def read_json_body(request: web.Request) -> dict[str, Any]:
     """The request's JSON object, or a BadRequest that says what is wrong with it."""
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:

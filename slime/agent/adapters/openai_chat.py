@@ -14,11 +14,13 @@ from aiohttp import web
 
 from slime.agent.adapters.common import (
     CONTEXT,
+    ToolEntry,
     TurnResult,
     bearer_token,
     error_status,
     open_sse,
     read_json_body,
+    read_tool_list,
     resolve_session,
     run_turn,
     send_sse,
@@ -100,27 +102,20 @@ def read_messages(raw: Any) -> list[Message]:
     return out
 
 
+def _tool_entry(i: int, t: Any) -> ToolEntry:
+    fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise BadRequest(
+            f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
+            param="tools",
+        )
+    where = f"tools[{i}].function.parameters"
+    return fn["name"], str(fn.get("description") or ""), fn.get("parameters"), where
+
+
 def read_tools(raw: Any) -> list[ToolSpec]:
     """OpenAI `tools` → neutral tool specs."""
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise BadRequest("'tools' must be a list", param="tools")
-    out = []
-    for i, t in enumerate(raw):
-        fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise BadRequest(
-                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
-                param="tools",
-            )
-        params = fn.get("parameters") or {"type": "object", "properties": {}}
-        if not isinstance(params, dict):
-            raise BadRequest(f"tools[{i}].function.parameters must be an object", param="tools")
-        out.append(
-            ToolSpec.make(name=fn["name"], description=str(fn.get("description") or ""), parameters=params)
-        )
-    return out
+    return read_tool_list(raw, _tool_entry)
 
 
 def _finish_reason(result: TurnResult) -> str:
