@@ -68,64 +68,51 @@ def agent_env(
     }
 
 
-async def run_episode(
-    task: AgentTask,
-    *,
-    manager: TrajectoryManager,
-    adapter_url: str,
-    sandbox: Sandbox,
-    command: str,
-    gate: SpawnGate,
-    budget_s: float,
-    env: Mapping[str, str],
-    reward_fn: RewardFn = final_number_reward,
-) -> Episode:
+@dataclass(frozen=True, kw_only=True)
+class Harness:
+    """Where and how agents run: the adapter they talk to, their sandbox, command and budget."""
+
+    manager: TrajectoryManager
+    adapter_url: str
+    sandbox: Sandbox
+    command: str
+    gate: SpawnGate
+    budget_s: float
+    env: Mapping[str, str]
+    reward_fn: RewardFn = final_number_reward
+
+
+async def run_episode(task: AgentTask, harness: Harness) -> Episode:
     """Run one agent on one task and score its trajectory."""
-    sid = manager.open_session(task=task.prompt, label=task.label)
+    h = harness
+    sid = h.manager.open_session(task=task.prompt, label=task.label)
     try:
         result = await exec_and_wait(
-            sandbox,
-            command,
-            env=agent_env(env, adapter_url=adapter_url, session_id=sid, task=task),
-            budget_s=budget_s,
-            gate=gate,
+            h.sandbox,
+            h.command,
+            env=agent_env(h.env, adapter_url=h.adapter_url, session_id=sid, task=task),
+            budget_s=h.budget_s,
+            gate=h.gate,
         )
-        turns = manager.turns(sid)
+        turns = h.manager.turns(sid)
         ok = result.done and result.returncode == 0
-        reward = reward_fn(task, result, turns) if ok else 0.0
-        samples = manager.samples(sid, reward=reward)
+        reward = h.reward_fn(task, result, turns) if ok else 0.0
+        samples = h.manager.samples(sid, reward=reward)
         if not ok:
             samples = [dataclasses.replace(s, status="aborted") for s in samples]
-        drifts = len(manager.drifts(sid))
+        drifts = len(h.manager.drifts(sid))
     finally:
-        manager.close_session(sid)
+        h.manager.close_session(sid)
     return Episode(
         task=task, session_id=sid, result=result, reward=reward, samples=tuple(samples), drifts=drifts
     )
 
 
 async def generate_rollout(
-    tasks: Sequence[AgentTask],
-    *,
-    n_samples_per_task: int,
-    manager: TrajectoryManager,
-    adapter_url: str,
-    sandbox: Sandbox,
-    command: str,
-    gate: SpawnGate,
-    budget_s: float,
-    env: Mapping[str, str],
-    reward_fn: RewardFn = final_number_reward,
+    tasks: Sequence[AgentTask], *, n_samples_per_task: int, harness: Harness
 ) -> list[list[Episode]]:
     """Every task `n_samples_per_task` times, concurrently; one group of episodes per task."""
-    runs = [
-        run_episode(
-            task, manager=manager, adapter_url=adapter_url, sandbox=sandbox, command=command,
-            gate=gate, budget_s=budget_s, env=env, reward_fn=reward_fn,
-        )
-        for task in tasks
-        for _ in range(n_samples_per_task)
-    ]  # fmt: skip
+    runs = [run_episode(task, harness) for task in tasks for _ in range(n_samples_per_task)]
     episodes = await asyncio.gather(*runs)
     return [list(episodes[i : i + n_samples_per_task]) for i in range(0, len(episodes), n_samples_per_task)]
 

@@ -13,7 +13,14 @@ from _checks import assert_sample_is_chain
 from _engine import calculator_policy
 from _servers import Stack, running_stack
 
-from slime.agent.rollout import AgentTask, Episode, generate_rollout, run_episode, training_samples
+from slime.agent.rollout import (
+    AgentTask,
+    Episode,
+    Harness,
+    generate_rollout,
+    run_episode,
+    training_samples,
+)
 from slime.agent.sandbox import LocalSandbox, SpawnGate
 from slime.utils.types import Sample, Status
 
@@ -51,13 +58,15 @@ def test_rollout_groups_samples_and_rewards(stack: Stack, tmp_path: Path) -> Non
         generate_rollout(
             tasks,
             n_samples_per_task=2,
-            manager=stack.manager,
-            adapter_url=stack.adapter_url,
-            sandbox=LocalSandbox(tmp_path),
-            command=agent_command(),
-            gate=SpawnGate(limit=2),
-            budget_s=60,
-            env=base_env(),
+            harness=Harness(
+                manager=stack.manager,
+                adapter_url=stack.adapter_url,
+                sandbox=LocalSandbox(tmp_path),
+                command=agent_command(),
+                gate=SpawnGate(limit=2),
+                budget_s=60,
+                env=base_env(),
+            ),
         ),
         timeout=90,
     )
@@ -117,13 +126,15 @@ def run_shell_episode(stack: Stack, tmp_path: Path, command: str, budget_s: floa
     return stack.run(
         run_episode(
             AgentTask(prompt="Please compute 1+1.", label="2"),
-            manager=stack.manager,
-            adapter_url=stack.adapter_url,
-            sandbox=LocalSandbox(tmp_path),
-            command=command,
-            gate=SpawnGate(),
-            budget_s=budget_s,
-            env=base_env(),
+            Harness(
+                manager=stack.manager,
+                adapter_url=stack.adapter_url,
+                sandbox=LocalSandbox(tmp_path),
+                command=command,
+                gate=SpawnGate(),
+                budget_s=budget_s,
+                env=base_env(),
+            ),
         ),
         timeout=30,
     )
