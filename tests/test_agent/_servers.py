@@ -14,13 +14,17 @@ import threading
 from collections.abc import Coroutine, Iterator
 from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from _engine import FakeEngine, Policy
 from aiohttp import web
 
 from slime.agent.adapters import AdapterConfig, serve_adapter
 from slime.agent.trajectory import TrajectoryManager
+
+if TYPE_CHECKING:
+    import anthropic
+    import openai
 
 T = TypeVar("T")
 # Never route a loopback test through a proxy, and never let the Agents SDK export traces.
@@ -70,6 +74,20 @@ class Stack:
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 20.0) -> T:
         """Run a coroutine on the servers' loop and wait for it."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    # The SDKs are imported late: they load anyio, a pytest plugin, and a plugin imported
+    # before pytest.main() starts cannot be rewritten (an error under -W error).
+    def openai_client(self, session: str) -> openai.OpenAI:
+        """The real OpenAI SDK, pointed at the adapter; the session id is the API key."""
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.adapter_url}/v1", api_key=session, max_retries=0, timeout=20)
+
+    def anthropic_client(self, session: str) -> anthropic.Anthropic:
+        """The real Anthropic SDK, pointed at the adapter; the session id is the API key."""
+        import anthropic
+
+        return anthropic.Anthropic(base_url=self.adapter_url, api_key=session, max_retries=0, timeout=20)
 
 
 async def serve_app(app: web.Application, stack: AsyncExitStack) -> str:

@@ -12,7 +12,7 @@ from _engine import calculator_policy
 from _servers import Stack, running_stack
 
 if TYPE_CHECKING:
-    import anthropic
+    pass
 
 NUM_GPUS = 0
 
@@ -35,17 +35,11 @@ def stack() -> Iterator[Stack]:
         yield s
 
 
-def client(stack: Stack, session: str) -> anthropic.Anthropic:
-    # Imported late: anthropic loads anyio, a pytest plugin that must be imported by pytest first.
-    import anthropic
-
-    return anthropic.Anthropic(base_url=stack.adapter_url, api_key=session, max_retries=0, timeout=20)
-
 
 def test_plain_message_records_what_the_engine_generated(stack: Stack) -> None:
     sid = stack.manager.open_session()
     before = len(stack.engine.calls)
-    with client(stack, sid) as api:
+    with stack.anthropic_client(sid) as api:
         reply = api.messages.create(
             model="policy",
             max_tokens=256,
@@ -73,7 +67,7 @@ def test_streamed_message_arrives_in_deltas(stack: Stack) -> None:
     sid = stack.manager.open_session()
     before = len(stack.engine.calls)
     with (
-        client(stack, sid) as api,
+        stack.anthropic_client(sid) as api,
         api.messages.stream(
             model="policy", max_tokens=256, messages=[{"role": "user", "content": "tell me in pieces"}]
         ) as stream,
@@ -92,7 +86,7 @@ def test_streamed_message_arrives_in_deltas(stack: Stack) -> None:
 
 def test_stop_sequence_is_reported(stack: Stack) -> None:
     sid = stack.manager.open_session()
-    with client(stack, sid) as api:
+    with stack.anthropic_client(sid) as api:
         reply = api.messages.create(
             model="p",
             max_tokens=64,
@@ -103,7 +97,7 @@ def test_stop_sequence_is_reported(stack: Stack) -> None:
     assert reply.stop_sequence == "morning"
     assert reply.content[0].text == "You said: good"  # type: ignore[union-attr]
     with (
-        client(stack, sid) as api,
+        stack.anthropic_client(sid) as api,
         api.messages.stream(
             model="p",
             max_tokens=64,
@@ -121,7 +115,7 @@ def test_tool_use_round_trip_is_one_leaf_chain(stack: Stack, stream: bool) -> No
     sid = stack.manager.open_session()
     before = len(stack.engine.calls)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Could you compute (2+3)*4 ?"}]
-    with client(stack, sid) as api:
+    with stack.anthropic_client(sid) as api:
         if stream:
             with api.messages.stream(model="p", max_tokens=256, tools=TOOLS, messages=messages) as s:  # type: ignore[arg-type]
                 first = s.get_final_message()
@@ -156,7 +150,7 @@ def test_tool_choice_absent_tools_means_plain_text(stack: Stack) -> None:
     """Without tools offered, tool-call-looking text is just text."""
     sid = stack.manager.open_session()
     text = '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>'
-    with client(stack, sid) as api:
+    with stack.anthropic_client(sid) as api:
         reply = api.messages.create(model="p", max_tokens=256, messages=[{"role": "user", "content": text}])
     assert reply.stop_reason == "end_turn"
     assert reply.content[0].text == f"You said: {text}"  # type: ignore[union-attr]

@@ -31,12 +31,6 @@ def stack() -> Iterator[Stack]:
         yield s
 
 
-def client(stack: Stack, session: str) -> openai.OpenAI:
-    # Imported late: openai loads anyio, a pytest plugin that pytest must import first.
-    import openai
-
-    return openai.OpenAI(base_url=f"{stack.adapter_url}/v1", api_key=session, max_retries=0, timeout=20)
-
 
 def first_turn(stack: Stack, api: openai.OpenAI) -> list[dict[str, Any]]:
     """One good turn, then the history an agent would send next."""
@@ -67,7 +61,7 @@ def test_engine_failure_is_a_clear_error_and_records_nothing(
     import openai
 
     sid = stack.manager.open_session()
-    with client(stack, sid) as api:
+    with stack.openai_client(sid) as api:
         history = first_turn(stack, api)
         (good,) = stack.manager.turns(sid)
         stack.engine.faults.append(fault)
@@ -97,7 +91,7 @@ def test_engine_failure_is_a_clear_error_and_records_nothing(
 def test_unknown_or_missing_session_is_401(stack: Stack) -> None:
     import openai
 
-    with client(stack, "sess-does-not-exist") as api, pytest.raises(openai.AuthenticationError) as err:
+    with stack.openai_client("sess-does-not-exist") as api, pytest.raises(openai.AuthenticationError) as err:
         api.chat.completions.create(model="p", messages=USER)  # type: ignore[arg-type]
     assert "unknown session 'sess-does-not-exist'" in str(err.value)
     assert "pass its id as the API key" in str(err.value)
@@ -206,7 +200,7 @@ def test_malformed_tool_call_from_the_policy_reaches_the_agent_as_text(stack: St
     previous = stack.engine.policy
     stack.engine.policy = lambda prompt: broken
     try:
-        with client(stack, sid) as api:
+        with stack.openai_client(sid) as api:
             reply = api.chat.completions.create(model="p", messages=USER, tools=TOOLS)  # type: ignore[arg-type]
     finally:
         stack.engine.policy = previous

@@ -41,20 +41,13 @@ def stack() -> Iterator[Stack]:
         yield s
 
 
-def client(stack: Stack, session: str) -> openai.OpenAI:
-    # Imported here, not at the top: openai loads anyio, a pytest plugin, and a plugin
-    # imported before pytest.main() starts cannot be rewritten (an error under -W error).
-    import openai
-
-    return openai.OpenAI(base_url=f"{stack.adapter_url}/v1", api_key=session, max_retries=0, timeout=20)
-
 
 def test_health_and_models(stack: Stack) -> None:
     health = httpx.get(f"{stack.adapter_url}/health", timeout=5)
     assert health.status_code == 200
     assert health.json()["status"] == "ok"
     assert health.json()["engine"] == f"{stack.engine_url}/generate"
-    with client(stack, "any") as api:
+    with stack.openai_client("any") as api:
         models = api.models.list()
     assert [m.id for m in models.data] == ["slime-policy"]
 
@@ -62,7 +55,7 @@ def test_health_and_models(stack: Stack) -> None:
 def test_plain_completion_records_what_the_engine_generated(stack: Stack) -> None:
     sid = stack.manager.open_session()
     before = len(stack.engine.calls)
-    with client(stack, sid) as api:
+    with stack.openai_client(sid) as api:
         reply = api.chat.completions.create(
             model="policy", messages=[{"role": "user", "content": "hello there"}], temperature=0.7
         )
@@ -82,7 +75,7 @@ def test_plain_completion_records_what_the_engine_generated(stack: Stack) -> Non
 def test_streamed_completion_matches_plain_text(stack: Stack) -> None:
     sid = stack.manager.open_session()
     before = len(stack.engine.calls)
-    with client(stack, sid) as api:
+    with stack.openai_client(sid) as api:
         stream = api.chat.completions.create(
             model="policy",
             messages=[{"role": "user", "content": "stream this reply please"}],
@@ -112,7 +105,7 @@ def run_calculator(arguments: str) -> str:
 @pytest.mark.parametrize("stream", [False, True])
 def test_tool_call_round_trip_is_one_leaf_chain(stack: Stack, stream: bool) -> None:
     sid = stack.manager.open_session()
-    with client(stack, sid) as api:
+    with stack.openai_client(sid) as api:
         _round_trip(stack, sid, api, stream)
 
 
@@ -169,7 +162,7 @@ def _round_trip(stack: Stack, sid: str, api: openai.OpenAI, stream: bool) -> Non
 
 def test_body_user_field_names_the_session(stack: Stack) -> None:
     sid = stack.manager.open_session()
-    with client(stack, "not-a-session") as api:
+    with stack.openai_client("not-a-session") as api:
         reply = api.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}], user=sid)
     assert reply.choices[0].message.content == "You said: hi"
     assert len(stack.manager.turns(sid)) == 1
@@ -177,7 +170,7 @@ def test_body_user_field_names_the_session(stack: Stack) -> None:
 
 def test_max_tokens_truncates_and_says_length(stack: Stack) -> None:
     sid = stack.manager.open_session()
-    with client(stack, sid) as api:
+    with stack.openai_client(sid) as api:
         reply = api.chat.completions.create(
             model="p", messages=[{"role": "user", "content": "a long message"}], max_tokens=4
         )
@@ -191,7 +184,7 @@ def test_max_tokens_truncates_and_says_length(stack: Stack) -> None:
 def test_concurrent_retries_of_one_request_become_sibling_leaves(stack: Stack) -> None:
     sid = stack.manager.open_session()
     messages = [{"role": "user", "content": "same question"}]
-    with client(stack, sid) as api, ThreadPoolExecutor(4) as pool:
+    with stack.openai_client(sid) as api, ThreadPoolExecutor(4) as pool:
         replies = list(
             pool.map(lambda _: api.chat.completions.create(model="p", messages=messages), range(4))  # type: ignore[arg-type]
         )
