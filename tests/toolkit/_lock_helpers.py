@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from _ci import REPO
 
 # The command run under the lock: records (monotonic clock, system-wide on Linux) when it
 # starts and ends and which GPUs it was given. `-S` keeps its start-up to a few ms.

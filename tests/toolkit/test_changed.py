@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _ci import REPO
 from _gitrepo import Clone, git, pytest_file
 
 from ci.changed import changed_entries, main, parse_name_status, plan_changed
@@ -13,7 +14,6 @@ from ci.errors import UsageError
 
 NUM_GPUS = 0
 
-REPO = Path(__file__).resolve().parents[2]
 
 GPU_SCRIPT = (
     "NUM_GPUS = 4\n\n\ndef prepare():\n    pass\n\n\ndef execute():\n    pass\n\n\n"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _ci import REPO
 
 import slime.utils.external_utils.command_utils as U
 from slime.utils.external_utils.ray_head import (
@@ -23,7 +24,6 @@ from slime.utils.external_utils.ray_head import (
 )
 
 NUM_GPUS = 0
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_get_bool_env_var():

@@ -11,16 +11,15 @@ import sys
 import textwrap
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import psutil
 import pytest
+from _ci import REPO
 
 import slime.utils.external_utils.command_utils as U
 from slime.utils.external_utils.ray_head import PORT_BLOCK_SIZE, free_port_block
 
 NUM_GPUS = 0
-REPO = Path(__file__).resolve().parents[2]
 
 PROBE = textwrap.dedent("""
     import json, os, sys, time

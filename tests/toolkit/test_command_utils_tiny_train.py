@@ -6,10 +6,10 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from _ci import REPO
 
 from slime.tiny_train import (
     MODEL_PRESETS,
@@ -23,7 +23,6 @@ from slime.tiny_train import (
 )
 
 NUM_GPUS = 0
-REPO = Path(__file__).resolve().parents[2]
 CFG = MODEL_PRESETS["tiny-gpt"]
 
 

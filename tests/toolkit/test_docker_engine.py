@@ -16,6 +16,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from _ci import REPO
 
 from ci.docker import (
     DockerOptions,
@@ -27,7 +28,6 @@ from ci.docker import (
 )
 
 NUM_GPUS = 0
-REPO = Path(__file__).resolve().parents[2]
 ENGINE_SCRIPT = REPO / ".ci" / "docker-engine.sh"
 IMAGE = os.environ.get("SLIME_CI_LOCAL_IMAGE", "slime-ci-local:bookworm")
 

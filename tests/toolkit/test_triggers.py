@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from _ci import REPO as ROOT
 
 from ci.errors import UsageError
 from ci.suites import SUITES, Suite
@@ -25,7 +25,6 @@ from ci.triggers import (
 
 NUM_GPUS = 0
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _running(event: Event) -> set[str]:

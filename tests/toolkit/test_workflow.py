@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from _ci import REPO as ROOT
 
 from ci.errors import UsageError
 from ci.suites import SUITES, Suite
@@ -30,7 +31,6 @@ from ci.workflow import (
 
 NUM_GPUS = 0
 
-ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 

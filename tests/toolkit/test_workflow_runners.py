@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 import yaml
+from _ci import REPO as ROOT
 
 from ci.gpu_lock import DEFAULT_PATTERN
 from ci.triggers import GPU_RUNNER, table
 
 NUM_GPUS = 0
 
-ROOT = Path(__file__).resolve().parents[2]
 RUNNERS = ROOT / "runners"
 
 
