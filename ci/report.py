@@ -73,7 +73,7 @@ def merge_junit(results: Iterable[Result], out: Path) -> Path:
                 suites = _suites(ET.parse(result.junit_path).getroot())
             except (OSError, ET.ParseError):
                 suites = []
-        if not suites or (not result.ok and result.outcome in ("timeout", "interrupted")):
+        if not suites or result.outcome in ("timeout", "interrupted"):
             suites = [_synthetic_suite(result)]
         for suite in suites:
             suite.set("name", result.entry.id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,14 +17,14 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
 from ci import plan as planner
 from ci.discover import discover
 from ci.docker import ENTRY_FLAG_DEFAULTS
-from ci.errors import EXIT_FAILED, EXIT_OK, CIError, UsageError
+from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError
 from ci.gpu_lock import nvml_gpu_count
 from ci.log import Log
 from ci.plan import PlannedEntry
@@ -142,7 +143,7 @@ def select(opts: Options, durations: Mapping[str, float]) -> list[PlannedEntry]:
         index, count = planner.parse_shard(args.shard)
         entries = planner.shard(entries, index, count, durations)
     if args.timeout is not None:
-        entries = [PlannedEntry(**{**e.__dict__, "timeout": args.timeout}) for e in entries]
+        entries = [replace(e, timeout=args.timeout) for e in entries]
     return planner.longest_first(entries, durations)
 
 
@@ -268,8 +269,8 @@ def main(argv: Sequence[str]) -> int:
     if not entries:
         log.line(f"{suite.name}: nothing selected; nothing to run")
         return EXIT_OK
-    gpus = _gpu_budget(opts, entries) if suite.tier == "gpu" or any(e.num_gpus for e in entries) else 0
     gpu_entries = any(e.num_gpus for e in entries)
+    gpus = _gpu_budget(opts, entries) if suite.tier == "gpu" or gpu_entries else 0
     jobs = args.jobs or (min(len(entries), 64) if gpu_entries else (os.cpu_count() or 1))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     work_dir = cache / "runs" / f"{suite.name}-{stamp}-{os.getpid()}"
@@ -287,19 +288,22 @@ def main(argv: Sequence[str]) -> int:
     if args.dry_run:
         _print_plan(opts, entries, cfg, gpus, log)
         return EXIT_OK
-    lock_dir = None
+    # Emulated GPUs get private lock files, so a laptop run never queues behind real GPUs.
+    lock_dir = (tempfile.mkdtemp(prefix="slime-ci-locks-")
+                if gpu_entries and args.emulate_gpus and args.lock_path_pattern is None else None)
     if gpu_entries:
-        pattern = args.lock_path_pattern
-        if pattern is None and args.emulate_gpus:
-            lock_dir = tempfile.mkdtemp(prefix="slime-ci-locks-")
-            pattern = os.path.join(lock_dir, "gpu_{gpu_id}.lock")
-        cfg = RunConfig(**{**cfg.__dict__, "acquire": _acquirer(
-            gpus, pattern or DEFAULT_LOCK_PATTERN, args.lock_timeout)})
+        pattern = (os.path.join(lock_dir, "gpu_{gpu_id}.lock") if lock_dir
+                   else args.lock_path_pattern or DEFAULT_LOCK_PATTERN)
+        cfg = replace(cfg, acquire=_acquirer(gpus, pattern, args.lock_timeout))
     log.line(f"{suite.name}: {len(entries)} entries, {jobs} at a time"
              + (f", {gpus} GPUs" + (" (emulated)" if args.emulate_gpus else "") if gpu_entries else "")
              + (" — repeating until a failure (SLIME_TEST_ENABLE_INFINITE_RUN)" if cfg.infinite else ""))
     start = time.monotonic()
-    results = Runner(cfg, log).run(entries)
+    try:
+        results = Runner(cfg, log).run(entries)
+    finally:
+        if lock_dir is not None:
+            shutil.rmtree(lock_dir, ignore_errors=True)
     wall = time.monotonic() - start
     return _report(suite.name, results, wall, args.junit or cache / "junit" / f"{suite.name}.xml",
                    store, log)
@@ -334,7 +338,7 @@ def _report(name: str, results: Sequence[Result], wall: float, junit: Path,
     log.line(closing)
     log.line(f"{len(results)} entries in {wall:.1f}s; JUnit: {junit}")
     if any(r.outcome == "interrupted" for r in results):
-        return 130
+        return EXIT_INTERRUPTED
     if bad:
         return EXIT_FAILED
     if sum(r.passed for r in results) == 0:
@@ -342,5 +346,3 @@ def _report(name: str, results: Sequence[Result], wall: float, junit: Path,
         return EXIT_FAILED
     return EXIT_OK
 
-
-__all__ = ["CIError", "main", "parse", "select"]

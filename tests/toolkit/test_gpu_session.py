@@ -83,9 +83,12 @@ def _records(path):
 
 def test_concurrent_entries_never_share_a_gpu(checkout, tmp_path):
     record = tmp_path / "record.jsonl"
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
     proc = run_ci("run", "--suite", "train", "--root", str(checkout), "--emulate-gpus",
-                  "--gpus", "3", env={"RECORD": str(record)}, timeout=180)
+                  "--gpus", "3", env={"RECORD": str(record), "TMPDIR": str(scratch)}, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert list(scratch.iterdir()) == [], "the run left its lock files or temp dirs behind"
     assert "train: 5 passed, 0 failed, 0 skipped" in proc.stdout.splitlines()
     runs = _records(record)
     assert set(runs) == {"a", "b", "p1", "p2", "cfg"}
