@@ -15,15 +15,15 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import suppress
 from types import FrameType
 from typing import NoReturn
 
 from ci import gpu_lock
 from ci.errors import UsageError
+from ci.proc import FORWARDED_SIGNALS, finish, signal_group, start, stop_group, wait_unreaped
 
 DEFAULT_GRACE = 5.0
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_FORWARDED = FORWARDED_SIGNALS
 
 _LOCK_EPILOG = """\
 examples:
@@ -88,32 +88,6 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
 # ---------------------------------------------------------------- running the command
 
 
-def _group_members(pgid: int, leader: int) -> list[int]:
-    """Pids still in process group `pgid`, other than its (unreaped) leader."""
-    members = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit() or int(name) == leader:
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] != b"Z":
-            members.append(int(name))
-    return members
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
 class _Supervisor:
     """Runs the command in its own process group; forwards signals; cleans the group up."""
 
@@ -143,9 +117,9 @@ class _Supervisor:
 
     def _forward(self, signum: int, first: bool) -> None:
         assert self.proc is not None
-        _killpg(self.proc.pid, signum)
+        signal_group(self.proc.pid, signum)
         if first:
-            self._killer = threading.Timer(self.grace, _killpg,
+            self._killer = threading.Timer(self.grace, signal_group,
                                            (self.proc.pid, signal.SIGKILL))
             self._killer.daemon = True
             self._killer.start()
@@ -157,8 +131,9 @@ class _Supervisor:
         try:
             # pass_fds: the command's process tree holds the GPU locks too, so they stay
             # held even if this wrapper is SIGKILLed while the command runs.
-            self.proc = subprocess.Popen(command, env=env, start_new_session=True,
-                                         pass_fds=lease.fds)
+            # No guard: a command outlives a SIGKILLed wrapper and keeps its GPUs locked,
+            # so nobody else is handed GPUs that are still in use.
+            self.proc = start(command, env=env, pass_fds=lease.fds)
         except FileNotFoundError:
             print(f"lock-gpus: command not found: {command[0]}", file=sys.stderr)
             return 127
@@ -171,32 +146,20 @@ class _Supervisor:
         lease.note_child(pid)
         # Wait without reaping: while the leader is a zombie its pid (= the group id)
         # cannot be reused, so the signals below reach only this command's group.
-        while True:
-            try:
-                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-                break
-            except ChildProcessError:
-                break
+        wait_unreaped(pid)
         if self._killer is not None:
             self._killer.cancel()
         self._stop_leftovers(pid)
         self.reaped = True
-        code = self.proc.wait()
+        code = finish(self.proc)
         if (got := self._received()) is not None:
             return 128 + got
-        return 128 - code if code < 0 else code
+        return code
 
     def _stop_leftovers(self, pgid: int) -> None:
         # Background processes the command left behind inherit the lock descriptors and
         # would keep its GPUs held; the command is over, so they go too.
-        if not _group_members(pgid, pgid):
-            return
-        _killpg(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + self.grace
-        while _group_members(pgid, pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _group_members(pgid, pgid):
-            _killpg(pgid, signal.SIGKILL)
+        stop_group(pgid, self.grace)
 
 
 class _Signalled(BaseException):

@@ -18,44 +18,20 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 from ci.log import Log
 from ci.plan import PlannedEntry
-from ci.report import parse_junit
-
-Outcome = Literal["passed", "failed", "timeout", "empty", "deselected", "flaky", "interrupted"]
-OK_OUTCOMES: frozenset[str] = frozenset({"passed", "deselected", "flaky"})
+from ci.proc import finish, process_guard, signal_group, wait_unreaped
+from ci.proc import start as start_group
+from ci.results import NOT_RUN, Attempt, Result, judge
+from ci.results import interrupted as interrupted_result
 
 PORT_BLOCK = 200  # ports reserved per GPU entry (Ray head, dashboard, workers…)
 PORT_FLOOR = 20000
-PYTEST_NO_TESTS = 5  # pytest's exit code when it collected (or selected) nothing
-
-
-@dataclass(frozen=True, kw_only=True)
-class Result:
-    """What happened to one entry."""
-
-    entry: PlannedEntry
-    outcome: Outcome
-    passed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    seconds: float = 0.0
-    returncode: int | None = None
-    attempts: int = 1
-    devices: tuple[int, ...] = ()
-    reason: str = ""  # one line for the summary: the error the file raised, the timeout…
-    output_tail: str = ""
-    log_path: Path | None = None
-    junit_path: Path | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome in OK_OUTCOMES
 
 
 class Lease(Protocol):
@@ -89,6 +65,7 @@ class RunConfig:
     filtering: bool = False  # a -k filter is active: an entry with nothing selected is "deselected"
     retries: int = 0
     infinite: bool = False  # SLIME_TEST_ENABLE_INFINITE_RUN: repeat until something fails
+    max_passes: int | None = None  # bound on the passes of the infinite mode (tests); None: none
     grace: float = 5.0  # seconds between SIGTERM and SIGKILL
     acquire: Acquire | None = None  # None: GPU entries run without a lock (dry runs, tests)
     wrap: Wrap | None = None
@@ -97,14 +74,6 @@ class RunConfig:
     on_abort: Callable[[Sequence[str]], None] | None = None
     emulate_gpus: bool = False
     keep_outputs: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Attempt:
-    returncode: int | None
-    seconds: float
-    timed_out: bool
-    interrupted: bool
 
 
 def base_argv(entry: PlannedEntry, cfg: RunConfig, junit: Path) -> list[str]:
@@ -149,11 +118,6 @@ def entry_env(entry: PlannedEntry, cfg: RunConfig, *, devices: tuple[int, ...],
     return env
 
 
-def _signal_group(pgid: int, sig: int) -> None:
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
 class _Active:
     """Process groups of running entries, so an interrupt can end them all (and only them)."""
 
@@ -175,7 +139,7 @@ class _Active:
         with self._lock:
             pgids = list(self._pgids)
         for pgid in pgids:
-            _signal_group(pgid, signal.SIGTERM)
+            signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             with self._lock:
@@ -185,31 +149,31 @@ class _Active:
         with self._lock:
             pgids = list(self._pgids)
         for pgid in pgids:
-            _signal_group(pgid, signal.SIGKILL)
+            signal_group(pgid, signal.SIGKILL)
 
 
 def _run_process(argv: Sequence[str], *, cfg: RunConfig, env: Mapping[str, str], log: Path,
-                 timeout: float, lease: Lease | None, active: _Active) -> _Attempt:
+                 timeout: float, lease: Lease | None, active: _Active) -> Attempt:
     start = time.monotonic()
     timed_out = threading.Event()
     killers: list[threading.Timer] = []
+    guard = process_guard()
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            list(argv), cwd=cfg.root, env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
-            # The child inherits the lock descriptors: if this runner dies, the flocks stay
-            # held by the entry's processes, never freed under a running test.
-            stderr=subprocess.STDOUT, start_new_session=True,
-            pass_fds=tuple(lease.fds) if lease is not None else (),
-        )
-    pgid = proc.pid
+        # The child inherits the lock descriptors: while any process of the entry lives,
+        # its flocks stay held, never freed under a running test. The guard kills the
+        # group if this runner dies without cleaning up (SIGKILL, OOM).
+        child = start_group(argv, cwd=cfg.root, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=subprocess.STDOUT, guard=guard,
+                            pass_fds=tuple(lease.fds) if lease is not None else ())
+    pgid = child.pid
     active.add(pgid)
     if lease is not None:
-        lease.note_child(proc.pid)
+        lease.note_child(child.pid)
 
     def on_timeout() -> None:
         timed_out.set()
-        _signal_group(pgid, signal.SIGTERM)
-        killer = threading.Timer(cfg.grace, _signal_group, (pgid, signal.SIGKILL))
+        signal_group(pgid, signal.SIGTERM)
+        killer = threading.Timer(cfg.grace, signal_group, (pgid, signal.SIGKILL))
         killer.daemon = True
         killers.append(killer)
         killer.start()
@@ -218,80 +182,16 @@ def _run_process(argv: Sequence[str], *, cfg: RunConfig, env: Mapping[str, str],
     timer.daemon = True
     timer.start()
     try:
-        # Wait for the leader without reaping it: while it is unreaped its pid cannot be
-        # reused, so signalling the group below can only reach processes of this entry.
-        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        wait_unreaped(child.pid)
     finally:
         timer.cancel()
         for killer in killers:
             killer.cancel()
-        _signal_group(pgid, signal.SIGKILL)  # whatever the file left behind
-        returncode = proc.wait()
-        active.discard(pgid)
-    return _Attempt(returncode=returncode, seconds=time.monotonic() - start,
-                    timed_out=timed_out.is_set(), interrupted=active.stopping.is_set())
-
-
-_ERROR_LINE = re.compile(r"^E\s+(\w*(?:Error|Exception|Exit)\b.*)$")
-
-
-def _tail(log: Path, lines: int = 60) -> str:
-    try:
-        data = log.read_bytes()[-64_000:]
-    except OSError:
-        return ""
-    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
-
-
-def _reason(output: str) -> str:
-    """The one line that says why a file failed: the exception it raised, if it shows one."""
-    lines = output.splitlines()
-    for line in lines:
-        match = _ERROR_LINE.match(line)
-        if match:
-            return match.group(1).strip()[:200]
-    for line in reversed(lines):
-        stripped = line.strip()
-        if re.match(r"^\w*(Error|Exception)\b", stripped):
-            return stripped[:200]
-    for line in reversed(lines):
-        if line.strip() and not line.startswith("="):
-            return line.strip()[:200]
-    return ""
-
-
-def _judge(entry: PlannedEntry, attempt: _Attempt, *, junit: Path, log: Path,
-           cfg: RunConfig) -> Result:
-    tail = _tail(log)
-    base = Result(entry=entry, outcome="failed", seconds=attempt.seconds,
-                  returncode=attempt.returncode, output_tail=tail, log_path=log,
-                  junit_path=junit if entry.kind == "pytest" else None)
-    if attempt.interrupted:
-        return replace(base, outcome="interrupted", failed=1, reason="interrupted")
-    if attempt.timed_out:
-        return replace(base, outcome="timeout", failed=1,
-                       reason=f"timed out after {entry.timeout:.0f}s; the whole process group was killed")
-    if entry.kind == "script":
-        ok = attempt.returncode == 0
-        return replace(base, outcome="passed" if ok else "failed", passed=int(ok), failed=int(not ok),
-                       reason="" if ok else (_reason(tail) or f"exit code {attempt.returncode}"))
-    counts = parse_junit(junit)
-    if counts is None:
-        return replace(base, failed=1,
-                       reason=_reason(tail) or f"pytest wrote no report (exit code {attempt.returncode})")
-    result = replace(base, passed=counts.passed, failed=counts.failures + counts.errors,
-                     skipped=counts.skipped)
-    executed = counts.tests - counts.skipped
-    if attempt.returncode == 0 and executed > 0 and result.failed == 0:
-        return replace(result, outcome="passed")
-    if attempt.returncode == PYTEST_NO_TESTS or (attempt.returncode == 0 and executed == 0):
-        if cfg.filtering:
-            return replace(result, outcome="deselected", reason="no test matched the filter")
-        # The original CI counted files that ran nothing as green; here they fail.
-        return replace(result, outcome="empty", failed=max(1, result.failed),
-                       reason="ran no test: a test file must execute at least one test")
-    return replace(result, failed=max(1, result.failed),
-                   reason=_reason(tail) or f"exit code {attempt.returncode}")
+        signal_group(pgid, signal.SIGKILL)  # whatever the file left behind
+        active.discard(pgid)  # before reaping: afterwards the group id may name a stranger
+        returncode = finish(child, guard=guard)
+    return Attempt(returncode=returncode, seconds=time.monotonic() - start,
+                   timed_out=timed_out.is_set(), interrupted=active.stopping.is_set())
 
 
 def _safe(name: str) -> str:
@@ -367,7 +267,7 @@ class Runner:
         with gpus as lease:
             devices = tuple(lease.devices) if lease is not None else ()
             if self.active.stopping.is_set():
-                return Result(entry=entry, outcome="interrupted", failed=1, reason="interrupted")
+                return interrupted_result(entry)
             env = entry_env(entry, self.cfg, devices=devices, out_dir=out_dir, tmp_dir=tmp_dir)
             argv: Sequence[str] = base_argv(entry, self.cfg, junit)
             if self.cfg.wrap is not None:
@@ -382,7 +282,7 @@ class Runner:
             finally:
                 with self._print_lock:
                     self._running.pop(entry.id, None)
-        result = replace(_judge(entry, attempt, junit=junit, log=log_path, cfg=self.cfg),
+        result = replace(judge(entry, attempt, junit=junit, log=log_path, filtering=self.cfg.filtering),
                          devices=devices)
         shutil.rmtree(tmp_dir, ignore_errors=True)
         if result.ok and not self.cfg.keep_outputs:
@@ -390,7 +290,23 @@ class Runner:
         return result
 
     def run_entry(self, entry: PlannedEntry, index: int) -> Result:
-        """Run one entry with its retries (and, on request, forever until it fails)."""
+        """Run one entry with its retries (and, on request, again and again until it fails).
+
+        A loop, never recursion: the long stability runs the infinite mode exists for
+        repeat an entry for days, and each pass must leave the stack as it found it.
+        """
+        passes = 0
+        while True:
+            passes += 1
+            result = self._once(entry, index)
+            if not (self.cfg.infinite and result.ok and not self.active.stopping.is_set()):
+                return result
+            if self.cfg.max_passes is not None and passes >= self.cfg.max_passes:
+                return result
+            self._report_progress(result)
+
+    def _once(self, entry: PlannedEntry, index: int) -> Result:
+        """One pass: the entry, retried up to `retries` times; passing on a retry is flaky."""
         attempts = 0
         while True:
             attempts += 1
@@ -401,11 +317,7 @@ class Runner:
         if result.ok and attempts > 1:
             result = replace(result, outcome="flaky",
                              reason=f"failed {attempts - 1} time(s), then passed")
-        result = replace(result, attempts=attempts)
-        if self.cfg.infinite and result.ok and not self.active.stopping.is_set():
-            self._report_progress(result)
-            return self.run_entry(entry, index)
-        return result
+        return replace(result, attempts=attempts)
 
     def _report_progress(self, result: Result) -> None:
         with self._print_lock:
@@ -467,8 +379,7 @@ class Runner:
             shutil.rmtree(self._tmp, ignore_errors=True)
         ordered = []
         for index, entry in enumerate(entries):
-            ordered.append(results.get(index) or Result(
-                entry=entry, outcome="interrupted", failed=1, reason="did not run: interrupted"))
+            ordered.append(results.get(index) or interrupted_result(entry, NOT_RUN))
         return ordered
 
 

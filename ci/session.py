@@ -24,12 +24,14 @@ from typing import NoReturn
 from ci import plan as planner
 from ci.discover import discover
 from ci.docker import ENTRY_FLAG_DEFAULTS
+from ci.durations import DurationStore
 from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError
 from ci.gpu_lock import nvml_gpu_count
 from ci.log import Log
 from ci.plan import PlannedEntry
-from ci.report import DurationStore, markdown, merge_junit, table
-from ci.runner import Acquire, Lease, Result, RunConfig, Runner, Wrap, base_argv, entry_env
+from ci.report import markdown, merge_junit, table
+from ci.results import UNMEASURED, Result, closing
+from ci.runner import Acquire, Lease, RunConfig, Runner, Wrap, base_argv, entry_env
 from ci.suites import SUITES, Suite
 
 MAX_JOBS = 256
@@ -247,13 +249,6 @@ def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, 
         log.line("  (GPU ids shown are placeholders: each entry takes whichever GPUs the lock grants)")
 
 
-def _closing(suite: str, results: Sequence[Result]) -> str:
-    passed = sum(r.passed for r in results)
-    failed = sum(r.failed for r in results)
-    skipped = sum(r.skipped for r in results)
-    return f"{suite}: {passed} passed, {failed} failed, {skipped} skipped"
-
-
 def _bool_env(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() in TRUE_WORDS
 
@@ -326,16 +321,16 @@ def _report(name: str, results: Sequence[Result], wall: float, junit: Path,
     log.line("")
     merge_junit(results, junit)
     store.update({r.entry.id: r.seconds for r in results
-                  if r.outcome not in ("interrupted", "deselected", "timeout")})
-    closing = _closing(name, results)
+                  if r.outcome not in UNMEASURED})
+    line = closing(name, results)
     bad = [r for r in results if not r.ok]
     flaky = [r for r in results if r.outcome == "flaky"]
-    log.summary(markdown(name, results, closing))
+    log.summary(markdown(name, results, line))
     for r in flaky:
         log.line(f"flaky: {r.entry.id} ({r.reason})")
     for r in bad:
         log.line(f"FAILED {r.entry.id}: {r.outcome}: {r.reason}")
-    log.line(closing)
+    log.line(line)
     log.line(f"{len(results)} entries in {wall:.1f}s; JUnit: {junit}")
     if any(r.outcome == "interrupted" for r in results):
         return EXIT_INTERRUPTED
