@@ -14,7 +14,8 @@ from typing import NoReturn
 
 from ci.discover import TestFile, discover
 from ci.errors import EXIT_FAILED, EXIT_OK, UsageError
-from ci.plan import REGISTRY, load_registry, rule_files
+from ci.plan import rule_files
+from ci.registry import REGISTRY, Registry, load_registry
 from ci.suites import Suite
 
 
@@ -89,10 +90,14 @@ def registry_findings(suites: Sequence[Suite], files: Mapping[str, TestFile]) ->
     return out
 
 
-def audit(root: Path) -> tuple[list[Finding], int, bool]:
-    """All findings for the checkout at root, the number of test files, and whether a registry was read."""
+def audit(root: Path, registry: Registry | None = None) -> tuple[list[Finding], int, bool]:
+    """All findings for the checkout at root, the number of test files, and whether a registry was read.
+
+    Registry checks need the checkout's own registry; without one, only per-file checks run.
+    """
     files = discover(root)
-    suites = load_registry(root)
+    registry = registry if registry is not None else load_registry(root)
+    suites = registry.suites if registry.source is not None else None
     config_checks = {e.path for s in suites or () if s.tier == "gpu" for e in s.entries if e.cpu_only}
     findings = [f for tf in files.values()
                 for f in file_findings(tf, config_check=tf.path in config_checks)]
@@ -115,7 +120,7 @@ def main(argv: Sequence[str]) -> int:
     root = args.root.resolve()
     if not (root / "tests").is_dir():
         raise UsageError(f"{root} has no tests/ directory; pass the repository root with --root")
-    findings, count, registry = audit(root)
+    findings, count, registry = audit(root, load_registry(root))
     for finding in findings:
         print(finding)
     scope = "" if registry else f" (no {REGISTRY} here: per-file checks only)"

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import fnmatch
-import importlib.util
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from types import ModuleType
+from pathlib import PurePosixPath
 
 from ci.discover import Kind, TestFile
 from ci.errors import NothingRegistered, UsageError
-from ci.suites import SUITES, Entry, Suite
-
-REGISTRY = "ci/suites.py"
+from ci.suites import Entry, Suite
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,29 +152,3 @@ def shard(entries: Sequence[PlannedEntry], index: int, count: int,
         loads[target] += weight
         assigned[target].append(entry)
     return assigned[index - 1]
-
-
-def load_registry(root: Path) -> tuple[Suite, ...] | None:
-    """The SUITES of the checkout at root, loaded from its own file; None when it has none."""
-    path = root / REGISTRY
-    if not path.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location("_audited_suites", path)
-    if spec is None or spec.loader is None:
-        return None
-    module: ModuleType = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses need the module registered while executing
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # a broken registry is a finding, not a crash
-        raise UsageError(f"{path}: cannot load the registry: {exc}") from None
-    finally:
-        sys.modules.pop(spec.name, None)
-    suites = getattr(module, "SUITES", None)
-    return tuple(suites) if suites is not None else None
-
-
-def registry(root: Path) -> tuple[Suite, ...]:
-    """The registry that governs the checkout at root: its own, or ours when it has none."""
-    own = load_registry(root)
-    return own if own is not None else SUITES

@@ -29,6 +29,7 @@ from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError
 from ci.gpu_lock import nvml_gpu_count
 from ci.log import Log
 from ci.plan import PlannedEntry
+from ci.registry import Registry, load_registry
 from ci.report import markdown, merge_junit, table
 from ci.results import UNMEASURED, Result, closing
 from ci.runner import Acquire, Lease, RunConfig, Runner, Wrap, base_argv, entry_env
@@ -97,6 +98,7 @@ class Options:
     args: argparse.Namespace
     pytest_args: tuple[str, ...]
     root: Path
+    registry: Registry
 
 
 def parse(argv: Sequence[str]) -> Options:
@@ -105,10 +107,8 @@ def parse(argv: Sequence[str]) -> Options:
     root = args.root.resolve()
     if not (root / "tests").is_dir():
         raise UsageError(f"{root} has no tests/ directory; run from the repository root or pass --root")
-    suites = {s.name: s for s in planner.registry(root)}
-    if args.suite not in suites:
-        raise UsageError(f"unknown suite {args.suite!r}; known: {', '.join(suites)}")
-    suite = suites[args.suite]
+    registry = load_registry(root)
+    suite = registry[args.suite]
     if args.jobs is not None and not 1 <= args.jobs <= MAX_JOBS:
         raise UsageError(f"-j {args.jobs}: must be between 1 and {MAX_JOBS}")
     if args.timeout is not None and not 0 < args.timeout <= 7 * 86400:
@@ -123,7 +123,7 @@ def parse(argv: Sequence[str]) -> Options:
         raise UsageError("--lock-path-pattern must contain {gpu_id}")
     if unknown and suite.tier == "gpu":
         raise UsageError(f"unknown option(s) for GPU suite {suite.name}: {' '.join(unknown)}")
-    return Options(suite=suite, args=args, pytest_args=tuple(unknown), root=root)
+    return Options(suite=suite, args=args, pytest_args=tuple(unknown), root=root, registry=registry)
 
 
 def select(opts: Options, durations: Mapping[str, float]) -> list[PlannedEntry]:
@@ -133,7 +133,7 @@ def select(opts: Options, durations: Mapping[str, float]) -> list[PlannedEntry]:
         from ci.changed import changed_entries
 
         entries = changed_entries(opts.root, args.base, affected=args.affected,
-                                  timeout=suite.timeout,
+                                  timeout=suite.timeout, registry=opts.registry,
                                   warn=lambda m: print(f"warning: {m}", file=sys.stderr))
     else:
         entries = planner.resolve(suite, discover(opts.root))

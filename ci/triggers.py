@@ -13,9 +13,11 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, get_args
 
 from ci.errors import UsageError
+from ci.registry import load_registry
 from ci.suites import SUITES, Suite, Tier
 
 EventName = Literal["pull_request", "push", "workflow_dispatch"]
@@ -280,13 +282,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--fork", action="store_true",
                         help="the pull request comes from a fork")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--root", type=Path, default=Path.cwd(),
+                        help="repository root whose registry is planned (default: .)")
     return parser
 
 
 def main(argv: list[str]) -> int:
     """`python -m ci plan`: print the jobs an event would run."""
     args = _parser().parse_args(argv)
-    jobs = table()
+    jobs = table(load_registry(args.root.resolve()).suites)
     event = parse_event(args, jobs)
     decisions = plan(event, jobs)
     if args.json:

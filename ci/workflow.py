@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TypeAlias
 
 from ci.errors import UsageError
+from ci.registry import load_registry
 from ci.triggers import (
     BASE_BRANCH,
     WORKFLOW_NAME,
@@ -374,7 +375,7 @@ def main(argv: list[str]) -> int:
     """`python -m ci workflows [--check | --dry-run]`."""
     args = _parser().parse_args(argv)
     root: Path = args.root if args.root is not None else find_root(Path.cwd().resolve())
-    changes = drift(root, render(table()))
+    changes = drift(root, render(table(load_registry(root).suites)))
     if args.check or args.dry_run:
         for d in changes:
             sys.stdout.write(d.diff())
