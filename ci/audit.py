@@ -73,11 +73,11 @@ def registry_findings(suites: Sequence[Suite], files: Mapping[str, TestFile]) ->
                 continue
             if tf.num_gpus is None:
                 continue  # already reported by file_findings
-            if suite.tier == "gpu" and tf.num_gpus == 0 and not entry.cpu_only:
+            if suite.needs_gpus and tf.num_gpus == 0 and not entry.cpu_only:
                 out.append(Finding(path=entry.path, line=tf.num_gpus_line or 1, message=(
                     f"{where}, a GPU suite, but NUM_GPUS = 0; move it to a CPU suite or mark "
                     "the entry cpu_only=True if it is a deliberate config check")))
-            if suite.tier == "cpu" and tf.num_gpus > 0:
+            if not suite.needs_gpus and tf.num_gpus > 0:
                 out.append(Finding(path=entry.path, line=tf.num_gpus_line or 1, message=(
                     f"{where}, a CPU suite, but NUM_GPUS = {tf.num_gpus}")))
     for path, tf in files.items():
@@ -98,7 +98,7 @@ def audit(root: Path, registry: Registry | None = None) -> tuple[list[Finding], 
     files = discover(root)
     registry = registry if registry is not None else load_registry(root)
     suites = registry.suites if registry.source is not None else None
-    config_checks = {e.path for s in suites or () if s.tier == "gpu" for e in s.entries if e.cpu_only}
+    config_checks = {e.path for s in suites or () if s.needs_gpus for e in s.entries if e.cpu_only}
     findings = [f for tf in files.values()
                 for f in file_findings(tf, config_check=tf.path in config_checks)]
     if suites is not None:

@@ -63,7 +63,8 @@ def _lock_parser() -> _Parser:
     p.add_argument("--total-gpus", type=int, default=None,
                    help="GPUs on this machine (default: NVML's count, else 8)")
     p.add_argument("--timeout", type=float, default=gpu_lock.DEFAULT_TIMEOUT,
-                   help="give up waiting after this many seconds (exit 124; default 86400)")
+                   help="give up waiting after this many seconds "
+                        f"(exit 124; default {gpu_lock.DEFAULT_TIMEOUT:g})")
     p.add_argument("--target-env-name", default="CUDA_VISIBLE_DEVICES",
                    help="variable that tells CMD its GPUs (default CUDA_VISIBLE_DEVICES)")
     p.add_argument("--lock-path-pattern", default=gpu_lock.DEFAULT_PATTERN,
@@ -235,7 +236,7 @@ def format_status(st: gpu_lock.Status) -> str:
         if h is None:
             lines.append(f"{g.gpu:<4} free")
             continue
-        pid = str(h.pid) if h.pid is not None else "?"
+        pid = str(h.acting_pid) if h.acting_pid is not None else "?"
         lines.append(f"{g.gpu:<4} held  {pid:>8}  {_when(h.since):<8}  {h.command}")
     if st.waiters:
         lines.append(f"queue ({len(st.waiters)} waiting, first served first):")
@@ -252,11 +253,11 @@ def format_status(st: gpu_lock.Status) -> str:
 def status_as_json(st: gpu_lock.Status) -> str:
     """The status as JSON for scripts."""
     return json.dumps({
-        "gpus": [{"gpu": g.gpu, "state": "free" if g.holder is None else "held",
-                  "pid": g.holder.pid if g.holder else None,
-                  "child_pid": g.holder.child_pid if g.holder else None,
-                  "command": g.holder.command if g.holder else None,
-                  "since": g.holder.since if g.holder else None} for g in st.gpus],
+        "gpus": [dict(gpu=g.gpu, state="free" if g.holder is None else "held",
+                      pid=g.holder.acting_pid if g.holder else None,
+                      child_pid=g.holder.child_pid if g.holder else None,
+                      command=g.holder.command if g.holder else None,
+                      since=g.holder.since if g.holder else None) for g in st.gpus],
         "waiters": [{"ticket": w.ticket, "pid": w.pid, "command": w.command, "since": w.since,
                      "count": w.count, "devices": list(w.devices) if w.devices else None}
                     for w in st.waiters],

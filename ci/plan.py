@@ -44,7 +44,7 @@ def rule_files(suite: Suite, files: Mapping[str, TestFile]) -> list[str]:
 
 
 def plan_entry(entry: Entry, tf: TestFile, *, default_timeout: float, why: str = "",
-               tier: str = "gpu") -> PlannedEntry:
+               pytest_only: bool = False) -> PlannedEntry:
     """Resolve one registry entry against what its file declares.
 
     CPU-tier entries are always judged as pytest files: a CPU file that runs no test
@@ -59,7 +59,7 @@ def plan_entry(entry: Entry, tf: TestFile, *, default_timeout: float, why: str =
         env=entry.env,
         timeout=entry.timeout if entry.timeout is not None else default_timeout,
         num_gpus=tf.num_gpus,
-        kind="pytest" if tier == "cpu" else tf.kind,
+        kind="pytest" if pytest_only else tf.kind,
         why=why,
     )
 
@@ -83,7 +83,8 @@ def resolve(suite: Suite, files: Mapping[str, TestFile]) -> list[PlannedEntry]:
         if tf is None:
             raise UsageError(f"{suite.name}: registered file {entry.path} does not exist "
                              f"(fix ci/suites.py, then run `python -m ci audit`)")
-        planned.append(plan_entry(entry, tf, default_timeout=suite.timeout, tier=suite.tier))
+        planned.append(plan_entry(entry, tf, default_timeout=suite.timeout,
+                                  pytest_only=suite.takes_pytest_args))
     return planned
 
 

@@ -23,15 +23,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from ci.backends.base import Backend, EntryEnv
+from ci.backends.local import LocalBackend
+from ci.gpu_lock import Abandoned
+from ci.interrupts import Interrupts
 from ci.log import Log
 from ci.plan import PlannedEntry
+from ci.ports import port_base
 from ci.proc import finish, process_guard, signal_group, wait_unreaped
 from ci.proc import start as start_group
 from ci.results import NOT_RUN, Attempt, Result, judge
 from ci.results import interrupted as interrupted_result
-
-PORT_BLOCK = 200  # ports reserved per GPU entry (Ray head, dashboard, workers…)
-PORT_FLOOR = 20000
 
 
 class Lease(Protocol):
@@ -46,10 +48,13 @@ class Lease(Protocol):
     def note_child(self, pid: int) -> None: ...
 
 
-# Acquires GPUs for an entry; blocks until they are free. Given (count, command).
-Acquire = Callable[[int, str], AbstractContextManager[Lease]]
-# Wraps the local argv of an entry (e.g. into `docker run`), given the GPUs it holds.
-Wrap = Callable[[PlannedEntry, Sequence[str], Mapping[str, str], tuple[int, ...]], Sequence[str]]
+# Acquires GPUs for an entry; blocks until they are free, or until `stop()` says to give up
+# (raising gpu_lock.Abandoned). Given (count, command, stop).
+Acquire = Callable[[int, str, Callable[[], bool]], AbstractContextManager[Lease]]
+POLL = 0.1  # seconds between the main thread's looks at its workers and at signals
+# Variables of the runner's environment that are the project's own settings (feature
+# flags, cache locations): they travel with every entry, into a container too.
+PROJECT_PREFIXES = ("SLIME_CI_", "SLIME_TEST_")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,11 +73,8 @@ class RunConfig:
     max_passes: int | None = None  # bound on the passes of the infinite mode (tests); None: none
     grace: float = 5.0  # seconds between SIGTERM and SIGKILL
     acquire: Acquire | None = None  # None: GPU entries run without a lock (dry runs, tests)
-    wrap: Wrap | None = None
-    # Called with the argv of an entry that was killed (timeout, interrupt): e.g. to
-    # `docker kill` its container, which outlives the killed `docker run` client.
-    on_abort: Callable[[Sequence[str]], None] | None = None
-    emulate_gpus: bool = False
+    # Where and how entries execute (local, Docker, emulated GPUs): chosen once per run.
+    backend: Backend = field(default_factory=LocalBackend)
     keep_outputs: bool = False
 
 
@@ -88,34 +90,30 @@ def base_argv(entry: PlannedEntry, cfg: RunConfig, junit: Path) -> list[str]:
 
 
 def entry_env(entry: PlannedEntry, cfg: RunConfig, *, devices: tuple[int, ...],
-              out_dir: Path, tmp_dir: Path) -> dict[str, str]:
-    """The environment of one entry: isolation variables the U helpers read, plus its own env."""
-    env = dict(cfg.base_env)
-    env.update(dict(entry.env))
-    ids = ",".join(map(str, devices))
-    env.update({
-        "PYTHONUNBUFFERED": "1",
+              out_dir: Path, tmp_dir: Path) -> EntryEnv:
+    """The variables of one entry: the project's settings, its own env, and the isolation
+    variables the U helpers read; the backend decides how they reach the process."""
+    own = {k: v for k, v in cfg.base_env.items() if k.startswith(PROJECT_PREFIXES)}
+    own.update(dict(entry.env))
+    own.update({
         "SLIME_CI_ENTRY": entry.id,
         "SLIME_CI_OUTPUT_DIR": str(out_dir),
-        "TMPDIR": str(tmp_dir),
         "NUM_GPUS": str(entry.num_gpus),
-        "SLIME_CI_GPUS": ids,
+        "SLIME_CI_GPUS": ",".join(map(str, devices)),
     })
-    if cfg.emulate_gpus:
-        env.update({"SLIME_CI_EMULATE_GPUS": "1", "SLIME_CI_DEVICE": "cpu",
-                    "CUDA_VISIBLE_DEVICES": ""})
-    elif entry.num_gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ids
+    unset = set()
     if devices:
         # GPUs are exclusive on the host, so a port block keyed by the lowest GPU id
         # is too: concurrent entries, even from other runners, never share Ray ports.
-        env["SLIME_CI_PORT_BASE"] = str(PORT_FLOOR + min(devices) * PORT_BLOCK)
+        own["SLIME_CI_PORT_BASE"] = str(port_base(devices))
     else:
-        env.pop("SLIME_CI_PORT_BASE", None)
+        own.pop("SLIME_CI_PORT_BASE", None)
+        unset.add("SLIME_CI_PORT_BASE")
     # Parallel files each spawning a full thread pool oversubscribe the cores.
     cores = os.cpu_count() or 1
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, cfg.jobs))))
-    return env
+    return EntryEnv(inherited=cfg.base_env, own=own, unset=frozenset(unset),
+                    host={"PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_dir)},
+                    threads=max(1, cores // max(1, cfg.jobs)))
 
 
 class _Active:
@@ -126,17 +124,21 @@ class _Active:
         self._pgids: set[int] = set()
         self.stopping = threading.Event()
 
-    def add(self, pgid: int) -> None:
+    def add(self, pgid: int) -> bool:
+        """Track a running group; False when the run is stopping (the caller kills it)."""
         with self._lock:
             self._pgids.add(pgid)
+            # Under the lock that terminate_all snapshots with: a group added after the
+            # snapshot sees `stopping` set here, so no entry can start unnoticed.
+            return not self.stopping.is_set()
 
     def discard(self, pgid: int) -> None:
         with self._lock:
             self._pgids.discard(pgid)
 
     def terminate_all(self, grace: float) -> None:
-        self.stopping.set()
         with self._lock:
+            self.stopping.set()
             pgids = list(self._pgids)
         for pgid in pgids:
             signal_group(pgid, signal.SIGTERM)
@@ -166,7 +168,8 @@ def _run_process(argv: Sequence[str], *, cfg: RunConfig, env: Mapping[str, str],
                             stderr=subprocess.STDOUT, guard=guard,
                             pass_fds=tuple(lease.fds) if lease is not None else ())
     pgid = child.pid
-    active.add(pgid)
+    if not active.add(pgid):
+        signal_group(pgid, signal.SIGKILL)  # started just as the run was being stopped
     if lease is not None:
         lease.note_child(child.pid)
 
@@ -242,7 +245,7 @@ class Runner:
         with self._print_lock:
             self._waiting[entry.id] = time.monotonic()
         try:
-            with self.cfg.acquire(entry.num_gpus, command) as lease:
+            with self.cfg.acquire(entry.num_gpus, command, self.active.stopping.is_set) as lease:
                 with self._print_lock:
                     self._waiting.pop(entry.id, None)
                 yield lease
@@ -264,24 +267,26 @@ class Runner:
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp_dir = Path(tempfile.mkdtemp(prefix=f"e{index:03d}-", dir=self._tmp_root()))
         gpus = nullcontext(None) if self.active.stopping.is_set() else self._gpus(entry)
-        with gpus as lease:
-            devices = tuple(lease.devices) if lease is not None else ()
-            if self.active.stopping.is_set():
-                return interrupted_result(entry)
-            env = entry_env(entry, self.cfg, devices=devices, out_dir=out_dir, tmp_dir=tmp_dir)
-            argv: Sequence[str] = base_argv(entry, self.cfg, junit)
-            if self.cfg.wrap is not None:
-                argv = self.cfg.wrap(entry, argv, env, devices)
-            with self._print_lock:
-                self._running[entry.id] = time.monotonic()
-            try:
-                attempt = _run_process(argv, cfg=self.cfg, env=env, log=log_path,
-                                       timeout=entry.timeout, lease=lease, active=self.active)
-                if (attempt.timed_out or attempt.interrupted) and self.cfg.on_abort is not None:
-                    self.cfg.on_abort(argv)
-            finally:
+        try:
+            with gpus as lease:
+                devices = tuple(lease.devices) if lease is not None else ()
+                if self.active.stopping.is_set():
+                    return interrupted_result(entry)
+                env = entry_env(entry, self.cfg, devices=devices, out_dir=out_dir, tmp_dir=tmp_dir)
+                launch = self.cfg.backend.launch(entry, tuple(base_argv(entry, self.cfg, junit)),
+                                                 env, devices)
                 with self._print_lock:
-                    self._running.pop(entry.id, None)
+                    self._running[entry.id] = time.monotonic()
+                try:
+                    attempt = _run_process(launch.argv, cfg=self.cfg, env=launch.env, log=log_path,
+                                           timeout=entry.timeout, lease=lease, active=self.active)
+                    if attempt.timed_out or attempt.interrupted:
+                        self.cfg.backend.abort(launch)
+                finally:
+                    with self._print_lock:
+                        self._running.pop(entry.id, None)
+        except Abandoned:  # the run was stopped while this entry waited for its GPUs
+            return interrupted_result(entry)
         result = replace(judge(entry, attempt, junit=junit, log=log_path, filtering=self.cfg.filtering),
                          devices=devices)
         shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -334,8 +339,13 @@ class Runner:
                 self.log.error(result.reason or result.outcome, file=result.entry.path,
                                title=f"{result.entry.id}: {result.outcome}")
 
-    def run(self, entries: Sequence[PlannedEntry]) -> list[Result]:
-        """Run every entry; on Ctrl-C/SIGTERM end all running groups and report what finished."""
+    def run(self, entries: Sequence[PlannedEntry],
+            interrupts: Interrupts | None = None) -> list[Result]:
+        """Run every entry; on SIGINT/SIGTERM end all running groups and report what finished.
+
+        `interrupts` is the caller's (the `run` command installs them before planning);
+        without it the runner takes SIGINT/SIGTERM itself for the run and gives them back.
+        """
         self._total = len(entries)
         todo: queue.Queue[tuple[int, PlannedEntry]] = queue.Queue()
         for item in enumerate(entries):
@@ -354,34 +364,38 @@ class Runner:
 
         workers = [threading.Thread(target=worker, daemon=True, name=f"runner-{i}")
                    for i in range(max(1, min(self.cfg.jobs, len(entries))))]
-        previous = signal.getsignal(signal.SIGTERM)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _raise_interrupt)
+        own = interrupts is None
+        signals = Interrupts() if interrupts is None else interrupts
+        if own:
+            signals.install()
+        # From here on a signal is only recorded; this thread acts on it below.
+        signals.defer()
         try:
-            for w in workers:
-                w.start()
-            last_beat = time.monotonic()
-            for w in workers:
-                while w.is_alive():
-                    w.join(0.2)
-                    if self.heartbeat and time.monotonic() - last_beat >= self.heartbeat:
-                        last_beat = time.monotonic()
-                        self._beat()
-        except KeyboardInterrupt:
-            self.log.line("interrupted: stopping running entries…")
-            self.active.terminate_all(self.cfg.grace)
-            for w in workers:
-                w.join(self.cfg.grace + 5)
+            self._supervise(workers, signals)
         finally:
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, previous)
+            if own:
+                signals.restore()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
-        ordered = []
-        for index, entry in enumerate(entries):
-            ordered.append(results.get(index) or interrupted_result(entry, NOT_RUN))
-        return ordered
+        return [results.get(index) or interrupted_result(entry, NOT_RUN)
+                for index, entry in enumerate(entries)]
 
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    def _supervise(self, workers: Sequence[threading.Thread], signals: Interrupts) -> None:
+        """Start the workers and wait for them, acting on a signal within one poll."""
+        last_beat = time.monotonic()
+        for w in workers:
+            if signals.received:
+                break
+            w.start()
+        started = [w for w in workers if w.ident is not None]
+        while any(w.is_alive() for w in started) and not signals.received:
+            next(w for w in started if w.is_alive()).join(POLL)
+            if self.heartbeat and time.monotonic() - last_beat >= self.heartbeat:
+                last_beat = time.monotonic()
+                self._beat()
+        if signals.received:
+            self.log.line("interrupted: stopping running entries…")
+            self.active.terminate_all(self.cfg.grace)
+            deadline = time.monotonic() + self.cfg.grace + 5
+            for w in started:
+                w.join(max(0.0, deadline - time.monotonic()))

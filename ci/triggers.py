@@ -18,7 +18,7 @@ from typing import Literal, get_args
 
 from ci.errors import UsageError
 from ci.registry import load_registry
-from ci.suites import SUITES, Suite, Tier
+from ci.suites import GPU_RUNNER_LABELS, SUITES, Suite, Tier
 
 EventName = Literal["pull_request", "push", "workflow_dispatch"]
 PullRequestAction = Literal["opened", "synchronize", "reopened", "labeled"]
@@ -26,7 +26,7 @@ PullRequestAction = Literal["opened", "synchronize", "reopened", "labeled"]
 BASE_BRANCH = "main"
 WORKFLOW_NAME = "pr-test"
 HOSTED_RUNNER: tuple[str, ...] = ("ubuntu-latest",)
-GPU_RUNNER: tuple[str, ...] = ("self-hosted", "gpu")
+GPU_RUNNER: tuple[str, ...] = GPU_RUNNER_LABELS
 # Labels whose prefix marks them as CI switches: an unknown one is a typo, not an unrelated label.
 LABEL_PREFIX = "run-ci-"
 
@@ -77,7 +77,7 @@ GPU_SMOKE = Job(
 
 def job_for(suite: Suite) -> Job:
     """The CI job of one suite."""
-    if suite.tier == "gpu" and suite.label is None:
+    if suite.needs_gpus and suite.label is None:
         raise UsageError(f"suite {suite.name} is GPU tier but has no label: add "
                          f"label='{LABEL_PREFIX}…' to it in ci/suites.py")
     if suite.shards < 1:
@@ -87,7 +87,7 @@ def job_for(suite: Suite) -> Job:
         session=suite.name,
         tier=suite.tier,
         purpose=suite.purpose,
-        runs_on=GPU_RUNNER if suite.tier == "gpu" else HOSTED_RUNNER,
+        runs_on=GPU_RUNNER if suite.needs_gpus else HOSTED_RUNNER,
         label=suite.label,
         shards=suite.shards,
         full_history=suite.dynamic,

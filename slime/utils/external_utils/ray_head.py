@@ -27,10 +27,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ci.ports import PORT_BLOCK
 from ci.proc import process_guard
 from ci.proc import start as start_group
 
-PORT_BLOCK_SIZE = 200
+PORT_BLOCK_SIZE = PORT_BLOCK  # the runner reserves blocks of this size (SLIME_CI_PORT_BASE)
 OWNER_VAR = "SLIME_CI_RAY_OWNER"
 # Unix socket paths are limited to 107 bytes, and Ray puts its sockets at
 # <temp>/ray-XXXXXXXX/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store: 77 bytes
