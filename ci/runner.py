@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
@@ -147,6 +148,46 @@ def entry_env(entry: PlannedEntry, cfg: RunConfig, *, devices: tuple[int, ...],
     cores = os.cpu_count() or 1
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, cfg.jobs))))
     return env
+
+
+class CoreSlots:
+    """The run's `jobs` slots, taken by entries in the order they ask, `cores` slots each.
+
+    Files that run their own process groups (gloo ranks) keep several cores busy; two of
+    them side by side on a small machine each take twice as long. First come, first served:
+    a heavy entry waiting for its slots is not overtaken by light ones, so it cannot starve.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self._free = self.capacity
+        self._queue: deque[object] = deque()
+        self._cv = threading.Condition()
+
+    @contextmanager
+    def hold(self, cores: int, stop: threading.Event) -> Iterator[None]:
+        """Hold `cores` slots (at most all of them) while the block runs; give up when `stop` is set."""
+        want = max(1, min(cores, self.capacity))
+        ticket = object()
+        held = 0
+        with self._cv:
+            self._queue.append(ticket)
+            while not (self._queue[0] is ticket and self._free >= want):
+                if stop.is_set():  # the caller sees `stop` and reports the entry interrupted
+                    break
+                self._cv.wait(0.2)
+            else:
+                held = want
+                self._free -= held
+            self._queue.remove(ticket)
+            self._cv.notify_all()
+        try:
+            yield
+        finally:
+            if held:
+                with self._cv:
+                    self._free += held
+                    self._cv.notify_all()
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -312,6 +353,7 @@ class Runner:
         self._waiting: dict[str, float] = {}  # entries queued for their GPUs
         self.heartbeat = 30.0  # seconds between "still running" lines on long runs
         self._tmp: str | None = None
+        self._slots = CoreSlots(cfg.jobs)
 
     def _tmp_root(self) -> str:
         # Short on purpose: multiprocessing and gloo put AF_UNIX sockets in TMPDIR, and a
@@ -394,7 +436,8 @@ class Runner:
         attempts = 0
         while True:
             attempts += 1
-            result = self._attempt(entry, index, attempts)
+            with self._slots.hold(entry.cores, self.active.stopping):
+                result = self._attempt(entry, index, attempts)
             if result.ok or result.outcome == "interrupted" or attempts > self.cfg.retries:
                 break
             self.log.line(f"       retry {attempts}/{self.cfg.retries}: {entry.id} ({result.reason})")
