@@ -179,6 +179,26 @@ def test_convert_checkpoint_with_slimes_keywords(tmp_path):
         U.convert_checkpoint("M", "tiny", 1, dir_dst="/a", save_dir="/b", env=env)
 
 
+def test_model_args_come_from_slimes_model_scripts_when_the_repository_has_them(tmp_path):
+    models = tmp_path / "scripts" / "models"
+    models.mkdir(parents=True)
+    (models / "qwen-tiny.sh").write_text(textwrap.dedent("""
+        NLAYERS="${NLAYERS:-2}"
+        MODEL_ARGS=(
+           --swiglu
+           --num-layers ${NLAYERS}
+           --normalization "RMS Norm"
+        )
+    """))
+    (models / "broken.sh").write_text("exit 3\n")
+    assert U.model_args("qwen-tiny", root=tmp_path, env={"NLAYERS": "4", "PATH": os.environ["PATH"]}) == [
+        "--swiglu", "--num-layers", "4", "--normalization", "RMS Norm"]
+    assert U.model_args("no-such-type", root=tmp_path) == ["--model-type", "no-such-type"]
+    assert U.model_args("tiny-gpt") == ["--model-type", "tiny-gpt"]  # this repository: a preset
+    with pytest.raises(U.CommandFailed, match=r"broken\.sh"):
+        U.model_args("broken", root=tmp_path)
+
+
 def test_multinode_conversion_reads_slurm():
     env = {"SLURM_JOB_HOSTNAMES": "node-a\nnode-b\n", "SLURM_NODEID": "1"}
     assert U._multinode_args(env) == ["--master-addr", "node-a", "--master-port", "23456",

@@ -249,6 +249,10 @@ def train_env_vars(*, env: Mapping[str, str], nvlink: bool, master_addr: str,
     python_path = [str(REPO_ROOT)]
     if env.get("PYTHONPATH"):
         python_path.append(env["PYTHONPATH"])
+    # Where slime's framework image keeps Megatron-LM, which its jobs import.
+    megatron = env.get("SLIME_CI_MEGATRON_DIR", "/root/Megatron-LM")
+    if Path(megatron).is_dir() and megatron not in python_path:
+        python_path.append(megatron)
     no_proxy = [x for x in env.get("no_proxy", "").split(",") if x]
     for host in ("127.0.0.1", "localhost", master_addr):
         if host not in no_proxy:
@@ -273,6 +277,27 @@ def train_env_vars(*, env: Mapping[str, str], nvlink: bool, master_addr: str,
                     "CUDA_COREDUMP_FILE": str(output_dir(env) / "cuda_coredump_%h.%p.%t")})
     out.update(extra or {})
     return out
+
+
+def model_args(megatron_model_type: str, *, root: Path | None = None,
+               env: Mapping[str, str] | None = None) -> list[str]:
+    """The flags that describe a model type to the trainer and the converter.
+
+    In a repository with slime's `scripts/models/<type>.sh`, its `MODEL_ARGS` array, read
+    by sourcing the file in bash (as slime's helpers do before `python3 train.py`);
+    otherwise `--model-type <type>`, which names a preset of this repository's trainer.
+    """
+    root = REPO_ROOT if root is None else root
+    script = root / "scripts" / "models" / f"{megatron_model_type}.sh"
+    if not script.is_file():
+        return ["--model-type", megatron_model_type]
+    # NUL-separated so that arguments with spaces survive; the last piece is empty.
+    done = subprocess.run(["bash", "-c", 'source "$0" && printf "%s\\0" "${MODEL_ARGS[@]}"', str(script)],
+                          capture_output=True, text=True, env=dict(_env(env)), cwd=root,
+                          timeout=60, check=False)
+    if done.returncode != 0:
+        raise CommandFailed(f"source {script}", done.returncode, _tail(done.stderr))
+    return [arg for arg in done.stdout.split("\0") if arg]
 
 
 def _repo_path(path: str | Path) -> Path:
@@ -425,8 +450,8 @@ def execute_train(
 ) -> str:
     """Run `train_script` as a Ray job on a private head (or SLIME_SCRIPT_EXTERNAL_RAY); return the job id.
 
-    `train_args` as a string is split with shlex. `megatron_model_type` names the model's
-    argument preset: the script gets `--model-type <it>`. `before_ray_job_submit` runs once
+    `train_args` as a string is split with shlex. `megatron_model_type` names the model:
+    the script gets its `model_args` first. `before_ray_job_submit` runs once
     the head is up: with no argument (as slime's scripts write it) or with the RayHead.
     `config` is an `ExecuteTrainConfig` (core dumps, extra env vars) or a mapping whose
     items become `--key value` flags (True alone as `--key`). The head is stopped on every
@@ -437,7 +462,7 @@ def execute_train(
     flags, config_env, core_dump = _config_parts(config)
     args = shlex.split(train_args) if isinstance(train_args, str) else list(train_args)
     if megatron_model_type:
-        args = ["--model-type", megatron_model_type, *args]
+        args = [*model_args(megatron_model_type, env=env), *args]
     args += flags
     extra = {**(extra_env_vars or {}), **config_env}
     script = _repo_path(train_script)
@@ -502,7 +527,7 @@ def convert_checkpoint(
     argv = [
         *launcher, "--nproc-per-node", str(num_gpus_per_node),
         *(_multinode_args(env) if multinode else []), str(script_path),
-        "--model-type", megatron_model_type,
+        *model_args(megatron_model_type, env=env),
         "--hf-checkpoint", str(source), "--save", str(target), *extra,
     ]
     run_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))}
