@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
 
-from ci.discover import TestFile, discover, read_test_file
+from ci.discover import TestFile, discover, is_test_file, read_test_file
 from ci.errors import EXIT_OK, UsageError
 from ci.plan import REGISTRY
 from ci.suites import FRAMEWORK_IMAGE
@@ -273,10 +273,11 @@ def build(matrix: Matrix, root: Path, *, template: str) -> Imported:
             rel = PurePosixPath("tests", entry.test_file).as_posix()
             listed.add(rel)
             path = root / rel
-            if not path.is_file():
+            if not path.is_file() or not is_test_file(rel):
                 if rel not in missing:
-                    findings.append(f"{rel}: listed by job {job.name} but the file does not exist; "
-                                    "left out of the suites")
+                    why = ("the file does not exist" if not path.is_file()
+                           else "its name is not tests/**/test_*.py, so no command would find it")
+                    findings.append(f"{rel}: listed by job {job.name} but {why}; left out of the suites")
                 missing.add(rel)
                 continue
             tf: TestFile = files.get(rel) or read_test_file(root, rel)

@@ -169,6 +169,7 @@ DEFECTS = """
         {'test_file': 'test_gone.py', 'num_gpus': 0},
         {'test_file': 'test_no_decl.py', 'num_gpus': 0},
         {'test_file': 'test_dist.py', 'num_gpus': 0, 'use_magic': '1'},
+        {'test_file': 'check_misnamed.py', 'num_gpus': 0},
     ]},
     'e2e-test-ckpt': {'label': 'run-ci-ckpt', 'tests': [
         {'test_file': 'test_tiny_e2e.py', 'num_gpus': 8},
@@ -195,6 +196,7 @@ def test_defects_are_one_line_each_and_missing_files_are_left_out(tmp_path):
     root = _tree(tmp_path / "repo", {
         "tests/test_no_decl.py": PASSING.replace("NUM_GPUS = 0", ""),
         "tests/test_dist.py": GLOO,
+        "tests/check_misnamed.py": PASSING,
     })
     template = _template(root, DEFECTS)
     done = run_ci("import-workflow", str(template), "--root", str(root), "--dry-run")
@@ -207,12 +209,14 @@ def test_defects_are_one_line_each_and_missing_files_are_left_out(tmp_path):
         "left out of the suites",
         "import: tests/test_no_decl.py:1: declares no NUM_GPUS (the matrix says 0 in job "
         "cpu-unittest); add `NUM_GPUS = 0`",
+        "import: tests/check_misnamed.py: listed by job cpu-unittest but its name is not "
+        "tests/**/test_*.py, so no command would find it; left out of the suites",
         "import: tests/test_tiny_e2e.py:2: NUM_GPUS = 2 but job e2e-test-ckpt lists it with num_gpus 8",
         "import: tests/plugin_contracts/test_contract.py: no job lists it",
         "import: tests/test_agent/test_adapter.py: no job lists it",
         "import: tests/test_ckpt_e2e.py: no job lists it",
         "import: tests/utils/test_config_check.py: no job lists it",
-        "import: 2 suites, 4 entries, 9 finding(s); nothing written (--dry-run)",
+        "import: 2 suites, 4 entries, 10 finding(s); nothing written (--dry-run)",
     ]
     assert not (root / "ci").exists()  # a dry run writes nothing
     assert "Entry(path='tests/test_dist.py', cores=2)" in done.stdout
