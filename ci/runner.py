@@ -7,6 +7,7 @@ original CI's `pkill -9 <name>` clean-up killed other people's processes instead
 
 from __future__ import annotations
 
+import getpass
 import os
 import queue
 import re
@@ -119,11 +120,26 @@ def base_argv(entry: PlannedEntry, cfg: RunConfig, junit: Path) -> list[str]:
     ]
 
 
+def compile_cache_dir(base_env: Mapping[str, str]) -> str:
+    """Where torch.compile keeps its kernels: torch's own default, from the runner's TMPDIR.
+
+    Torch derives it from TMPDIR, and each entry gets a private TMPDIR: without this every
+    entry would compile from nothing (slime's compiled loss files: 2.4x slower cold).
+    """
+    base = base_env.get("TMPDIR") or tempfile.gettempdir()
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (some containers)
+        user = str(os.getuid())
+    return str(Path(base) / f"torchinductor_{re.sub(r'[^A-Za-z0-9_.-]', '_', user)}")
+
+
 def entry_env(entry: PlannedEntry, cfg: RunConfig, *, devices: tuple[int, ...],
               out_dir: Path, tmp_dir: Path) -> dict[str, str]:
     """The environment of one entry: isolation variables the U helpers read, plus its own env."""
     env = dict(cfg.base_env)
     env.update(dict(entry.env))
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache_dir(cfg.base_env))
     ids = ",".join(map(str, devices))
     env.update({
         "PYTHONUNBUFFERED": "1",

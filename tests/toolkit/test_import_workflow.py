@@ -18,7 +18,7 @@ from _ci import PASSING, run_ci, write
 from ci.errors import UsageError
 from ci.import_workflow import GENERATED_MARK, read_matrix, suite_name, uses_processes
 from ci.plan import load_registry
-from ci.runner import CoreSlots
+from ci.runner import CoreSlots, RunConfig, entry_env
 
 NUM_GPUS = 0
 
@@ -372,6 +372,59 @@ def test_the_runner_keeps_multi_process_files_apart(tmp_path):
         for light in ("test_light_a.py", "test_light_b.py"):
             assert overlap(heavy, light) < 0, json.dumps(spans)
     assert overlap("test_light_a.py", "test_light_b.py") > 0.5  # the light ones do share the run
+
+
+ENV_REPORT = """
+    import os, sys
+    import pytest
+    NUM_GPUS = 0
+
+    def test_report_env():
+        with open(os.path.join(os.environ["SPANS"], os.path.basename(__file__)), "w") as fh:
+            fh.write(os.environ["TORCHINDUCTOR_CACHE_DIR"] + "\\n" + os.environ["TMPDIR"])
+
+    if __name__ == "__main__":
+        raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
+"""
+
+
+def test_compile_cache_outlives_the_private_temp_dirs(tmp_path):
+    # slime's loss functions use torch.compile, whose cache lives under TMPDIR by default;
+    # entries get private TMPDIRs, so the cache is pointed where torch would put it.
+    from ci.plan import PlannedEntry
+
+    entry = PlannedEntry(id="tests/test_x.py", path="tests/test_x.py", timeout=10, num_gpus=0, kind="pytest")
+    cfg = RunConfig(root=tmp_path, work_dir=tmp_path / "w", jobs=1, base_env={"TMPDIR": "/var/tmpx"})
+    env = entry_env(entry, cfg, devices=(), out_dir=tmp_path / "o", tmp_dir=tmp_path / "t")
+    assert env["TMPDIR"] == str(tmp_path / "t")
+    assert env["TORCHINDUCTOR_CACHE_DIR"].startswith("/var/tmpx/torchinductor_")
+    mine = RunConfig(root=tmp_path, work_dir=tmp_path / "w", jobs=1,
+                     base_env={"TORCHINDUCTOR_CACHE_DIR": "/cache"})
+    assert entry_env(entry, mine, devices=(), out_dir=tmp_path / "o",
+                     tmp_dir=tmp_path / "t")["TORCHINDUCTOR_CACHE_DIR"] == "/cache"
+
+    # Two real entries see one cache dir, outside their two private temp dirs. (That torch
+    # then keeps its kernels there is torch's documented use of the variable; compiling
+    # here would take minutes on a loaded 2-core machine.)
+    root = write(tmp_path / "repo", {"tests/test_compiled_a.py": ENV_REPORT,
+                                     "tests/test_compiled_b.py": ENV_REPORT})
+    template = _template(root, """
+        <% set jobs = {'cpu-unittest': {'label': 'x', 'always': True, 'cpu': True, 'tests': [
+            {'test_file': 'test_compiled_a.py', 'num_gpus': 0}, {'test_file': 'test_compiled_b.py', 'num_gpus': 0},
+        ]}} %>
+    """)
+    assert run_ci("import-workflow", str(template)).returncode == 0
+    spans = tmp_path / "spans"
+    spans.mkdir()
+    outer = tmp_path / "outer-tmp"
+    outer.mkdir()
+    ran = run_ci("run", "--suite", "cpu_unit", "--root", str(root), "-j", "1",
+                 env={"SPANS": str(spans), "TMPDIR": str(outer)}, timeout=600)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    seen = [p.read_text().splitlines() for p in sorted(spans.iterdir())]
+    (cache_a, tmp_a), (cache_b, tmp_b) = seen
+    assert cache_a == cache_b and tmp_a != tmp_b  # one cache, two private temp dirs
+    assert cache_a.startswith(str(outer) + "/torchinductor_")
 
 
 if __name__ == "__main__":
