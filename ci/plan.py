@@ -24,6 +24,7 @@ class PlannedEntry:
     num_gpus: int
     kind: Kind
     why: str = ""  # why the plan selected it (shown by `changed`)
+    cores: int = 1  # job slots it takes while it runs (files running their own process groups)
 
 
 def _under(path: str, directory: str) -> bool:
@@ -61,6 +62,7 @@ def plan_entry(entry: Entry, tf: TestFile, *, default_timeout: float, why: str =
         num_gpus=tf.num_gpus,
         kind="pytest" if pytest_only else tf.kind,
         why=why,
+        cores=entry.cores,
     )
 
 

@@ -179,7 +179,8 @@ def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, 
         env = entry_env(e, cfg, devices=devices, out_dir=placeholder, tmp_dir=placeholder / "tmp")
         launch = backend.launch(e, tuple(argv), env, devices)
         why = f"  [{e.why}]" if e.why else ""
-        log.line(f"  {e.id}  gpus={e.num_gpus}  timeout={e.timeout:.0f}s{why}")
+        cores = f"  cores={e.cores}" if e.cores > 1 else ""
+        log.line(f"  {e.id}  gpus={e.num_gpus}{cores}  timeout={e.timeout:.0f}s{why}")
         log.line(f"      $ {shlex.join(launch.argv)}")
     if backend.gpus and any(e.num_gpus for e in entries):
         log.line("  (GPU ids shown are placeholders: each entry takes whichever GPUs the lock grants)")

@@ -33,6 +33,9 @@ class Entry:
     timeout: float | None = None  # seconds; None takes the suite's
     # A 0-GPU configuration check that deliberately lives in a GPU suite.
     cpu_only: bool = False
+    # CPU cores the file keeps busy itself (its own gloo ranks / spawned processes): the
+    # runner starts it only when that many of its job slots are free.
+    cores: int = 1
 
     @property
     def id(self) -> str:

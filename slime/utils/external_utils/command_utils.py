@@ -15,7 +15,13 @@ sets for each entry. Every variable is optional, so `python tests/e2e/test_x.py`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
+import functools
+import inspect
+import json
 import os
+import random
 import re
 import shlex
 import shutil
@@ -25,8 +31,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ci.proc import finish, process_guard, signal_group
 from ci.proc import start as start_group
@@ -39,10 +46,15 @@ from slime.utils.external_utils.ray_head import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+repo_base_dir = REPO_ROOT  # the name slime's own scripts use
 NUM_GPUS_OF_HARDWARE = {"H100": 8, "H200": 8, "B200": 8, "GB200": 4, "GB300": 4}
+GENERATION_HARDWARE = {"H100": "Hopper", "H200": "Hopper", "B200": "Blackwell",
+                       "GB200": "Blackwell", "GB300": "Blackwell"}
 
+# Words `_external_address` accepts for SLIME_SCRIPT_EXTERNAL_RAY besides an address.
 _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n", ""}
+_warned_bool_values: set[tuple[str, str]] = set()
 
 
 class CommandFailed(RuntimeError):
@@ -71,17 +83,74 @@ def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
     return os.environ if env is None else env
 
 
-def get_bool_env_var(name: str, default: bool = False, *, env: Mapping[str, str] | None = None) -> bool:
-    """Read a yes/no variable; an unreadable value is an error rather than a silent default."""
+def get_bool_env_var(name: str, default: str | bool = "false", *,
+                     env: Mapping[str, str] | None = None) -> bool:
+    """True only for "true" or "1" (any case), as in slime's scripts; `default` when unset.
+
+    Any other non-empty value counts as false and is reported once on stderr, so a typo
+    such as `SLIME_TEST_ENABLE_EVAL=yes` is visible instead of silently ignored.
+    """
     raw = _env(env).get(name)
     if raw is None:
-        return default
+        if isinstance(default, bool):
+            return default
+        raw = default
     value = raw.strip().lower()
-    if value in _TRUE:
+    if value in ("true", "1"):
         return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"{name}={raw!r}: use 1/0, true/false, yes/no or on/off")
+    if value not in ("false", "0", "") and (name, value) not in _warned_bool_values:
+        _warned_bool_values.add((name, value))
+        print(f"warning: {name}={raw!r} is neither true/1 nor false/0; counted as false",
+              file=sys.stderr, flush=True)
+    return False
+
+
+def get_env_enable_infinite_run(env: Mapping[str, str] | None = None) -> bool:
+    """Whether SLIME_TEST_ENABLE_INFINITE_RUN asks to repeat the test until it fails."""
+    return get_bool_env_var("SLIME_TEST_ENABLE_INFINITE_RUN", "false", env=env)
+
+
+def create_run_id() -> str:
+    """A run id as slime's scripts make them: UTC `yymmdd-HHMMSS-NNN` (NNN random)."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%y%m%d-%H%M%S")
+    return f"{stamp}-{random.randrange(1000):03d}"
+
+
+def save_to_temp_file(text: str, ext: str) -> str:
+    """Write `text` to a new file `*.<ext>` in the temp dir (the entry's own under the runner)."""
+    fd, name = tempfile.mkstemp(prefix="slime_temp_file_", suffix=f".{ext}")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    print(f"wrote {len(text)} characters to {name}", flush=True)
+    return name
+
+
+def rsync_simple(path_src: str | Path, path_dst: str | Path) -> None:
+    """Copy the contents of directory `path_src` into `path_dst` (made when missing), as `rsync -a src/ dst`.
+
+    Done in Python: the CI images need no rsync binary for it.
+    """
+    src, dst = Path(path_src), Path(path_dst)
+    if not src.is_dir():
+        raise FileNotFoundError(f"rsync_simple: {src} is not a directory")
+    print(f"+ copy {src}/ -> {dst}", flush=True)
+    dst.mkdir(parents=True, exist_ok=True)
+    # Not shutil.copytree(symlinks=True, dirs_exist_ok=True): it fails on a symlink that a
+    # previous copy already placed, and rsync's second run is a no-op.
+    for root, dirs, files in os.walk(src):
+        here = Path(root)
+        into = dst / here.relative_to(src)
+        for name in [*dirs, *files]:
+            item, target = here / name, into / name
+            if item.is_symlink():
+                if target.is_symlink() or target.is_file():
+                    target.unlink()
+                target.symlink_to(os.readlink(item))
+            elif item.is_dir():
+                target.mkdir(exist_ok=True)
+            else:
+                shutil.copy2(item, target)
+        dirs[:] = [d for d in dirs if not (here / d).is_symlink()]
 
 
 def device(env: Mapping[str, str] | None = None) -> str:
@@ -167,12 +236,22 @@ def _detect_nvlink() -> bool:
     return result.returncode == 0 and nvlink_present(result.stdout)
 
 
+def check_has_nvlink() -> bool:
+    """Whether this machine's GPUs are joined by NVLink (False without nvidia-smi)."""
+    return _detect_nvlink()
+
+
 def train_env_vars(*, env: Mapping[str, str], nvlink: bool, master_addr: str,
-                   master_port: int | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+                   master_port: int | None, extra: Mapping[str, str] | None = None,
+                   cuda_core_dump: bool = False) -> dict[str, str]:
     """The job's runtime env variables (pure): what the training processes must see."""
     python_path = [str(REPO_ROOT)]
     if env.get("PYTHONPATH"):
         python_path.append(env["PYTHONPATH"])
+    # Where slime's framework image keeps Megatron-LM, which its jobs import.
+    megatron = env.get("SLIME_CI_MEGATRON_DIR", "/root/Megatron-LM")
+    if Path(megatron).is_dir() and megatron not in python_path:
+        python_path.append(megatron)
     no_proxy = [x for x in env.get("no_proxy", "").split(",") if x]
     for host in ("127.0.0.1", "localhost", master_addr):
         if host not in no_proxy:
@@ -187,15 +266,47 @@ def train_env_vars(*, env: Mapping[str, str], nvlink: bool, master_addr: str,
     if master_port is not None:
         out["MASTER_PORT"] = str(master_port)
     # What the runner decided for this entry must reach the training ranks unchanged.
+    # WANDB_API_KEY travels here rather than as a flag: a runtime env is not in any argv.
     for name in ("SLIME_CI_ENTRY", "SLIME_CI_OUTPUT_DIR", "SLIME_CI_DEVICE", "SLIME_CI_EMULATE_GPUS",
-                 "SLIME_CI_GPUS", "CUDA_VISIBLE_DEVICES", "NUM_GPUS", "TMPDIR"):
+                 "SLIME_CI_GPUS", "CUDA_VISIBLE_DEVICES", "NUM_GPUS", "TMPDIR", "WANDB_API_KEY"):
         if name in env:
             out[name] = env[name]
-    if get_bool_env_var("SLIME_TEST_ENABLE_CUDA_COREDUMP", env=env):
+    if cuda_core_dump or get_bool_env_var("SLIME_TEST_ENABLE_CUDA_COREDUMP", env=env):
         out.update({"CUDA_ENABLE_COREDUMP_ON_EXCEPTION": "1", "CUDA_COREDUMP_SHOW_PROGRESS": "1",
                     "CUDA_COREDUMP_FILE": str(output_dir(env) / "cuda_coredump_%h.%p.%t")})
     out.update(extra or {})
     return out
+
+
+def model_args(megatron_model_type: str, *, root: Path | None = None,
+               env: Mapping[str, str] | None = None) -> list[str]:
+    """The flags that describe a model type to the trainer and the converter.
+
+    In a repository with slime's `scripts/models/<type>.sh`, its `MODEL_ARGS` array, read
+    by sourcing the file in bash (as slime's helpers do before `python3 train.py`);
+    otherwise `--model-type <type>`, which names a preset of this repository's trainer.
+    """
+    root = REPO_ROOT if root is None else root
+    script = root / "scripts" / "models" / f"{megatron_model_type}.sh"
+    if not script.is_file():
+        return ["--model-type", megatron_model_type]
+    # NUL-separated so that arguments with spaces survive; the last piece is empty.
+    done = subprocess.run(["bash", "-c", 'source "$0" && printf "%s\\0" "${MODEL_ARGS[@]}"', str(script)],
+                          capture_output=True, text=True, env=dict(_env(env)), cwd=root,
+                          timeout=60, check=False)
+    if done.returncode != 0:
+        raise CommandFailed(f"source {script}", done.returncode, _tail(done.stderr))
+    return [arg for arg in done.stdout.split("\0") if arg]
+
+
+def _repo_path(path: str | Path) -> Path:
+    """A script path as slime's helpers take it: absolute, else relative to the working
+    directory (where slime's scripts run them), else to this repository."""
+    given = Path(path)
+    if given.is_absolute():
+        return given
+    here = Path.cwd() / given
+    return here if here.exists() else REPO_ROOT / given
 
 
 def _external_address(env: Mapping[str, str]) -> str | None:
@@ -240,14 +351,97 @@ def submit_and_wait(address: str, *, entrypoint: str, env_vars: Mapping[str, str
     return job_id
 
 
+@dataclass
+class ExecuteTrainConfig:
+    """Options of `execute_train`, as in slime's scripts (which may subclass it with their own fields).
+
+    Not frozen: scripts extend it with plain `@dataclass` subclasses, which a frozen base forbids.
+    `num_nodes` is for the script's own arguments (`--actor-num-nodes`); `extra_env_vars` is
+    JSON or `NAME=value NAME=value` text, added to the job's environment.
+    """
+
+    cuda_core_dump: bool = False
+    num_nodes: int = field(default_factory=lambda: int(os.environ.get("SLURM_JOB_NUM_NODES") or "1"))
+    extra_env_vars: str = ""
+
+
+def parse_extra_env_vars(text: str) -> dict[str, str]:
+    """`{"A": "1"}` (JSON) or `A=1 B=two` (whitespace-separated) as a dict of strings."""
+    text = text.strip()
+    if not text:
+        return {}
+    if text.startswith("{"):
+        try:
+            loaded = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"extra_env_vars {text!r}: not valid JSON ({exc})") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(f"extra_env_vars {text!r}: JSON must be an object of NAME: value")
+        return {str(k): str(v) for k, v in loaded.items()}
+    out = {}
+    for item in text.split():
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"extra_env_vars item {item!r}: write NAME=value (or a JSON object)")
+        out[name] = value
+    return out
+
+
+Hook = Callable[[], None] | Callable[[RayHead], None]
+
+
+def _hook_caller(hook: Hook | None) -> Callable[[RayHead | None], None] | None:
+    """Adapt a `before_ray_job_submit` hook: slime's take no argument, ours take the RayHead."""
+    if hook is None:
+        return None
+    if not callable(hook):
+        raise TypeError(f"before_ray_job_submit must be callable, got {type(hook).__name__}")
+    try:
+        sig = inspect.signature(hook)
+    except (TypeError, ValueError):
+        raise TypeError(f"before_ray_job_submit {hook!r}: its signature cannot be read; "
+                        "pass a function taking no argument or one (the RayHead)") from None
+    for args in ((object(),), ()):
+        try:
+            sig.bind(*args)
+        except TypeError:
+            continue
+        if args:
+            return lambda head: hook(head) if head is not None else None  # type: ignore[call-arg]
+        return lambda head: hook()  # type: ignore[call-arg]
+    raise TypeError(f"before_ray_job_submit{sig}: take no argument (slime's scripts) "
+                    "or one (the RayHead)")
+
+
+def _config_parts(
+    config: ExecuteTrainConfig | Mapping[str, Any] | None,
+) -> tuple[list[str], dict[str, str], bool]:
+    """(extra train flags, extra env vars, core dump) from either kind of `config`."""
+    if config is None:
+        return [], {}, False
+    if isinstance(config, ExecuteTrainConfig):
+        return [], parse_extra_env_vars(config.extra_env_vars), bool(config.cuda_core_dump)
+    if isinstance(config, Mapping):
+        flags: list[str] = []
+        for key, value in config.items():
+            flag = "--" + key.replace("_", "-")
+            if value is True:
+                flags.append(flag)
+            elif value not in (None, False):
+                flags += [flag, str(value)]
+        return flags, {}, False
+    raise TypeError(f"config must be an ExecuteTrainConfig or a mapping of flags, "
+                    f"got {type(config).__name__}")
+
+
 def execute_train(
     train_args: str | Sequence[str],
     num_gpus_per_node: int,
     megatron_model_type: str | None = None,
     train_script: str = "train.py",
-    before_ray_job_submit: Callable[[RayHead], None] | None = None,
+    before_ray_job_submit: Hook | None = None,
     extra_env_vars: Mapping[str, str] | None = None,
-    config: Mapping[str, Any] | None = None,
+    config: ExecuteTrainConfig | Mapping[str, Any] | None = None,
     *,
     env: Mapping[str, str] | None = None,
     timeout: float | None = None,
@@ -255,37 +449,37 @@ def execute_train(
 ) -> str:
     """Run `train_script` as a Ray job on a private head (or SLIME_SCRIPT_EXTERNAL_RAY); return the job id.
 
-    `train_args` as a string is split with shlex. `megatron_model_type` names the model's
-    argument preset: the script gets `--model-type <it>`. `config` items become
-    `--key value` flags (True alone as `--key`). The head is stopped on every exit path;
-    `head_record` (tests) receives the pids it ran.
+    `train_args` as a string is split with shlex. `megatron_model_type` names the model:
+    the script gets its `model_args` first. `before_ray_job_submit` runs once
+    the head is up: with no argument (as slime's scripts write it) or with the RayHead.
+    `config` is an `ExecuteTrainConfig` (core dumps, extra env vars) or a mapping whose
+    items become `--key value` flags (True alone as `--key`). The head is stopped on every
+    exit path; `head_record` (tests) receives the pids it ran.
     """
     env = _env(env)
+    hook = _hook_caller(before_ray_job_submit)
+    flags, config_env, core_dump = _config_parts(config)
     args = shlex.split(train_args) if isinstance(train_args, str) else list(train_args)
     if megatron_model_type:
-        args = ["--model-type", megatron_model_type, *args]
-    for key, value in (config or {}).items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            args.append(flag)
-        elif value not in (None, False):
-            args += [flag, str(value)]
-    script = Path(train_script)
-    if not script.is_absolute():
-        script = REPO_ROOT / script
+        args = [*model_args(megatron_model_type, env=env), *args]
+    args += flags
+    extra = {**(extra_env_vars or {}), **config_env}
+    script = _repo_path(train_script)
     entrypoint = shlex.join([sys.executable, str(script), *args])
     master_addr = env.get("MASTER_ADDR", "127.0.0.1")
     external = _external_address(env)
     if external is not None:
         env_vars = train_env_vars(env=env, nvlink=_detect_nvlink(), master_addr=master_addr,
-                                  master_port=None, extra=extra_env_vars)
+                                  master_port=None, extra=extra, cuda_core_dump=core_dump)
+        if hook is not None:
+            hook(None)  # a zero-argument hook runs here too; there is no private head to pass
         return submit_and_wait(external, entrypoint=entrypoint, env_vars=env_vars, timeout=timeout)
     ports: RayPorts = ports_from_env(env)
     env_vars = train_env_vars(env=env, nvlink=_detect_nvlink(), master_addr=master_addr,
-                              master_port=ports.master, extra=extra_env_vars)
+                              master_port=ports.master, extra=extra, cuda_core_dump=core_dump)
     with private_head(num_gpus=num_gpus_per_node, env=env, ports=ports, record=head_record) as head:
-        if before_ray_job_submit is not None:
-            before_ray_job_submit(head)
+        if hook is not None:
+            hook(head)
         return submit_and_wait(head.address, entrypoint=entrypoint, env_vars=env_vars, timeout=timeout)
 
 
@@ -293,34 +487,76 @@ def convert_checkpoint(
     model_name: str,
     megatron_model_type: str,
     num_gpus_per_node: int,
+    multinode: bool = False,
+    extra_args: str | Sequence[str] = "",
+    dir_dst: str | Path | None = None,
+    hf_checkpoint: str | Path | None = None,
     *,
     hf_dir: str | Path | None = None,
     save_dir: str | Path | None = None,
     script: str = "tools/convert_hf_to_torch_dist.py",
-    extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
 ) -> Path:
     """Convert an HF checkpoint to the trainer's distributed format with torchrun; skip when done.
 
-    The target counts as done when it holds `latest_checkpointed_iteration.txt`, which the
-    converter writes last, so a conversion cut short is redone rather than trusted.
+    The call shape is slime's: the source is `hf_checkpoint` (default `<models dir>/<name>`),
+    the target `<dir_dst>/<name>_torch_dist`. `dir_dst` defaults to the parent of the models
+    dir — `/root` in the Docker context, where slime's scripts expect `/root/<name>_torch_dist`.
+    `hf_dir`/`save_dir` name source and target directly. `multinode` reads the node list
+    from SLURM (SLURM_JOB_HOSTNAMES, one host a line; SLURM_NODEID). The target counts as done
+    when it holds `latest_checkpointed_iteration.txt`, which the converter writes last, so a
+    conversion cut short is redone rather than trusted.
     """
     env = _env(env)
-    source = Path(hf_dir) if hf_dir else models_dir(env) / model_name
-    target = Path(save_dir) if save_dir else models_dir(env) / f"{model_name}_torch_dist"
+    if hf_dir is not None and hf_checkpoint is not None and Path(hf_dir) != Path(hf_checkpoint):
+        raise ValueError("convert_checkpoint: pass hf_checkpoint or hf_dir, not both")
+    if save_dir is not None and dir_dst is not None:
+        raise ValueError("convert_checkpoint: pass dir_dst (the parent) or save_dir (the target), not both")
+    given = hf_checkpoint if hf_checkpoint is not None else hf_dir
+    source = Path(given) if given is not None else models_dir(env) / model_name
+    parent = Path(dir_dst) if dir_dst is not None else models_dir(env).parent
+    target = Path(save_dir) if save_dir is not None else parent / f"{model_name}_torch_dist"
     if (target / "latest_checkpointed_iteration.txt").exists():
         print(f"checkpoint {target} exists; conversion skipped", flush=True)
         return target
-    script_path = Path(script) if Path(script).is_absolute() else REPO_ROOT / script
+    script_path = _repo_path(script)
     torchrun = Path(sys.executable).parent / "torchrun"
     launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    extra = shlex.split(extra_args) if isinstance(extra_args, str) else list(extra_args)
     argv = [
-        *launcher, "--nproc-per-node", str(num_gpus_per_node), str(script_path),
-        "--model-type", megatron_model_type,
-        "--hf-checkpoint", str(source), "--save", str(target), *extra_args,
+        *launcher, "--nproc-per-node", str(num_gpus_per_node),
+        *(_multinode_args(env) if multinode else []), str(script_path),
+        *model_args(megatron_model_type, env=env),
+        "--hf-checkpoint", str(source), "--save", str(target), *extra,
     ]
     run_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))}
     exec_command(argv, env=run_env)
+    return target
+
+
+MULTINODE_MASTER_PORT = 23456  # the port slime's conversion uses across nodes
+
+
+def _multinode_args(env: Mapping[str, str]) -> list[str]:
+    hosts = [h.strip() for h in env.get("SLURM_JOB_HOSTNAMES", "").splitlines() if h.strip()]
+    node = env.get("SLURM_NODEID", "").strip()
+    if not hosts or not node.isdigit():
+        raise ValueError("convert_checkpoint(multinode=True) needs SLURM_JOB_HOSTNAMES (one host a "
+                         "line: `scontrol show hostnames \"$SLURM_JOB_NODELIST\"`) and SLURM_NODEID")
+    return ["--master-addr", hosts[0], "--master-port", str(MULTINODE_MASTER_PORT),
+            "--nnodes", str(len(hosts)), "--node-rank", node]
+
+
+def fp8_cast_bf16(path_src: str | Path, path_dst: str | Path, *, script: str = "tools/fp8_cast_bf16.py",
+                  env: Mapping[str, str] | None = None) -> Path:
+    """Cast an FP8 HF checkpoint to BF16 with the repository's tool; skipped when `path_dst` exists."""
+    target = Path(path_dst)
+    if target.exists():
+        print(f"{target} exists; fp8_cast_bf16 skipped", flush=True)
+        return target
+    script_path = _repo_path(script)
+    exec_command([sys.executable, str(script_path), "--input-fp8-hf-path", str(path_src),
+                  "--output-bf16-hf-path", str(target)], env=env)
     return target
 
 
@@ -377,17 +613,74 @@ def hf_download_model(full_name: str, *, revision: str | None = None,
 
 def get_default_wandb_args(test_file: str, run_name_prefix: str | None = None,
                            run_id: str | None = None, *,
-                           env: Mapping[str, str] | None = None) -> list[str]:
-    """`--use-wandb …` flags for an e2e run, or none when WANDB_API_KEY is unset.
+                           env: Mapping[str, str] | None = None) -> str:
+    """`--use-wandb …` flags for an e2e run as one string ending in a space; "" without WANDB_API_KEY.
 
-    The key itself is left to the environment: a flag would show it in `ps` and in logs.
+    A string, so slime's `f"{U.get_default_wandb_args(__file__)} …"` works as written. The
+    project is `slime-<file stem>` (the parent directory's name in front of a stem shorter
+    than 6 characters); the group is the run id, `_$GITHUB_COMMIT_NAME` appended and
+    `<prefix>_` in front. Unlike slime's own helper this puts no `--wandb-key` on the command
+    line, where every process listing and log shows it: the key stays in the environment
+    (WANDB_API_KEY), which `execute_train` passes to the job and wandb reads by itself.
     """
     env = _env(env)
     if not env.get("WANDB_API_KEY"):
-        return []
-    stem = Path(test_file).stem
-    stem = stem[len("test_"):] if stem.startswith("test_") else stem
-    run = (run_id or env.get("GITHUB_COMMIT_NAME") or env.get("GITHUB_RUN_ID")
-           or time.strftime("%Y%m%d-%H%M%S"))
-    group = f"{run_name_prefix}-{run}" if run_name_prefix else run
-    return ["--use-wandb", "--wandb-project", f"slime-{stem}", "--wandb-group", group]
+        print("wandb off: WANDB_API_KEY is not set", flush=True)
+        return ""
+    path = Path(test_file)
+    name = path.stem if len(path.stem) >= 6 else f"{path.parent.name}_{path.stem}"
+    group = run_id or create_run_id()
+    if env.get("GITHUB_COMMIT_NAME") is not None:
+        group += f"_{env['GITHUB_COMMIT_NAME']}"
+    if run_name_prefix is not None:
+        group = f"{run_name_prefix}_{group}"
+    return (f"--use-wandb --wandb-project slime-{name} --wandb-group {shlex.quote(group)} "
+            "--disable-wandb-random-suffix ")
+
+
+_D = TypeVar("_D")
+
+
+def dataclass_cli(func: Callable[[_D], Any], env_var_prefix: str = "SLIME_SCRIPT_") -> Callable[..., Any]:
+    """Turn `func(config: SomeDataclass)` into a function of the dataclass's fields, as slime's scripts use.
+
+    The wrapper's signature lists the fields (so a CLI library such as typer can build
+    options from it); a field not passed is read from `<prefix><FIELD>` when set, converted
+    to the field's type (bool: true/1), else takes its default.
+    """
+    params = list(inspect.signature(func).parameters.values())
+    cls = params[0].annotation if params else None
+    if isinstance(cls, str):
+        cls = func.__globals__.get(cls)  # type: ignore[attr-defined]
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"dataclass_cli: the first parameter of {func.__name__} must be annotated "
+                        "with a dataclass")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+
+    @functools.wraps(func)
+    def wrapped(**kwargs: Any) -> Any:
+        unknown = set(kwargs) - set(fields)
+        if unknown:
+            raise TypeError(f"{func.__name__}: unknown option(s) {', '.join(sorted(unknown))}")
+        for name, spec in fields.items():
+            var = f"{env_var_prefix}{name.upper()}"
+            if name not in kwargs and var in os.environ:
+                kwargs[name] = _convert(os.environ[var], spec.type, name=var)
+        data = cls(**kwargs)
+        print(f"Execute command with args: {data}", flush=True)
+        return func(data)
+
+    init = inspect.signature(cls)
+    wrapped.__signature__ = init  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _convert(raw: str, kind: Any, *, name: str) -> Any:
+    text = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+    if text.startswith("bool"):
+        return get_bool_env_var(name, env={name: raw})
+    if text.startswith("int"):
+        return int(raw)
+    if text.startswith("float"):
+        return float(raw)
+    return raw
