@@ -17,7 +17,7 @@ from _ci import PASSING, run_ci, write
 
 from ci.errors import UsageError
 from ci.import_workflow import GENERATED_MARK, read_matrix, suite_name, uses_processes
-from ci.plan import load_registry
+from ci.registry import load_registry
 from ci.runner import CoreSlots, RunConfig, entry_env
 
 NUM_GPUS = 0
@@ -395,13 +395,13 @@ def test_compile_cache_outlives_the_private_temp_dirs(tmp_path):
 
     entry = PlannedEntry(id="tests/test_x.py", path="tests/test_x.py", timeout=10, num_gpus=0, kind="pytest")
     cfg = RunConfig(root=tmp_path, work_dir=tmp_path / "w", jobs=1, base_env={"TMPDIR": "/var/tmpx"})
-    env = entry_env(entry, cfg, devices=(), out_dir=tmp_path / "o", tmp_dir=tmp_path / "t")
+    env = entry_env(entry, cfg, devices=(), out_dir=tmp_path / "o", tmp_dir=tmp_path / "t").local()
     assert env["TMPDIR"] == str(tmp_path / "t")
     assert env["TORCHINDUCTOR_CACHE_DIR"].startswith("/var/tmpx/torchinductor_")
     mine = RunConfig(root=tmp_path, work_dir=tmp_path / "w", jobs=1,
                      base_env={"TORCHINDUCTOR_CACHE_DIR": "/cache"})
     assert entry_env(entry, mine, devices=(), out_dir=tmp_path / "o",
-                     tmp_dir=tmp_path / "t")["TORCHINDUCTOR_CACHE_DIR"] == "/cache"
+                     tmp_dir=tmp_path / "t").local()["TORCHINDUCTOR_CACHE_DIR"] == "/cache"
 
     # Two real entries see one cache dir, outside their two private temp dirs. (That torch
     # then keeps its kernels there is torch's documented use of the variable; compiling
