@@ -29,6 +29,7 @@ class PlannedEntry:
     num_gpus: int
     kind: Kind
     why: str = ""  # why the plan selected it (shown by `changed`)
+    prefork: bool = True  # False: the registry wants a fresh interpreter for this entry
 
 
 def _under(path: str, directory: str) -> bool:
@@ -66,6 +67,7 @@ def plan_entry(entry: Entry, tf: TestFile, *, default_timeout: float, why: str =
         num_gpus=tf.num_gpus,
         kind="pytest" if tier == "cpu" else tf.kind,
         why=why,
+        prefork=entry.prefork,
     )
 
 

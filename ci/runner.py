@@ -1,4 +1,8 @@
-"""Run planned entries: one subprocess per test file, each in its own process group.
+"""Run planned entries: one process per test file, each in its own process group.
+
+Each file gets a fresh interpreter, or — CPU pytest entries, when the run allows it —
+a child forked from a pre-imported worker (`ci.prefork`): the same isolation without
+paying for the torch import once per file.
 
 Why one process group per file: import-time stubs in one test file must never
 leak into another, and a timeout must kill everything the file started — the
@@ -25,6 +29,7 @@ from typing import Literal, Protocol
 
 from ci.log import Log
 from ci.plan import PlannedEntry
+from ci.prefork import FRESH_ONLY, Choice, ForkedChild, Policy, Worker, choose, pytest_args
 from ci.report import parse_junit
 
 Outcome = Literal["passed", "failed", "timeout", "empty", "deselected", "flaky", "interrupted"]
@@ -97,6 +102,7 @@ class RunConfig:
     on_abort: Callable[[Sequence[str]], None] | None = None
     emulate_gpus: bool = False
     keep_outputs: bool = False
+    prefork: Policy = FRESH_ONLY  # CPU suites: fork pytest files from pre-imported workers
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,10 +149,29 @@ def entry_env(entry: PlannedEntry, cfg: RunConfig, *, devices: tuple[int, ...],
         env["SLIME_CI_PORT_BASE"] = str(PORT_FLOOR + min(devices) * PORT_BLOCK)
     else:
         env.pop("SLIME_CI_PORT_BASE", None)
+    env.setdefault("OMP_NUM_THREADS", _threads(cfg))
+    return env
+
+
+def _threads(cfg: RunConfig) -> str:
     # Parallel files each spawning a full thread pool oversubscribe the cores.
     cores = os.cpu_count() or 1
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, cfg.jobs))))
+    return str(max(1, cores // max(1, cfg.jobs)))
+
+
+def worker_env(cfg: RunConfig) -> dict[str, str]:
+    """The environment a pre-imported worker starts with: what entries share before their own."""
+    env = {**cfg.base_env, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("OMP_NUM_THREADS", _threads(cfg))
     return env
+
+
+def entry_mode(entry: PlannedEntry, cfg: RunConfig, argv: Sequence[str],
+               env: Mapping[str, str]) -> Choice:
+    """Whether the entry is forked from a pre-imported worker or gets a fresh interpreter."""
+    return choose(policy=cfg.prefork, kind=entry.kind, num_gpus=entry.num_gpus,
+                  opted_in=entry.prefork, wrapped=cfg.wrap is not None, argv=argv,
+                  python=cfg.python, env=env, worker_env=worker_env(cfg))
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -188,21 +213,44 @@ class _Active:
             _signal_group(pgid, signal.SIGKILL)
 
 
+class _Spawned:
+    """A fresh interpreter, with the wait/reap interface of a forked child."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+
+    def wait_exited(self) -> None:
+        # Wait for the leader without reaping it: while it is unreaped its pid cannot be
+        # reused, so signalling the group can only reach processes of this entry.
+        os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+
+    def reap(self) -> int:
+        return self.proc.wait()
+
+
 def _run_process(argv: Sequence[str], *, cfg: RunConfig, env: Mapping[str, str], log: Path,
-                 timeout: float, lease: Lease | None, active: _Active) -> _Attempt:
+                 timeout: float, lease: Lease | None, active: _Active,
+                 forked: ForkedChild | None = None) -> _Attempt:
     start = time.monotonic()
     timed_out = threading.Event()
     killers: list[threading.Timer] = []
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            list(argv), cwd=cfg.root, env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
-            # The child inherits the lock descriptors: if this runner dies, the flocks stay
-            # held by the entry's processes, never freed under a running test.
-            stderr=subprocess.STDOUT, start_new_session=True,
-            pass_fds=tuple(lease.fds) if lease is not None else (),
-        )
+    proc: _Spawned | ForkedChild
+    if forked is not None:
+        proc = forked
+    else:
+        with log.open("wb") as out:
+            proc = _Spawned(subprocess.Popen(
+                list(argv), cwd=cfg.root, env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
+                # The child inherits the lock descriptors: if this runner dies, the flocks
+                # stay held by the entry's processes, never freed under a running test.
+                stderr=subprocess.STDOUT, start_new_session=True,
+                pass_fds=tuple(lease.fds) if lease is not None else (),
+            ))
     pgid = proc.pid
     active.add(pgid)
+    if active.stopping.is_set():  # an interrupt that came while this entry was starting
+        _signal_group(pgid, signal.SIGTERM)
     if lease is not None:
         lease.note_child(proc.pid)
 
@@ -218,15 +266,13 @@ def _run_process(argv: Sequence[str], *, cfg: RunConfig, env: Mapping[str, str],
     timer.daemon = True
     timer.start()
     try:
-        # Wait for the leader without reaping it: while it is unreaped its pid cannot be
-        # reused, so signalling the group below can only reach processes of this entry.
-        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        proc.wait_exited()  # the leader stays unreaped: its pgid cannot be reused meanwhile
     finally:
         timer.cancel()
         for killer in killers:
             killer.cancel()
         _signal_group(pgid, signal.SIGKILL)  # whatever the file left behind
-        returncode = proc.wait()
+        returncode = proc.reap()
         active.discard(pgid)
     return _Attempt(returncode=returncode, seconds=time.monotonic() - start,
                     timed_out=timed_out.is_set(), interrupted=active.stopping.is_set())
@@ -312,6 +358,53 @@ class Runner:
         self._waiting: dict[str, float] = {}  # entries queued for their GPUs
         self.heartbeat = 30.0  # seconds between "still running" lines on long runs
         self._tmp: str | None = None
+        self._slot = threading.local()  # each runner thread's pre-imported worker
+        self._workers: list[Worker] = []
+        self._noted: set[str] = set()
+
+    def _note_once(self, text: str) -> None:
+        with self._print_lock:
+            if text in self._noted:
+                return
+            self._noted.add(text)
+        self.log.line(text)
+
+    def _worker(self) -> Worker | None:
+        """This runner thread's pre-imported worker, started on first use."""
+        if not hasattr(self._slot, "worker"):
+            logs = self.cfg.work_dir / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            # Started from this thread on purpose: its parent-death signal fires when the
+            # thread that forked it ends, and this thread is the worker's only user.
+            worker = Worker(python=self.cfg.python, root=self.cfg.root, env=worker_env(self.cfg),
+                            preload=self.cfg.prefork.preload,
+                            log=logs / f"worker-{threading.current_thread().name}.log")
+            with self._print_lock:
+                self._workers.append(worker)
+            if worker.error:
+                self._note_once(f"      pre-imported worker unavailable ({worker.error}); "
+                                "using fresh interpreters")
+            self._slot.worker = worker
+        found: Worker = self._slot.worker
+        return None if found.error else found
+
+    def _fork(self, argv: Sequence[str], env: Mapping[str, str], log: Path) -> ForkedChild | None:
+        worker = self._worker()
+        args = pytest_args(argv, self.cfg.python)
+        if worker is None or args is None:
+            return None
+        child = worker.start(args, env=env, cwd=self.cfg.root, log=log)
+        if isinstance(child, str):
+            self._note_once(f"      pre-imported worker refused to fork ({child}); "
+                            "using a fresh interpreter")
+            return None
+        return child
+
+    def _close_workers(self) -> None:
+        with self._print_lock:
+            workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.close()
 
     def _tmp_root(self) -> str:
         # Short on purpose: multiprocessing and gloo put AF_UNIX sockets in TMPDIR, and a
@@ -372,11 +465,14 @@ class Runner:
             argv: Sequence[str] = base_argv(entry, self.cfg, junit)
             if self.cfg.wrap is not None:
                 argv = self.cfg.wrap(entry, argv, env, devices)
+            prefork = entry_mode(entry, self.cfg, argv, env).mode == "prefork"
             with self._print_lock:
                 self._running[entry.id] = time.monotonic()
             try:
+                forked = self._fork(argv, env, log_path) if prefork else None
                 attempt = _run_process(argv, cfg=self.cfg, env=env, log=log_path,
-                                       timeout=entry.timeout, lease=lease, active=self.active)
+                                       timeout=entry.timeout, lease=lease, active=self.active,
+                                       forked=forked)
                 if (attempt.timed_out or attempt.interrupted) and self.cfg.on_abort is not None:
                     self.cfg.on_abort(argv)
             finally:
@@ -431,14 +527,19 @@ class Runner:
         results: dict[int, Result] = {}
 
         def worker() -> None:
-            while not self.active.stopping.is_set():
-                try:
-                    index, entry = todo.get_nowait()
-                except queue.Empty:
-                    return
-                result = self.run_entry(entry, index)
-                results[index] = result
-                self._report_progress(result)
+            try:
+                while not self.active.stopping.is_set():
+                    try:
+                        index, entry = todo.get_nowait()
+                    except queue.Empty:
+                        return
+                    result = self.run_entry(entry, index)
+                    results[index] = result
+                    self._report_progress(result)
+            finally:
+                slot = getattr(self._slot, "worker", None)
+                if slot is not None:
+                    slot.close()
 
         workers = [threading.Thread(target=worker, daemon=True, name=f"runner-{i}")
                    for i in range(max(1, min(self.cfg.jobs, len(entries))))]
@@ -463,6 +564,7 @@ class Runner:
         finally:
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, previous)
+            self._close_workers()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
         ordered = []

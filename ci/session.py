@@ -28,8 +28,19 @@ from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError
 from ci.gpu_lock import nvml_gpu_count
 from ci.log import Log
 from ci.plan import PlannedEntry
+from ci.prefork import BASE_PRELOAD, Policy
 from ci.report import DurationStore, markdown, merge_junit, table
-from ci.runner import Acquire, Lease, Result, RunConfig, Runner, Wrap, base_argv, entry_env
+from ci.runner import (
+    Acquire,
+    Lease,
+    Result,
+    RunConfig,
+    Runner,
+    Wrap,
+    base_argv,
+    entry_env,
+    entry_mode,
+)
 from ci.suites import SUITES, Suite
 
 MAX_JOBS = 256
@@ -83,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--durations", type=Path,
                    help="durations store (default: .ci-cache/durations.json)")
     p.add_argument("--keep-outputs", action="store_true", help="keep output dirs of passing entries")
+    p.add_argument("--no-prefork", action="store_true",
+                   help="CPU suites: a fresh interpreter per file instead of forking each file "
+                        "from a worker that imported pytest/numpy/torch once")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: .)")
     return p
 
@@ -232,16 +246,20 @@ def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, 
         where = "local, GPUs emulated on the CPU"
     log.line(f"plan for {suite.name}: {len(entries)} entries, {cfg.jobs} at a time, "
              f"{gpus if suite.tier == 'gpu' else 0} GPUs, {where}")
+    if not cfg.prefork.off:
+        log.line(f"  pytest files fork from pre-imported workers ({', '.join(cfg.prefork.preload)}) "
+                 "unless marked fresh")
     for e in entries:
         devices = tuple(range(e.num_gpus))
         junit = cfg.work_dir / "junit" / "<entry>.xml"
         argv: Sequence[str] = base_argv(e, cfg, junit)
+        placeholder = cfg.work_dir / "out" / "<entry>"
+        env = entry_env(e, cfg, devices=devices, out_dir=placeholder, tmp_dir=placeholder / "tmp")
+        mode = entry_mode(e, cfg, argv, env).describe()
         if cfg.wrap is not None:
-            placeholder = cfg.work_dir / "out" / "<entry>"
-            env = entry_env(e, cfg, devices=devices, out_dir=placeholder, tmp_dir=placeholder / "tmp")
             argv = cfg.wrap(e, argv, env, devices)
         why = f"  [{e.why}]" if e.why else ""
-        log.line(f"  {e.id}  gpus={e.num_gpus}  timeout={e.timeout:.0f}s{why}")
+        log.line(f"  {e.id}  gpus={e.num_gpus}  timeout={e.timeout:.0f}s  run={mode}{why}")
         log.line(f"      $ {shlex.join(argv)}")
     if suite.tier == "gpu" and any(e.num_gpus for e in entries):
         log.line("  (GPU ids shown are placeholders: each entry takes whichever GPUs the lock grants)")
@@ -283,7 +301,7 @@ def main(argv: Sequence[str]) -> int:
         filtering=bool(args.keyword), retries=args.retries,
         infinite=_bool_env(env, "SLIME_TEST_ENABLE_INFINITE_RUN"),
         emulate_gpus=args.emulate_gpus, keep_outputs=args.keep_outputs, wrap=wrap,
-        on_abort=_docker_kill if docker else None,
+        on_abort=_docker_kill if docker else None, prefork=_prefork_policy(opts),
     )
     if args.dry_run:
         _print_plan(opts, entries, cfg, gpus, log)
@@ -307,6 +325,16 @@ def main(argv: Sequence[str]) -> int:
     wall = time.monotonic() - start
     return _report(suite.name, results, wall, args.junit or cache / "junit" / f"{suite.name}.xml",
                    store, log)
+
+
+def _prefork_policy(opts: Options) -> Policy:
+    """Pre-imported workers for CPU suites; fresh interpreters where forking is wrong."""
+    suite = opts.suite
+    off = ("GPU suite: CUDA must never be initialised before a fork" if suite.tier != "cpu"
+           else "the suite opted out in the registry" if not suite.prefork
+           else "--no-prefork" if opts.args.no_prefork else "")
+    preload = tuple(dict.fromkeys((*BASE_PRELOAD, *suite.preload)))
+    return Policy(preload=() if off else preload, off=off)
 
 
 def _acquirer(gpus: int, pattern: str, timeout: float) -> Acquire:

@@ -29,6 +29,8 @@ class Entry:
     timeout: float | None = None  # seconds; None takes the suite's
     # A 0-GPU configuration check that deliberately lives in a GPU suite.
     cpu_only: bool = False
+    # False: always a fresh interpreter, never a child of a pre-imported worker (ci/prefork.py).
+    prefork: bool = True
 
     @property
     def id(self) -> str:
@@ -51,6 +53,10 @@ class Suite:
     timeout: float = 900.0  # seconds per entry
     shards: int = 1  # CI matrix width (`--shard I/K`)
     dynamic: bool = False  # entries come from the diff (`changed`), not from here
+    # CPU suites fork each pytest file from a worker that imported pytest, numpy, torch and
+    # these modules once. Only modules no test stubs in sys.modules before importing them.
+    preload: tuple[str, ...] = ()
+    prefork: bool = True  # False: every entry starts a fresh interpreter
 
 
 def _env(**values: str) -> tuple[tuple[str, str], ...]:
@@ -80,6 +86,7 @@ SUITES: tuple[Suite, ...] = (
         profile="agent",
         include=("tests/test_agent",),
         timeout=600,
+        preload=("openai", "anthropic", "aiohttp", "httpx"),
     ),
     Suite(
         name="toolkit",
