@@ -63,6 +63,7 @@ _STARTUP_VARS = re.compile(
     r"|MKL_\w+|OPENBLAS_\w+|MALLOC_\w+|CUDA_\w+|TORCH_\w+)$"
 )
 _PR_SET_PDEATHSIG = 1
+READY_TIMEOUT = 300.0  # seconds a worker may take to import its preload
 _CHILD_CRASHED = 70  # EX_SOFTWARE: the child failed before or around pytest itself
 
 
@@ -174,9 +175,11 @@ class Worker:
                 start_new_session=True,
             )
         self.send({"preload": list(preload)})
-        reply = self.receive()
+        reply = self.receive(timeout=READY_TIMEOUT)
         self.error = "" if reply is not None and reply.get("ready") else (
-            (reply or {}).get("error") or f"the worker exited while importing (see {log})")
+            (reply or {}).get("error") or f"the worker did not get ready (see {log})")
+        if self.error:
+            self.close(timeout=0)
         self.preloaded: list[str] = list((reply or {}).get("preloaded", []))
 
     @property
@@ -191,8 +194,11 @@ class Worker:
         except (BrokenPipeError, ValueError):
             pass  # the worker is gone; the next receive() says so
 
-    def receive(self) -> dict[str, Any] | None:
+    def receive(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next message; None when the worker has gone (or stayed silent past timeout)."""
         assert self._proc.stdout is not None
+        if timeout is not None and not select.select([self._proc.stdout], [], [], timeout)[0]:
+            return None
         line = self._proc.stdout.readline()
         if not line:
             return None
@@ -225,7 +231,8 @@ class Worker:
             self._proc.kill()
             self._proc.wait()
         if self._proc.stdout is not None:
-            self._proc.stdout.close()
+            with suppress(OSError):
+                self._proc.stdout.close()
 
 
 # ---------------------------------------------------------------------------------------
