@@ -106,7 +106,7 @@ def can_fork(platform: str = sys.platform) -> bool:
     return platform.startswith("linux") and hasattr(os, "fork")
 
 
-def choose(*, policy: Policy, kind: str, num_gpus: int, opted_in: bool, wrapped: bool,
+def choose(*, policy: Policy, kind: str, num_gpus: int, opted_in: bool, backend: str,
            argv: Sequence[str], python: str, env: Mapping[str, str],
            worker_env: Mapping[str, str], platform: str = sys.platform) -> Choice:
     """Pure: does this entry run forked from a pre-imported worker, and if not, why."""
@@ -121,8 +121,8 @@ def choose(*, policy: Policy, kind: str, num_gpus: int, opted_in: bool, wrapped:
         fresh = "GPU entry: CUDA must never be initialised before a fork"
     elif not opted_in:
         fresh = "opted out in the registry"
-    elif wrapped:
-        fresh = "runs wrapped (container)"
+    elif backend != "local":
+        fresh = f"runs on the {backend} backend"
     elif pytest_args(argv, python) is None:
         fresh = "not a `python -m pytest` command"
     else:

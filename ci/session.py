@@ -9,42 +9,34 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
 from ci import plan as planner
+from ci.backends import select_backend
 from ci.discover import discover
 from ci.docker import ENTRY_FLAG_DEFAULTS
+from ci.durations import DurationStore
 from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError
+from ci.gpu_lock import DEFAULT_PATTERN as DEFAULT_LOCK_PATTERN
+from ci.gpu_lock import DEFAULT_TIMEOUT as DEFAULT_LOCK_TIMEOUT
 from ci.gpu_lock import nvml_gpu_count
+from ci.interrupts import PROCESS
 from ci.log import Log
 from ci.plan import PlannedEntry
 from ci.prefork import BASE_PRELOAD, Policy
-from ci.report import DurationStore, markdown, merge_junit, table
-from ci.runner import (
-    Acquire,
-    Lease,
-    Result,
-    RunConfig,
-    Runner,
-    Wrap,
-    base_argv,
-    entry_env,
-    entry_mode,
-)
+from ci.registry import Registry, load_registry
+from ci.report import markdown, merge_junit, table
+from ci.results import UNMEASURED, Result, closing
+from ci.runner import Acquire, Lease, RunConfig, Runner, base_argv, entry_env, entry_mode
 from ci.suites import SUITES, Suite
 
 MAX_JOBS = 256
-DEFAULT_LOCK_PATTERN = "/dev/shm/custom_gpu_lock_{gpu_id}.lock"
 # The original CI's feature flags, unless the environment or the entry says otherwise.
 TEST_FLAGS = {**ENTRY_FLAG_DEFAULTS, "SLIME_TEST_ENABLE_INFINITE_RUN": "0"}
 TRUE_WORDS = {"1", "true", "yes", "on"}
@@ -85,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="docker run --pull policy (default: SLIME_CI_DOCKER_PULL, else always)")
     p.add_argument("--lock-path-pattern", help=f"GPU lock files (default: {DEFAULT_LOCK_PATTERN}; "
                    "a private temp dir when emulating)")
-    p.add_argument("--lock-timeout", type=float, default=86400.0,
-                   help="seconds an entry may wait for its GPUs (default: 86400)")
+    p.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT,
+                   help=f"seconds an entry may wait for its GPUs (default: {DEFAULT_LOCK_TIMEOUT:g})")
     p.add_argument("--base", default="origin/main", help="changed suite: compare with this ref")
     p.add_argument("--affected", action="store_true",
                    help="changed suite: also tests that import changed modules")
@@ -109,6 +101,7 @@ class Options:
     args: argparse.Namespace
     pytest_args: tuple[str, ...]
     root: Path
+    registry: Registry
 
 
 def parse(argv: Sequence[str]) -> Options:
@@ -117,10 +110,8 @@ def parse(argv: Sequence[str]) -> Options:
     root = args.root.resolve()
     if not (root / "tests").is_dir():
         raise UsageError(f"{root} has no tests/ directory; run from the repository root or pass --root")
-    suites = {s.name: s for s in planner.registry(root)}
-    if args.suite not in suites:
-        raise UsageError(f"unknown suite {args.suite!r}; known: {', '.join(suites)}")
-    suite = suites[args.suite]
+    registry = load_registry(root)
+    suite = registry[args.suite]
     if args.jobs is not None and not 1 <= args.jobs <= MAX_JOBS:
         raise UsageError(f"-j {args.jobs}: must be between 1 and {MAX_JOBS}")
     if args.timeout is not None and not 0 < args.timeout <= 7 * 86400:
@@ -133,9 +124,9 @@ def parse(argv: Sequence[str]) -> Options:
         raise UsageError("--lock-timeout must be positive")
     if args.lock_path_pattern is not None and "{gpu_id}" not in args.lock_path_pattern:
         raise UsageError("--lock-path-pattern must contain {gpu_id}")
-    if unknown and suite.tier == "gpu":
+    if unknown and not suite.takes_pytest_args:
         raise UsageError(f"unknown option(s) for GPU suite {suite.name}: {' '.join(unknown)}")
-    return Options(suite=suite, args=args, pytest_args=tuple(unknown), root=root)
+    return Options(suite=suite, args=args, pytest_args=tuple(unknown), root=root, registry=registry)
 
 
 def select(opts: Options, durations: Mapping[str, float]) -> list[PlannedEntry]:
@@ -145,7 +136,7 @@ def select(opts: Options, durations: Mapping[str, float]) -> list[PlannedEntry]:
         from ci.changed import changed_entries
 
         entries = changed_entries(opts.root, args.base, affected=args.affected,
-                                  timeout=suite.timeout,
+                                  timeout=suite.timeout, registry=opts.registry,
                                   warn=lambda m: print(f"warning: {m}", file=sys.stderr))
     else:
         entries = planner.resolve(suite, discover(opts.root))
@@ -163,7 +154,6 @@ def select(opts: Options, durations: Mapping[str, float]) -> list[PlannedEntry]:
 
 def _gpu_budget(opts: Options, entries: Sequence[PlannedEntry]) -> int:
     args = opts.args
-    needed = max((e.num_gpus for e in entries), default=0)
     gpus: int
     if args.gpus is not None:
         gpus = int(args.gpus)
@@ -171,7 +161,7 @@ def _gpu_budget(opts: Options, entries: Sequence[PlannedEntry]) -> int:
         gpus = nvml_gpu_count() or 8
     else:
         gpus = nvml_gpu_count() or 0
-        if needed and not gpus:
+        if any(e.num_gpus for e in entries) and not gpus:
             raise UsageError("no GPU detected; pass --emulate-gpus to run on the CPU, "
                              "or --gpus N if NVML cannot see them")
     too_big = [e for e in entries if e.num_gpus > gpus]
@@ -182,94 +172,25 @@ def _gpu_budget(opts: Options, entries: Sequence[PlannedEntry]) -> int:
     return gpus
 
 
-def _uses_docker(opts: Options) -> bool:
-    return opts.suite.tier == "gpu" and not opts.args.no_docker and not opts.args.emulate_gpus
-
-
-def _docker_wrap(opts: Options, log: Log) -> Wrap:
-    from ci.docker import (
-        DockerOptions,
-        container_name,
-        docker_run_argv,
-        fit_to_host,
-        host_settings,
-        read_host_limits,
-    )
-
-    image = opts.args.image or opts.suite.image or "slimerl/slime:latest"
-    host = host_settings(os.environ)
-    pull = opts.args.pull or host.pull or "always"
-    limits = read_host_limits()
-    noted: set[str] = set()
-
-    def wrap(entry: PlannedEntry, argv: Sequence[str], env: Mapping[str, str],
-             devices: tuple[int, ...]) -> Sequence[str]:
-        # The container has its own /tmp; everything else the entry reads lives under the
-        # workspace, which is mounted at the same path.
-        inner_env = {k: v for k, v in env.items()
-                     if (k.startswith(("SLIME_CI_", "SLIME_TEST_")) or k == "NUM_GPUS"
-                         or k in dict(entry.env))}
-        inner_env["TEST_FILE"] = entry.path
-        inner_env["TEST_ARGS"] = " ".join(entry.test_args)
-        options = DockerOptions(
-            image=image, workspace=opts.root, devices=devices, env=inner_env,
-            caches=host.caches, pull=pull,
-            name=container_name(entry.id, uuid.uuid4().hex[:8]),
-        )
-        options, notes = fit_to_host(options, limits)
-        for note in notes:
-            if note not in noted:
-                noted.add(note)
-                log.line(f"docker: {note}")
-        built: Sequence[str] = docker_run_argv(options, inner=("python3", *argv[1:]))
-        return built
-
-    return wrap
-
-
-def _docker_kill(argv: Sequence[str]) -> None:
-    """Kill the container of an aborted `docker run …` (found by its --name)."""
-    from ci.docker import docker_kill_argv
-
-    args = list(argv)
-    if "--name" in args and args.index("--name") + 1 < len(args):
-        name = args[args.index("--name") + 1]
-        subprocess.run(docker_kill_argv(name), stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=60, check=False)
-
-
-def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, gpus: int,
-                log: Log) -> None:
-    suite = opts.suite
-    where = "docker " + (opts.args.image or suite.image or "") if _uses_docker(opts) else "local"
-    if opts.args.emulate_gpus:
-        where = "local, GPUs emulated on the CPU"
+def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, log: Log) -> None:
+    suite, backend = opts.suite, cfg.backend
     log.line(f"plan for {suite.name}: {len(entries)} entries, {cfg.jobs} at a time, "
-             f"{gpus if suite.tier == 'gpu' else 0} GPUs, {where}")
+             f"{backend.gpus} GPUs, {backend.describe()}")
+    placeholder = cfg.work_dir / "out" / "<entry>"
     if not cfg.prefork.off:
         log.line(f"  pytest files fork from pre-imported workers ({', '.join(cfg.prefork.preload)}) "
                  "unless marked fresh")
     for e in entries:
         devices = tuple(range(e.num_gpus))
-        junit = cfg.work_dir / "junit" / "<entry>.xml"
-        argv: Sequence[str] = base_argv(e, cfg, junit)
-        placeholder = cfg.work_dir / "out" / "<entry>"
+        argv = base_argv(e, cfg, cfg.work_dir / "junit" / "<entry>.xml")
         env = entry_env(e, cfg, devices=devices, out_dir=placeholder, tmp_dir=placeholder / "tmp")
-        mode = entry_mode(e, cfg, argv, env).describe()
-        if cfg.wrap is not None:
-            argv = cfg.wrap(e, argv, env, devices)
+        launch = backend.launch(e, tuple(argv), env, devices)
+        mode = entry_mode(e, cfg, launch.argv, launch.env).describe()
         why = f"  [{e.why}]" if e.why else ""
         log.line(f"  {e.id}  gpus={e.num_gpus}  timeout={e.timeout:.0f}s  run={mode}{why}")
-        log.line(f"      $ {shlex.join(argv)}")
-    if suite.tier == "gpu" and any(e.num_gpus for e in entries):
+        log.line(f"      $ {shlex.join(launch.argv)}")
+    if backend.gpus and any(e.num_gpus for e in entries):
         log.line("  (GPU ids shown are placeholders: each entry takes whichever GPUs the lock grants)")
-
-
-def _closing(suite: str, results: Sequence[Result]) -> str:
-    passed = sum(r.passed for r in results)
-    failed = sum(r.failed for r in results)
-    skipped = sum(r.skipped for r in results)
-    return f"{suite}: {passed} passed, {failed} failed, {skipped} skipped"
 
 
 def _bool_env(env: Mapping[str, str], name: str) -> bool:
@@ -277,6 +198,10 @@ def _bool_env(env: Mapping[str, str], name: str) -> bool:
 
 
 def main(argv: Sequence[str]) -> int:
+    # SIGINT/SIGTERM raise KeyboardInterrupt while planning (exit 130 through the CLI),
+    # and are only recorded once entries may run (see ci/interrupts.py).
+    interrupts = PROCESS
+    interrupts.install()
     opts = parse(argv)
     args, suite, root = opts.args, opts.suite, opts.root
     log = Log.from_env()
@@ -288,49 +213,48 @@ def main(argv: Sequence[str]) -> int:
         log.line(f"{suite.name}: nothing selected; nothing to run")
         return EXIT_OK
     gpu_entries = any(e.num_gpus for e in entries)
-    gpus = _gpu_budget(opts, entries) if suite.tier == "gpu" or gpu_entries else 0
+    gpus = _gpu_budget(opts, entries) if suite.needs_gpus or gpu_entries else 0
     jobs = args.jobs or (min(len(entries), 64) if gpu_entries else (os.cpu_count() or 1))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     work_dir = cache / "runs" / f"{suite.name}-{stamp}-{os.getpid()}"
     env = {**TEST_FLAGS, **os.environ}
-    docker = _uses_docker(opts)
-    wrap = _docker_wrap(opts, log) if docker else None
+    backend = select_backend(suite, gpus=gpus, emulate_gpus=args.emulate_gpus,
+                             no_docker=args.no_docker, lock_path_pattern=args.lock_path_pattern,
+                             image=args.image, pull=args.pull, root=str(root), note=log.line)
     cfg = RunConfig(
         root=root, work_dir=work_dir, jobs=jobs, base_env=env,
         pytest_args=(*(("-k", args.keyword) if args.keyword else ()), *opts.pytest_args),
         filtering=bool(args.keyword), retries=args.retries,
         infinite=_bool_env(env, "SLIME_TEST_ENABLE_INFINITE_RUN"),
-        emulate_gpus=args.emulate_gpus, keep_outputs=args.keep_outputs, wrap=wrap,
-        on_abort=_docker_kill if docker else None, prefork=_prefork_policy(opts),
+        keep_outputs=args.keep_outputs, backend=backend, prefork=_prefork_policy(opts),
     )
     if args.dry_run:
-        _print_plan(opts, entries, cfg, gpus, log)
+        _print_plan(opts, entries, cfg, log)
         return EXIT_OK
-    # Emulated GPUs get private lock files, so a laptop run never queues behind real GPUs.
-    lock_dir = (tempfile.mkdtemp(prefix="slime-ci-locks-")
-                if gpu_entries and args.emulate_gpus and args.lock_path_pattern is None else None)
-    if gpu_entries:
-        pattern = (os.path.join(lock_dir, "gpu_{gpu_id}.lock") if lock_dir
-                   else args.lock_path_pattern or DEFAULT_LOCK_PATTERN)
-        cfg = replace(cfg, acquire=_acquirer(gpus, pattern, args.lock_timeout))
-    log.line(f"{suite.name}: {len(entries)} entries, {jobs} at a time"
-             + (f", {gpus} GPUs" + (" (emulated)" if args.emulate_gpus else "") if gpu_entries else "")
-             + (" — repeating until a failure (SLIME_TEST_ENABLE_INFINITE_RUN)" if cfg.infinite else ""))
-    start = time.monotonic()
+    backend.check()  # its preconditions: one line and exit 2 before anything starts
     try:
-        results = Runner(cfg, log).run(entries)
+        pattern = backend.lock_pattern if gpu_entries else None
+        if pattern is not None:
+            cfg = replace(cfg, acquire=_acquirer(gpus, pattern, args.lock_timeout))
+        log.line(f"{suite.name}: {len(entries)} entries, {jobs} at a time"
+                 + (f", {gpus} GPUs" + (" (emulated)" if backend.emulated else "")
+                    if gpu_entries else "")
+                 + (" — repeating until a failure (SLIME_TEST_ENABLE_INFINITE_RUN)"
+                    if cfg.infinite else ""))
+        start = time.monotonic()
+        results = Runner(cfg, log).run(entries, interrupts)
     finally:
-        if lock_dir is not None:
-            shutil.rmtree(lock_dir, ignore_errors=True)
+        backend.close()
     wall = time.monotonic() - start
-    return _report(suite.name, results, wall, args.junit or cache / "junit" / f"{suite.name}.xml",
+    code = _report(suite.name, results, wall, args.junit or cache / "junit" / f"{suite.name}.xml",
                    store, log)
+    return interrupts.exit_code(code)
 
 
 def _prefork_policy(opts: Options) -> Policy:
     """Pre-imported workers for CPU suites; fresh interpreters where forking is wrong."""
     suite = opts.suite
-    off = ("GPU suite: CUDA must never be initialised before a fork" if suite.tier != "cpu"
+    off = ("GPU suite: CUDA must never be initialised before a fork" if suite.needs_gpus
            else "the suite opted out in the registry" if not suite.prefork
            else "--no-prefork" if opts.args.no_prefork else "")
     preload = tuple(dict.fromkeys((*BASE_PRELOAD, *suite.preload)))
@@ -340,9 +264,9 @@ def _prefork_policy(opts: Options) -> Policy:
 def _acquirer(gpus: int, pattern: str, timeout: float) -> Acquire:
     from ci.gpu_lock import hold
 
-    def acquire(count: int, command: str) -> AbstractContextManager[Lease]:
+    def acquire(count: int, command: str, stop: Callable[[], bool]) -> AbstractContextManager[Lease]:
         return hold(count=count, total_gpus=gpus, lock_path_pattern=pattern, timeout=timeout,
-                    command=command)
+                    command=command, stop=stop)
 
     return acquire
 
@@ -354,16 +278,16 @@ def _report(name: str, results: Sequence[Result], wall: float, junit: Path,
     log.line("")
     merge_junit(results, junit)
     store.update({r.entry.id: r.seconds for r in results
-                  if r.outcome not in ("interrupted", "deselected", "timeout")})
-    closing = _closing(name, results)
+                  if r.outcome not in UNMEASURED})
+    line = closing(name, results)
     bad = [r for r in results if not r.ok]
     flaky = [r for r in results if r.outcome == "flaky"]
-    log.summary(markdown(name, results, closing))
+    log.summary(markdown(name, results, line))
     for r in flaky:
         log.line(f"flaky: {r.entry.id} ({r.reason})")
     for r in bad:
         log.line(f"FAILED {r.entry.id}: {r.outcome}: {r.reason}")
-    log.line(closing)
+    log.line(line)
     log.line(f"{len(results)} entries in {wall:.1f}s; JUnit: {junit}")
     if any(r.outcome == "interrupted" for r in results):
         return EXIT_INTERRUPTED

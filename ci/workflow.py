@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TypeAlias
 
 from ci.errors import UsageError
+from ci.registry import load_registry
+from ci.suites import JOB_MINUTES
 from ci.triggers import (
     BASE_BRANCH,
     WORKFLOW_NAME,
@@ -43,7 +45,7 @@ PYTHON_VERSION = "3.11"
 NOX_VERSION = "2026.10.20"
 # Hosted runners resolve the pinned torch to its CPU wheel from this index (see pyproject).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-TIMEOUT_MINUTES = {"lint": 15, "cpu": 60, "gpu": 720}
+LINT_JOB_MINUTES = 15
 
 
 # --- a small deterministic YAML writer ---------------------------------------------------------
@@ -221,7 +223,6 @@ def _steps(job: Job) -> list[Node]:
 
 
 def _job(job: Job) -> dict[str, Node]:
-    tier = "lint" if job.id == "lint" else job.tier
     out: dict[str, Node] = {
         "name": job.id if job.shards == 1 else f"{job.id} (shard {_expr('matrix.shard')})",
         "if": Folded(tuple(condition_lines(job))),
@@ -234,7 +235,7 @@ def _job(job: Job) -> dict[str, Node]:
         out["runs-on"] = job.runs_on[0] if len(job.runs_on) == 1 else Flow(job.runs_on)
     out["permissions"] = {"contents": Note("read", "actions/checkout reads the repository")}
     out["concurrency"] = {"group": concurrency_group(job), "cancel-in-progress": True}
-    out["timeout-minutes"] = TIMEOUT_MINUTES[tier]
+    out["timeout-minutes"] = LINT_JOB_MINUTES if job.id == "lint" else JOB_MINUTES[job.tier]
     if job.tier == "cpu" and job.id != "lint":
         out["env"] = {"SLIME_CI_TORCH_INDEX": TORCH_CPU_INDEX}
     if job.shards > 1:
@@ -374,7 +375,7 @@ def main(argv: list[str]) -> int:
     """`python -m ci workflows [--check | --dry-run]`."""
     args = _parser().parse_args(argv)
     root: Path = args.root if args.root is not None else find_root(Path.cwd().resolve())
-    changes = drift(root, render(table()))
+    changes = drift(root, render(table(load_registry(root).suites)))
     if args.check or args.dry_run:
         for d in changes:
             sys.stdout.write(d.diff())
