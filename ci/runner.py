@@ -7,6 +7,11 @@ same isolation without paying for the torch import once per file.
 Why one process group per file: import-time stubs in one test file must never
 leak into another, and a timeout must kill everything the file started — the
 original CI's `pkill -9 <name>` clean-up killed other people's processes instead.
+
+What an entry's process is (its command, environment, abort) is the backend's
+(`ci.backends`, chosen once per run); groups are started, waited for and stopped by
+`ci.proc`, whose guard kills them should the runner itself die; signals reach the
+run through `ci.interrupts`; outcomes are judged by `ci.results`.
 """
 
 from __future__ import annotations

@@ -290,6 +290,36 @@ def render(jobs: Sequence[Job]) -> dict[str, str]:
     }
 
 
+# --- the README's session table ---------------------------------------------------------------
+
+README_PATH = "README.md"
+TABLE_BEGIN = f"<!-- sessions: {MARKER} from ci/suites.py; edit the registry, not this table -->"
+TABLE_END = "<!-- end of sessions -->"
+
+
+def session_table(jobs: Sequence[Job]) -> str:
+    """The README's table of sessions: CPU jobs first, then GPU ones, each in table order."""
+    rows = ["| session | tier | in GitHub Actions | what it runs |", "|---|---|---|---|"]
+    for job in sorted(jobs, key=lambda j: j.self_hosted):  # stable: table order within a tier
+        where = f"label `{job.label}`" if job.label else "every PR, push to `main`, dispatch"
+        rows.append(f"| `{job.session}` | {'GPU' if job.self_hosted else 'CPU'} | {where} | "
+                    f"{job.purpose} |")
+    return "\n".join(rows)
+
+
+def readme(root: Path, jobs: Sequence[Job]) -> dict[str, str]:
+    """The README with its session table regenerated; nothing when it has no table markers."""
+    path = root / README_PATH
+    if not path.is_file():
+        return {}
+    text = path.read_text(encoding="utf-8")
+    begin, end = text.find(TABLE_BEGIN), text.find(TABLE_END)
+    if begin < 0 or end < begin:
+        return {}
+    table_text = f"{TABLE_BEGIN}\n{session_table(jobs)}\n"
+    return {README_PATH: text[:begin] + table_text + text[end:]}
+
+
 # --- write and check --------------------------------------------------------------------------
 
 @dataclass(frozen=True, kw_only=True)
@@ -375,7 +405,8 @@ def main(argv: list[str]) -> int:
     """`python -m ci workflows [--check | --dry-run]`."""
     args = _parser().parse_args(argv)
     root: Path = args.root if args.root is not None else find_root(Path.cwd().resolve())
-    changes = drift(root, render(table(load_registry(root).suites)))
+    jobs = table(load_registry(root).suites)
+    changes = drift(root, {**render(jobs), **readme(root, jobs)})
     if args.check or args.dry_run:
         for d in changes:
             sys.stdout.write(d.diff())

@@ -81,6 +81,24 @@ def test_the_readme_session_table_lists_the_registry(sessions):
             assert f"label `{suite.label}`" in rows[suite.name][2], suite.name
 
 
+def test_a_stale_readme_table_fails_the_drift_check(tmp_path):
+    from _ci import run_ci
+
+    (tmp_path / "ci").mkdir()
+    (tmp_path / "ci" / "suites.py").write_text(
+        "from ci.suites import Entry, Suite\n"
+        "SUITES = (Suite(name='nightly', tier='gpu', purpose='Nightly soak', profile='e2e',\n"
+        "                label='run-ci-nightly', entries=(Entry(path='tests/e2e/t.py'),)),)\n")
+    (tmp_path / "README.md").write_text((REPO / "README.md").read_text(encoding="utf-8"))
+    assert run_ci("workflows", "--root", str(tmp_path)).returncode == 0
+    table = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert "| `nightly` | GPU | label `run-ci-nightly` | Nightly soak |" in table
+    assert "`megatron`" not in table.split("## Sessions", 1)[1].split("\n## ", 1)[0]
+    (tmp_path / "README.md").write_text(table.replace("Nightly soak |", "Weekly soak |"))
+    check = run_ci("workflows", "--check", "--root", str(tmp_path))
+    assert check.returncode == 1 and "README.md" in check.stderr
+
+
 def test_the_readme_closing_lines_read_as_the_runner_writes_them():
     from ci.plan import PlannedEntry
     from ci.results import Result, closing
