@@ -51,12 +51,13 @@ def _timed(argv: Sequence[str]) -> tuple[float, int]:
 
 def sequential(files: Sequence[str]) -> tuple[float, str]:
     """`python tests/<file>` one after another; returns wall seconds and failed files."""
-    failed = 0
+    failed = []
     start = time.monotonic()
     for path in files:
         _, rc = _timed([sys.executable, path])
-        failed += rc != 0
-    return time.monotonic() - start, f"{failed} files failed"
+        if rc != 0:
+            failed.append(path)
+    return time.monotonic() - start, f"{len(failed)} files failed" + (f": {', '.join(failed)}" if failed else "")
 
 
 def ours(suite: str, jobs: int, store: Path, *, prefork: bool) -> tuple[float, str]:
