@@ -426,7 +426,9 @@ def _become_entry_and_run(request: Mapping[str, Any]) -> int:
     sys.argv = [main.__file__ or "pytest", *args]
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        numpy.random.seed()  # each fresh interpreter seeds the legacy global generator anew
+        # Each fresh interpreter seeds the legacy global generator anew; recent numpy
+        # reseeds it after a fork itself, older releases leave every child the same draws.
+        numpy.random.seed()
     torch = sys.modules.get("torch")
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if torch is not None and threads.isdigit() and int(threads) > 0:

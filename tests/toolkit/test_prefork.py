@@ -59,8 +59,11 @@ REPORT = """
 
     def report(path):
         parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read().replace(b"\\0", b" ").decode()
+        import random
+        import numpy
+        draws = f"{random.random()!r},{numpy.random.random()!r}"
         with open(path, "w") as fh:
-            fh.write(f"{os.getpid()} {os.getppid()} {os.getpgid(0)} {PRELOADED} {parent}\\n")
+            fh.write(f"{os.getpid()} {os.getppid()} {os.getpgid(0)} {PRELOADED} {draws} {parent}\\n")
 """
 
 
@@ -106,13 +109,15 @@ def test_nothing_one_file_does_reaches_the_next_file_of_the_same_worker(tmp_path
     proc = _run(tmp_path, "-j", "1")
     assert proc.returncode == 0, proc.stdout
     assert "cpu_unit: 2 passed, 0 failed, 0 skipped" in proc.stdout.splitlines()
-    a_pid, a_parent, a_group, a_pre, *a_cmd = (out / "a").read_text().split()
-    b_pid, b_parent, b_group, b_pre, *_ = (out / "b").read_text().split()
+    a_pid, a_parent, a_group, a_pre, a_draws, *a_cmd = (out / "a").read_text().split()
+    b_pid, b_parent, b_group, b_pre, b_draws, *_ = (out / "b").read_text().split()
     # Both files were forked from one worker that had torch imported, each in its own group.
     assert a_parent == b_parent and a_pid != b_pid
     assert "ci/prefork.py" in " ".join(a_cmd)
     assert (a_pre, b_pre) == ("True", "True")
     assert (a_group, b_group) == (a_pid, b_pid)
+    # Each child seeds its generators anew, as a fresh interpreter does (random and numpy).
+    assert all(x != y for x, y in zip(a_draws.split(","), b_draws.split(","), strict=True))
 
 
 def test_timeout_kills_the_forked_files_whole_group(tmp_path):
@@ -130,7 +135,7 @@ def test_timeout_kills_the_forked_files_whole_group(tmp_path):
     assert proc.returncode == 1
     assert "timed out after 3s" in proc.stdout
     me = (tmp_path / "pids.me").read_text().split()
-    assert "ci/prefork.py" in " ".join(me[4:]), "the file was not forked from a worker"
+    assert "ci/prefork.py" in " ".join(me[5:]), "the file was not forked from a worker"
     grandchild = int(pidfile.read_text())
     assert _gone(grandchild, int(me[0]), int(me[1])), "the file, its child or the worker outlived the run"
 
@@ -251,7 +256,7 @@ def test_a_worker_with_a_thread_refuses_to_fork_and_the_file_runs_fresh(tmp_path
     proc = _run(tmp_path)
     assert proc.returncode == 0, proc.stdout
     assert "pre-imported worker refused to fork (2 Python threads in the worker)" in proc.stdout
-    assert "ci/prefork.py" not in " ".join((tmp_path / "me").read_text().split()[4:])
+    assert "ci/prefork.py" not in " ".join((tmp_path / "me").read_text().split()[5:])
 
 
 def test_dry_run_shows_how_each_entry_starts(tmp_path):
