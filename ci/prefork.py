@@ -44,7 +44,7 @@ import sys
 import threading
 import traceback
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,6 +233,71 @@ class Worker:
         if self._proc.stdout is not None:
             with suppress(OSError):
                 self._proc.stdout.close()
+
+
+class Slots:
+    """One worker per runner thread, started on the thread's first pre-forked entry.
+
+    Per thread on purpose: a worker's parent-death signal fires when the thread that
+    started it ends, and a worker serves one entry at a time.
+    """
+
+    def __init__(self, *, python: str, root: Path, env: Mapping[str, str],
+                 preload: Sequence[str], logs: Path, note: Callable[[str], None]) -> None:
+        self._python, self._root, self._env, self._preload = python, root, dict(env), tuple(preload)
+        self._logs, self._note = logs, note
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._workers: list[Worker] = []
+        self._noted: set[str] = set()
+
+    def _note_once(self, text: str) -> None:
+        with self._lock:
+            if text in self._noted:
+                return
+            self._noted.add(text)
+        self._note(text)
+
+    def _worker(self) -> Worker | None:
+        worker: Worker | None = getattr(self._local, "worker", None)
+        if worker is None:
+            self._logs.mkdir(parents=True, exist_ok=True)
+            worker = Worker(python=self._python, root=self._root, env=self._env,
+                            preload=self._preload,
+                            log=self._logs / f"worker-{threading.current_thread().name}.log")
+            with self._lock:
+                self._workers.append(worker)
+            self._local.worker = worker
+            if worker.error:
+                self._note_once(f"      pre-imported worker unavailable ({worker.error}); "
+                                "using fresh interpreters")
+        return None if worker.error else worker
+
+    def fork(self, argv: Sequence[str], *, env: Mapping[str, str], log: Path) -> ForkedChild | None:
+        """This thread's worker forks `argv` (a `python -m pytest` command); None: run it fresh."""
+        args = pytest_args(argv, self._python)
+        worker = self._worker() if args is not None else None
+        if worker is None or args is None:
+            return None
+        child = worker.start(args, env=env, cwd=self._root, log=log)
+        if isinstance(child, str):
+            self._note_once(f"      pre-imported worker refused to fork ({child}); "
+                            "using a fresh interpreter")
+            return None
+        return child
+
+    def release(self) -> None:
+        """End this thread's worker (EOF: it exits), when the thread is done with entries."""
+        worker: Worker | None = getattr(self._local, "worker", None)
+        if worker is not None:
+            worker.close()
+
+    def close(self) -> None:
+        """End every worker (the run is over)."""
+        with self._lock:
+            workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.close()
 
 
 # ---------------------------------------------------------------------------------------

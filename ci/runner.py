@@ -39,7 +39,7 @@ from ci.interrupts import Interrupts
 from ci.log import Log
 from ci.plan import PlannedEntry
 from ci.ports import port_base
-from ci.prefork import FRESH_ONLY, Choice, ForkedChild, Policy, Worker, choose, pytest_args
+from ci.prefork import FRESH_ONLY, Choice, ForkedChild, Policy, Slots, choose
 from ci.proc import exit_code, finish, process_guard, signal_group, wait_unreaped
 from ci.proc import start as start_group
 from ci.results import NOT_RUN, Attempt, Result, judge
@@ -261,51 +261,8 @@ class Runner:
         self._waiting: dict[str, float] = {}  # entries queued for their GPUs
         self.heartbeat = 30.0  # seconds between "still running" lines on long runs
         self._tmp: str | None = None
-        self._slot = threading.local()  # each runner thread's pre-imported worker
-        self._workers: list[Worker] = []
-        self._noted: set[str] = set()
-
-    def _note_once(self, text: str) -> None:
-        with self._print_lock:
-            if text in self._noted:
-                return
-            self._noted.add(text)
-        self.log.line(text)
-
-    def _worker(self) -> Worker | None:
-        """This runner thread's pre-imported worker, started on first use."""
-        if not hasattr(self._slot, "worker"):
-            logs = self.cfg.work_dir / "logs"
-            logs.mkdir(parents=True, exist_ok=True)
-            worker = Worker(python=self.cfg.python, root=self.cfg.root, env=worker_env(self.cfg),
-                            preload=self.cfg.prefork.preload,
-                            log=logs / f"worker-{threading.current_thread().name}.log")
-            with self._print_lock:
-                self._workers.append(worker)
-            if worker.error:
-                self._note_once(f"      pre-imported worker unavailable ({worker.error}); "
-                                "using fresh interpreters")
-            self._slot.worker = worker
-        found: Worker = self._slot.worker
-        return None if found.error else found
-
-    def _fork(self, argv: Sequence[str], env: Mapping[str, str], log: Path) -> ForkedChild | None:
-        worker = self._worker()
-        args = pytest_args(argv, self.cfg.python)
-        if worker is None or args is None:
-            return None
-        child = worker.start(args, env=env, cwd=self.cfg.root, log=log)
-        if isinstance(child, str):
-            self._note_once(f"      pre-imported worker refused to fork ({child}); "
-                            "using a fresh interpreter")
-            return None
-        return child
-
-    def _close_workers(self) -> None:
-        with self._print_lock:
-            workers, self._workers = self._workers, []
-        for worker in workers:
-            worker.close()
+        self._slots = Slots(python=cfg.python, root=cfg.root, env=worker_env(cfg),
+                            preload=cfg.prefork.preload, logs=cfg.work_dir / "logs", note=log.line)
 
     def _tmp_root(self) -> str:
         # Short on purpose: multiprocessing and gloo put AF_UNIX sockets in TMPDIR, and a
@@ -370,7 +327,8 @@ class Runner:
                 with self._print_lock:
                     self._running[entry.id] = time.monotonic()
                 try:
-                    forked = self._fork(launch.argv, launch.env, log_path) if prefork else None
+                    forked = (self._slots.fork(launch.argv, env=launch.env, log=log_path)
+                              if prefork else None)
                     attempt = _run_process(launch.argv, cfg=self.cfg, env=launch.env, log=log_path,
                                            timeout=entry.timeout, lease=lease, active=self.active,
                                            forked=forked)
@@ -457,9 +415,7 @@ class Runner:
                     results[index] = result
                     self._report_progress(result)
             finally:
-                slot = getattr(self._slot, "worker", None)
-                if slot is not None:
-                    slot.close()  # EOF: the worker exits (it never outlives its thread)
+                self._slots.release()
 
         workers = [threading.Thread(target=worker, daemon=True, name=f"runner-{i}")
                    for i in range(max(1, min(self.cfg.jobs, len(entries))))]
@@ -472,7 +428,7 @@ class Runner:
         try:
             self._supervise(workers, signals)
         finally:
-            self._close_workers()
+            self._slots.close()
             if own:
                 signals.restore()
         if self._tmp is not None:
