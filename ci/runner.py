@@ -422,9 +422,7 @@ class Runner:
         own = interrupts is None
         signals = Interrupts() if interrupts is None else interrupts
         if own:
-            signals.install()
-        # From here on a signal is only recorded; this thread acts on it below.
-        signals.defer()
+            signals.install()  # a signal is only recorded; this thread acts on it below
         try:
             self._supervise(workers, signals)
         finally:
