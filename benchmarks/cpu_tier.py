@@ -1,94 +1,138 @@
-"""The CPU tier through our runner vs. the original way, side by side in one run.
+"""The CPU tiers four ways, side by side in one run.
 
-Original: a sequential loop of `python tests/<file>` (what the old workflow did).
-Ours:     `python -m ci run --suite cpu_unit` (one process group per file, -j cores,
-          longest first, thread pools sized to the share of cores).
+For each suite (default: cpu_unit and agent_adapter), on the same files:
 
-    python benchmarks/cpu_tier.py [--repeat N] [-j N] [--root R [--durations FILE]] [PATH ...]
+  sequential  a loop of `python tests/<file>` (what the original workflow did)
+  prefork     `python -m ci run --suite S` (each file forked from a worker that
+              imported pytest/numpy/torch once; own process group per file, -j cores)
+  fresh       `python -m ci run --suite S --no-prefork` (a fresh interpreter per file)
+  xdist       `pytest -n <cores>` over the same files: the fast way with no per-file
+              isolation. pytest-xdist is used only here, for comparison; no suite
+              needs it (install it by hand: `pip install pytest-xdist`).
+
+    python benchmarks/cpu_tier.py [--suite NAME ...] [--repeat N] [-j N] [--root R]
 
 `--root` measures another checkout with its own `ci/suites.py` (e.g. one written by
-`python -m ci import-workflow`); PATHs measure a subset of the suite's files.
+`python -m ci import-workflow`).
 
-Prints both wall times and their ratio (ours ÷ original; the goal is ≤ 0.6 on 2 cores).
-Run it in an environment with the `cpu` profile installed (e.g. the cpu_unit venv).
+Prints every wall time, each run's exit status, the load average before and after,
+and the ratios the CPU tiers aim for: prefork <= 1.3 x xdist and <= 0.25 x sequential.
+Run it in an environment with the suites' profiles installed, on a quiet machine:
+on a shared one the numbers move with the load (the load average is printed).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ci.discover import discover  # noqa: E402
-from ci.plan import registry, resolve, select_paths  # noqa: E402
+from ci.plan import resolve  # noqa: E402
+from ci.registry import load_registry  # noqa: E402
+
+WAYS = ("sequential", "prefork", "fresh", "xdist")
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def original(files: list[str], root: Path) -> tuple[float, int]:
-    """Sequential `python tests/<file>`; returns wall seconds and the number of failed files."""
-    failed = 0
+CHECKOUT = ROOT  # the checkout measured (--root)
+
+
+def _timed(argv: Sequence[str]) -> tuple[float, int]:
     start = time.monotonic()
-    for path in files:
-        proc = subprocess.run([sys.executable, path], cwd=root, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, check=False)
-        failed += proc.returncode != 0
-    return time.monotonic() - start, failed
-
-
-def ours(jobs: int | None, durations: Path, root: Path, paths: list[str]) -> tuple[float, int]:
-    """Our runner over the same suite; returns wall seconds and its exit code."""
-    argv = [sys.executable, "-m", "ci", "run", "--suite", "cpu_unit", "--durations", str(durations),
-            "--root", str(root), *paths]
-    if jobs:
-        argv += ["-j", str(jobs)]
-    start = time.monotonic()
-    proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(list(argv), cwd=CHECKOUT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          check=False, env=ENV)
     return time.monotonic() - start, proc.returncode
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=1, help="pairs of runs (default 1)")
-    parser.add_argument("-j", "--jobs", type=int, help="our runner's -j (default: CPU count)")
-    parser.add_argument("--root", type=Path, default=ROOT, help="checkout to measure (default: this one)")
-    parser.add_argument("--durations", type=Path, help="an existing durations store (skips the warm-up pass)")
-    parser.add_argument("paths", nargs="*", help="only these files of the suite")
-    args = parser.parse_args()
-    root = args.root.resolve()
-    suite = {s.name: s for s in registry(root)}["cpu_unit"]
-    entries = resolve(suite, discover(root))
-    if args.paths:
-        entries = select_paths(entries, args.paths, suite="cpu_unit")
-    files = sorted({e.path for e in entries})
-    print(f"CPU tier of {root}: {len(files)} files, {os.cpu_count()} cores, python {sys.version.split()[0]}, "
-          f"load {os.getloadavg()[0]:.1f}")
+def sequential(files: Sequence[str]) -> tuple[float, str]:
+    """`python tests/<file>` one after another; returns wall seconds and failed files."""
+    failed = []
+    start = time.monotonic()
+    for path in files:
+        _, rc = _timed([sys.executable, path])
+        if rc != 0:
+            failed.append(path)
+    return time.monotonic() - start, f"{len(failed)} files failed" + (f": {', '.join(failed)}" if failed else "")
+
+
+def ours(suite: str, jobs: int, store: Path, *, prefork: bool) -> tuple[float, str]:
+    argv = [sys.executable, "-m", "ci", "run", "--suite", suite, "--durations", str(store),
+            "-j", str(jobs), "--root", str(CHECKOUT)]
+    seconds, rc = _timed(argv if prefork else [*argv, "--no-prefork"])
+    return seconds, f"exit {rc}"
+
+
+def xdist(files: Sequence[str], jobs: int) -> tuple[float, str]:
+    seconds, rc = _timed([sys.executable, "-m", "pytest", "-n", str(jobs), "-q", "-p", "no:cacheprovider",
+                          *files])
+    return seconds, f"exit {rc}"
+
+
+def _load() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def bench(suite: str, jobs: int, repeat: int, has_xdist: bool) -> dict[str, float]:
+    files = [e.path for e in resolve(load_registry(CHECKOUT)[suite], discover(CHECKOUT))]
+    print(f"\n{suite}: {len(files)} files, -j {jobs}; load average before: {_load()}")
+    times: dict[str, list[float]] = {way: [] for way in WAYS}
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "durations.json"
-        if args.durations is not None:
-            store.write_bytes(args.durations.read_bytes())
-        else:
-            # One unmeasured pass of ours fills the durations store, as any earlier run would.
-            ours(args.jobs, store, root, args.paths)
-        base_times, our_times = [], []
-        for i in range(args.repeat):
-            b, b_failed = original(files, root)
-            o, o_rc = ours(args.jobs, store, root, args.paths)
-            base_times.append(b)
-            our_times.append(o)
-            print(f"  pair {i + 1}: original {b:7.1f}s ({b_failed} files failed)   "
-                  f"ours {o:7.1f}s (exit {o_rc})   load {os.getloadavg()[0]:.1f}")
-    b, o = statistics.median(base_times), statistics.median(our_times)
-    print(f"original (sequential python tests/<file>): {b:.1f}s")
-    print(f"ours (python -m ci run --suite cpu_unit):  {o:.1f}s")
-    print(f"ratio ours/original: {o / b:.2f}  (goal <= 0.60)")
+        ours(suite, jobs, store, prefork=True)  # unmeasured: fills the durations store, warms caches
+        for i in range(repeat):
+            runs = {
+                "sequential": lambda: sequential(files),
+                "prefork": lambda: ours(suite, jobs, store, prefork=True),
+                "fresh": lambda: ours(suite, jobs, store, prefork=False),
+                "xdist": lambda: xdist(files, jobs) if has_xdist else (float("nan"), "not installed"),
+            }
+            shown = []
+            for way, run in runs.items():
+                seconds, status = run()
+                times[way].append(seconds)
+                shown.append(f"{way} {seconds:6.1f}s ({status})")
+            print(f"  round {i + 1}: " + "   ".join(shown))
+    print(f"  load average after: {_load()}")
+    return {way: statistics.median(values) for way, values in times.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--suite", action="append", help="suite(s) to measure (default: cpu_unit, agent_adapter)")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of the four ways (default 1)")
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                        help="parallelism of ours and of xdist (default: CPU count)")
+    parser.add_argument("--root", type=Path, default=ROOT, help="checkout to measure (default: this one)")
+    args = parser.parse_args()
+    global CHECKOUT  # noqa: PLW0603 - set once, from the command line
+    CHECKOUT = args.root.resolve()
+    has_xdist = importlib.util.find_spec("xdist") is not None
+    if not has_xdist:
+        print("pytest-xdist is not installed: the xdist column is skipped (pip install pytest-xdist)")
+    print(f"{os.cpu_count()} cores, python {sys.version.split()[0]}")
+    medians = {suite: bench(suite, args.jobs, args.repeat, has_xdist)
+               for suite in args.suite or ["cpu_unit", "agent_adapter"]}
+    print(f"\n{'suite':<14}" + "".join(f"{way:>12}" for way in WAYS)
+          + f"{'pf/xdist':>10}{'pf/seq':>8}{'pf/fresh':>10}")
+    for suite, m in medians.items():
+        print(f"{suite:<14}" + "".join(f"{m[way]:>11.1f}s" for way in WAYS)
+              + f"{m['prefork'] / m['xdist']:>10.2f}{m['prefork'] / m['sequential']:>8.2f}"
+              + f"{m['prefork'] / m['fresh']:>10.2f}")
+    print("goals: prefork <= 1.3 x xdist (pf/xdist), <= 0.25 x sequential (pf/seq)")
     return 0
 
 

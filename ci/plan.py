@@ -25,6 +25,7 @@ class PlannedEntry:
     kind: Kind
     why: str = ""  # why the plan selected it (shown by `changed`)
     cores: int = 1  # job slots it takes while it runs (files running their own process groups)
+    prefork: bool = True  # False: the registry wants a fresh interpreter for this entry
 
 
 def _under(path: str, directory: str) -> bool:
@@ -63,6 +64,7 @@ def plan_entry(entry: Entry, tf: TestFile, *, default_timeout: float, why: str =
         kind="pytest" if pytest_only else tf.kind,
         why=why,
         cores=entry.cores,
+        prefork=entry.prefork,
     )
 
 

@@ -1,4 +1,8 @@
-"""Run planned entries: one subprocess per test file, each in its own process group.
+"""Run planned entries: one process per test file, each in its own process group.
+
+Each file gets a fresh interpreter, or — CPU pytest entries on the local backend, when
+the run allows it — a child forked from a pre-imported worker (`ci.prefork`): the
+same isolation without paying for the torch import once per file.
 
 Why one process group per file: import-time stubs in one test file must never
 leak into another, and a timeout must kill everything the file started — the
@@ -37,7 +41,8 @@ from ci.interrupts import Interrupts
 from ci.log import Log
 from ci.plan import PlannedEntry
 from ci.ports import port_base
-from ci.proc import finish, process_guard, signal_group, wait_unreaped
+from ci.prefork import FRESH_ONLY, Choice, ForkedChild, Policy, Slots, choose
+from ci.proc import exit_code, finish, process_guard, signal_group, wait_unreaped
 from ci.proc import start as start_group
 from ci.results import NOT_RUN, Attempt, Result, judge
 from ci.results import interrupted as interrupted_result
@@ -83,6 +88,7 @@ class RunConfig:
     # Where and how entries execute (local, Docker, emulated GPUs): chosen once per run.
     backend: Backend = field(default_factory=LocalBackend)
     keep_outputs: bool = False
+    prefork: Policy = FRESH_ONLY  # CPU suites: fork pytest files from pre-imported workers
 
 
 def base_argv(entry: PlannedEntry, cfg: RunConfig, junit: Path) -> list[str]:
@@ -130,14 +136,34 @@ def entry_env(entry: PlannedEntry, cfg: RunConfig, *, devices: tuple[int, ...],
     else:
         own.pop("SLIME_CI_PORT_BASE", None)
         unset.add("SLIME_CI_PORT_BASE")
-    # Parallel files each spawning a full thread pool oversubscribe the cores.
-    cores = os.cpu_count() or 1
     return EntryEnv(inherited=cfg.base_env, own=own, unset=frozenset(unset),
                     host={"PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_dir),
                           # torch derives its compile cache from TMPDIR: keep one per run, not per entry
                           "TORCHINDUCTOR_CACHE_DIR": cfg.base_env.get(
                               "TORCHINDUCTOR_CACHE_DIR", compile_cache_dir(cfg.base_env))},
-                    threads=max(1, cores // max(1, cfg.jobs)))
+                    threads=_threads(cfg))
+
+
+def _threads(cfg: RunConfig) -> int:
+    # Parallel files each spawning a full thread pool oversubscribe the cores.
+    cores = os.cpu_count() or 1
+    return max(1, cores // max(1, cfg.jobs))
+
+
+def worker_env(cfg: RunConfig) -> dict[str, str]:
+    """The environment a pre-imported worker starts with: what entries share before their own."""
+    env = {**cfg.base_env, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("OMP_NUM_THREADS", str(_threads(cfg)))
+    return env
+
+
+def entry_mode(entry: PlannedEntry, cfg: RunConfig, argv: Sequence[str],
+               env: Mapping[str, str]) -> Choice:
+    """Forked from a pre-imported worker, or a fresh interpreter (and why), for the launched
+    argv and environment: pre-forking is a variant of the local backend only."""
+    return choose(policy=cfg.prefork, kind=entry.kind, num_gpus=entry.num_gpus,
+                  opted_in=entry.prefork, backend=cfg.backend.name, argv=argv,
+                  python=cfg.python, env=env, worker_env=worker_env(cfg))
 
 
 class CoreSlots:
@@ -219,23 +245,30 @@ class _Active:
 
 
 def _run_process(argv: Sequence[str], *, cfg: RunConfig, env: Mapping[str, str], log: Path,
-                 timeout: float, lease: Lease | None, active: _Active) -> Attempt:
+                 timeout: float, lease: Lease | None, active: _Active,
+                 forked: ForkedChild | None = None) -> Attempt:
     start = time.monotonic()
     timed_out = threading.Event()
     killers: list[threading.Timer] = []
     guard = process_guard()
-    with log.open("wb") as out:
-        # The child inherits the lock descriptors: while any process of the entry lives,
-        # its flocks stay held, never freed under a running test. The guard kills the
-        # group if this runner dies without cleaning up (SIGKILL, OOM).
-        child = start_group(argv, cwd=cfg.root, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                            stderr=subprocess.STDOUT, guard=guard,
-                            pass_fds=tuple(lease.fds) if lease is not None else ())
-    pgid = child.pid
+    child: subprocess.Popen[bytes] | None = None
+    if forked is not None:
+        # Already running, forked by a worker that keeps it unreaped until `reap`.
+        pgid = forked.pid
+        guard.register(pgid)
+    else:
+        with log.open("wb") as out:
+            # The child inherits the lock descriptors: while any process of the entry lives,
+            # its flocks stay held, never freed under a running test. The guard kills the
+            # group if this runner dies without cleaning up (SIGKILL, OOM).
+            child = start_group(argv, cwd=cfg.root, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, guard=guard,
+                                pass_fds=tuple(lease.fds) if lease is not None else ())
+        pgid = child.pid
     if not active.add(pgid):
         signal_group(pgid, signal.SIGKILL)  # started just as the run was being stopped
     if lease is not None:
-        lease.note_child(child.pid)
+        lease.note_child(pgid)
 
     def on_timeout() -> None:
         timed_out.set()
@@ -249,14 +282,22 @@ def _run_process(argv: Sequence[str], *, cfg: RunConfig, env: Mapping[str, str],
     timer.daemon = True
     timer.start()
     try:
-        wait_unreaped(child.pid)
+        if forked is not None:
+            forked.wait_exited()
+        else:
+            wait_unreaped(pgid)
     finally:
         timer.cancel()
         for killer in killers:
             killer.cancel()
         signal_group(pgid, signal.SIGKILL)  # whatever the file left behind
         active.discard(pgid)  # before reaping: afterwards the group id may name a stranger
-        returncode = finish(child, guard=guard)
+        if forked is not None:
+            guard.unregister(pgid)
+            returncode = exit_code(forked.reap())
+        else:
+            assert child is not None
+            returncode = finish(child, guard=guard)
     return Attempt(returncode=returncode, seconds=time.monotonic() - start,
                    timed_out=timed_out.is_set(), interrupted=active.stopping.is_set())
 
@@ -279,7 +320,9 @@ class Runner:
         self._waiting: dict[str, float] = {}  # entries queued for their GPUs
         self.heartbeat = 30.0  # seconds between "still running" lines on long runs
         self._tmp: str | None = None
-        self._slots = CoreSlots(cfg.jobs)
+        self._cores = CoreSlots(cfg.jobs)
+        self._slots = Slots(python=cfg.python, root=cfg.root, env=worker_env(cfg),
+                            preload=cfg.prefork.preload, logs=cfg.work_dir / "logs", note=log.line)
 
     def _tmp_root(self) -> str:
         # Short on purpose: multiprocessing and gloo put AF_UNIX sockets in TMPDIR, and a
@@ -340,11 +383,15 @@ class Runner:
                 env = entry_env(entry, self.cfg, devices=devices, out_dir=out_dir, tmp_dir=tmp_dir)
                 launch = self.cfg.backend.launch(entry, tuple(base_argv(entry, self.cfg, junit)),
                                                  env, devices)
+                prefork = entry_mode(entry, self.cfg, launch.argv, launch.env).mode == "prefork"
                 with self._print_lock:
                     self._running[entry.id] = time.monotonic()
                 try:
+                    forked = (self._slots.fork(launch.argv, env=launch.env, log=log_path)
+                              if prefork else None)
                     attempt = _run_process(launch.argv, cfg=self.cfg, env=launch.env, log=log_path,
-                                           timeout=entry.timeout, lease=lease, active=self.active)
+                                           timeout=entry.timeout, lease=lease, active=self.active,
+                                           forked=forked)
                     if attempt.timed_out or attempt.interrupted:
                         self.cfg.backend.abort(launch)
                 finally:
@@ -380,7 +427,7 @@ class Runner:
         attempts = 0
         while True:
             attempts += 1
-            with self._slots.hold(entry.cores, self.active.stopping):
+            with self._cores.hold(entry.cores, self.active.stopping):
                 result = self._attempt(entry, index, attempts)
             if result.ok or result.outcome == "interrupted" or attempts > self.cfg.retries:
                 break
@@ -419,14 +466,17 @@ class Runner:
         results: dict[int, Result] = {}
 
         def worker() -> None:
-            while not self.active.stopping.is_set():
-                try:
-                    index, entry = todo.get_nowait()
-                except queue.Empty:
-                    return
-                result = self.run_entry(entry, index)
-                results[index] = result
-                self._report_progress(result)
+            try:
+                while not self.active.stopping.is_set():
+                    try:
+                        index, entry = todo.get_nowait()
+                    except queue.Empty:
+                        return
+                    result = self.run_entry(entry, index)
+                    results[index] = result
+                    self._report_progress(result)
+            finally:
+                self._slots.release()
 
         workers = [threading.Thread(target=worker, daemon=True, name=f"runner-{i}")
                    for i in range(max(1, min(self.cfg.jobs, len(entries))))]
@@ -437,6 +487,7 @@ class Runner:
         try:
             self._supervise(workers, signals)
         finally:
+            self._slots.close()
             if own:
                 signals.restore()
         if self._tmp is not None:

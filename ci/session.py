@@ -29,10 +29,11 @@ from ci.gpu_lock import nvml_gpu_count
 from ci.interrupts import PROCESS
 from ci.log import Log
 from ci.plan import PlannedEntry
+from ci.prefork import BASE_PRELOAD, Policy
 from ci.registry import Registry, load_registry
 from ci.report import markdown, merge_junit, table
 from ci.results import UNMEASURED, Result, closing
-from ci.runner import Acquire, Lease, RunConfig, Runner, base_argv, entry_env
+from ci.runner import Acquire, Lease, RunConfig, Runner, base_argv, entry_env, entry_mode
 from ci.suites import SUITES, Suite
 
 MAX_JOBS = 256
@@ -85,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--durations", type=Path,
                    help="durations store (default: .ci-cache/durations.json)")
     p.add_argument("--keep-outputs", action="store_true", help="keep output dirs of passing entries")
+    p.add_argument("--no-prefork", action="store_true",
+                   help="CPU suites: a fresh interpreter per file instead of forking each file "
+                        "from a worker that imported pytest/numpy/torch once")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: .)")
     return p
 
@@ -173,14 +177,18 @@ def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, 
     log.line(f"plan for {suite.name}: {len(entries)} entries, {cfg.jobs} at a time, "
              f"{backend.gpus} GPUs, {backend.describe()}")
     placeholder = cfg.work_dir / "out" / "<entry>"
+    if not cfg.prefork.off:
+        log.line(f"  pytest files fork from pre-imported workers ({', '.join(cfg.prefork.preload)}) "
+                 "unless marked fresh")
     for e in entries:
         devices = tuple(range(e.num_gpus))
         argv = base_argv(e, cfg, cfg.work_dir / "junit" / "<entry>.xml")
         env = entry_env(e, cfg, devices=devices, out_dir=placeholder, tmp_dir=placeholder / "tmp")
         launch = backend.launch(e, tuple(argv), env, devices)
+        mode = entry_mode(e, cfg, launch.argv, launch.env).describe()
         why = f"  [{e.why}]" if e.why else ""
         cores = f"  cores={e.cores}" if e.cores > 1 else ""
-        log.line(f"  {e.id}  gpus={e.num_gpus}{cores}  timeout={e.timeout:.0f}s{why}")
+        log.line(f"  {e.id}  gpus={e.num_gpus}{cores}  timeout={e.timeout:.0f}s  run={mode}{why}")
         log.line(f"      $ {shlex.join(launch.argv)}")
     if backend.gpus and any(e.num_gpus for e in entries):
         log.line("  (GPU ids shown are placeholders: each entry takes whichever GPUs the lock grants)")
@@ -221,7 +229,7 @@ def main(argv: Sequence[str]) -> int:
         pytest_args=(*(("-k", args.keyword) if args.keyword else ()), *opts.pytest_args),
         filtering=bool(args.keyword), retries=args.retries,
         infinite=_bool_env(env, "SLIME_TEST_ENABLE_INFINITE_RUN"),
-        keep_outputs=args.keep_outputs, backend=backend,
+        keep_outputs=args.keep_outputs, backend=backend, prefork=_prefork_policy(opts),
     )
     if args.dry_run:
         _print_plan(opts, entries, cfg, log)
@@ -245,6 +253,16 @@ def main(argv: Sequence[str]) -> int:
     code = _report(suite.name, results, wall, args.junit or cache / "junit" / f"{suite.name}.xml",
                    store, log)
     return interrupts.exit_code(code)
+
+
+def _prefork_policy(opts: Options) -> Policy:
+    """Pre-imported workers for CPU suites; fresh interpreters where forking is wrong."""
+    suite = opts.suite
+    off = ("GPU suite: CUDA must never be initialised before a fork" if suite.needs_gpus
+           else "the suite opted out in the registry" if not suite.prefork
+           else "--no-prefork" if opts.args.no_prefork else "")
+    preload = tuple(dict.fromkeys((*BASE_PRELOAD, *suite.preload)))
+    return Policy(preload=() if off else preload, off=off)
 
 
 def _acquirer(gpus: int, pattern: str, timeout: float) -> Acquire:

@@ -36,6 +36,8 @@ class Entry:
     # CPU cores the file keeps busy itself (its own gloo ranks / spawned processes): the
     # runner starts it only when that many of its job slots are free.
     cores: int = 1
+    # False: always a fresh interpreter, never a child of a pre-imported worker (ci/prefork.py).
+    prefork: bool = True
 
     @property
     def id(self) -> str:
@@ -58,6 +60,10 @@ class Suite:
     timeout: float = 900.0  # seconds per entry
     shards: int = 1  # CI matrix width (`--shard I/K`)
     dynamic: bool = False  # entries come from the diff (`changed`), not from here
+    # CPU suites fork each pytest file from a worker that imported pytest, numpy, torch and
+    # these modules once. Only modules no test stubs in sys.modules before importing them.
+    preload: tuple[str, ...] = ()
+    prefork: bool = True  # False: every entry starts a fresh interpreter
 
     # What the tier means everywhere else; the rest of the toolkit asks these, not the tier.
     @property
@@ -98,6 +104,7 @@ SUITES: tuple[Suite, ...] = (
         profile="agent",
         include=("tests/test_agent",),
         timeout=600,
+        preload=("openai", "anthropic", "aiohttp", "httpx"),
     ),
     Suite(
         name="toolkit",

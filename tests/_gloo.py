@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import sys
 import time
@@ -38,7 +39,11 @@ def _worker(
             "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
         )
         try:
-            out.put((rank, "ok", fn(rank, world_size, *args)))
+            # Plain pickle copies tensors by value. The queue's own pickler would share their
+            # storage through a socket this rank serves, and the rank exits right after the
+            # put: a parent slow to read (a loaded machine) then finds the socket gone
+            # (FileNotFoundError in multiprocessing.resource_sharer).
+            out.put((rank, "ok", pickle.dumps(fn(rank, world_size, *args))))
         finally:
             dist.destroy_process_group()
     except BaseException:
@@ -75,7 +80,7 @@ def run_ranks(
                     errors.append(f"ranks {missing} gave no result in {timeout}s")
                 continue
             if status == "ok":
-                results[rank] = value
+                results[rank] = pickle.loads(value)
             else:
                 errors.append(f"rank {rank}:\n{value}")
     finally:
