@@ -12,6 +12,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -52,6 +53,13 @@ class Result:
     output_tail: str = ""
     log_path: Path | None = None
     junit_path: Path | None = None
+    # Wall-clock (epoch seconds) for the run timeline: when the entry began waiting for
+    # its GPUs (None: it needed none), when it got them and started, when it ended.
+    queued_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    node: str = ""  # where it ran: the hostname, or the cluster node
+    earlier: tuple[Result, ...] = ()  # attempts before this one (retries), oldest first
 
     @property
     def ok(self) -> bool:
@@ -97,6 +105,7 @@ class RunConfig:
     on_abort: Callable[[Sequence[str]], None] | None = None
     emulate_gpus: bool = False
     keep_outputs: bool = False
+    node: str = field(default_factory=socket.gethostname)  # names this machine in the timeline
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -364,10 +373,13 @@ class Runner:
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp_dir = Path(tempfile.mkdtemp(prefix=f"e{index:03d}-", dir=self._tmp_root()))
         gpus = nullcontext(None) if self.active.stopping.is_set() else self._gpus(entry)
+        queued_at = time.time() if entry.num_gpus and self.cfg.acquire is not None else None
         with gpus as lease:
             devices = tuple(lease.devices) if lease is not None else ()
+            started_at = time.time()
             if self.active.stopping.is_set():
-                return Result(entry=entry, outcome="interrupted", failed=1, reason="interrupted")
+                return Result(entry=entry, outcome="interrupted", failed=1, reason="interrupted",
+                              queued_at=queued_at, ended_at=started_at, node=self.cfg.node)
             env = entry_env(entry, self.cfg, devices=devices, out_dir=out_dir, tmp_dir=tmp_dir)
             argv: Sequence[str] = base_argv(entry, self.cfg, junit)
             if self.cfg.wrap is not None:
@@ -383,7 +395,8 @@ class Runner:
                 with self._print_lock:
                     self._running.pop(entry.id, None)
         result = replace(_judge(entry, attempt, junit=junit, log=log_path, cfg=self.cfg),
-                         devices=devices)
+                         devices=devices, queued_at=queued_at, started_at=started_at,
+                         ended_at=time.time(), node=self.cfg.node)
         shutil.rmtree(tmp_dir, ignore_errors=True)
         if result.ok and not self.cfg.keep_outputs:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -392,16 +405,18 @@ class Runner:
     def run_entry(self, entry: PlannedEntry, index: int) -> Result:
         """Run one entry with its retries (and, on request, forever until it fails)."""
         attempts = 0
+        earlier: list[Result] = []
         while True:
             attempts += 1
             result = self._attempt(entry, index, attempts)
             if result.ok or result.outcome == "interrupted" or attempts > self.cfg.retries:
                 break
+            earlier.append(result)
             self.log.line(f"       retry {attempts}/{self.cfg.retries}: {entry.id} ({result.reason})")
         if result.ok and attempts > 1:
             result = replace(result, outcome="flaky",
                              reason=f"failed {attempts - 1} time(s), then passed")
-        result = replace(result, attempts=attempts)
+        result = replace(result, attempts=attempts, earlier=tuple(earlier))
         if self.cfg.infinite and result.ok and not self.active.stopping.is_set():
             self._report_progress(result)
             return self.run_entry(entry, index)

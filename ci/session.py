@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ci import plan as planner
+from ci import timeline
 from ci.discover import discover
 from ci.docker import ENTRY_FLAG_DEFAULTS
 from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError
@@ -31,6 +32,7 @@ from ci.plan import PlannedEntry
 from ci.report import DurationStore, markdown, merge_junit, table
 from ci.runner import Acquire, Lease, Result, RunConfig, Runner, Wrap, base_argv, entry_env
 from ci.suites import SUITES, Suite
+from ci.timeline import gpu_row
 
 MAX_JOBS = 256
 DEFAULT_LOCK_PATTERN = "/dev/shm/custom_gpu_lock_{gpu_id}.lock"
@@ -305,8 +307,22 @@ def main(argv: Sequence[str]) -> int:
         if lock_dir is not None:
             shutil.rmtree(lock_dir, ignore_errors=True)
     wall = time.monotonic() - start
-    return _report(suite.name, results, wall, args.junit or cache / "junit" / f"{suite.name}.xml",
+    code = _report(suite.name, results, wall, args.junit or cache / "junit" / f"{suite.name}.xml",
                    store, log)
+    if gpu_entries:
+        _timeline(suite.name, results, [gpu_row(cfg.node, i) for i in range(gpus)], work_dir, log)
+    return code
+
+
+def _timeline(name: str, results: Sequence[Result], gpu_rows: Sequence[str], work_dir: Path,
+              log: Log) -> None:
+    """Write the run's timeline page, chart it in the step summary, and say where it is."""
+    tl = timeline.build(results, title=f"{name}: GPU timeline", gpu_rows=gpu_rows)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    page = work_dir / "timeline.html"
+    page.write_text(timeline.html(tl), encoding="utf-8")
+    log.summary(timeline.summary_markdown(tl, str(page)))
+    log.line(f"timeline: {page}")
 
 
 def _acquirer(gpus: int, pattern: str, timeout: float) -> Acquire:
