@@ -123,6 +123,10 @@ def markdown(title: str, results: Iterable[Result], closing: str) -> str:
     return "\n".join(lines)
 
 
+# Where a checkout keeps measured durations (relative to its root); CI caches this file.
+DURATIONS_FILE = ".ci-cache/durations.json"
+
+
 class DurationStore:
     """Measured seconds per entry id, kept between runs so plans can order and shard by them."""
 

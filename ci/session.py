@@ -29,7 +29,7 @@ from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError
 from ci.gpu_lock import nvml_gpu_count
 from ci.log import Log
 from ci.plan import PlannedEntry
-from ci.report import DurationStore, markdown, merge_junit, table
+from ci.report import DURATIONS_FILE, DurationStore, markdown, merge_junit, table
 from ci.runner import Acquire, Lease, Result, RunConfig, Runner, Wrap, base_argv, entry_env
 from ci.suites import SUITES, Suite
 from ci.timeline import gpu_row
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="changed suite: also tests that import changed modules")
     p.add_argument("--junit", type=Path, help="merged JUnit file (default: .ci-cache/junit/<suite>.xml)")
     p.add_argument("--durations", type=Path,
-                   help="durations store (default: .ci-cache/durations.json)")
+                   help=f"durations store (default: {DURATIONS_FILE})")
     p.add_argument("--keep-outputs", action="store_true", help="keep output dirs of passing entries")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: .)")
     return p
@@ -265,7 +265,7 @@ def main(argv: Sequence[str]) -> int:
     args, suite, root = opts.args, opts.suite, opts.root
     log = Log.from_env()
     cache = root / ".ci-cache"
-    store = DurationStore(args.durations or cache / "durations.json")
+    store = DurationStore(args.durations or root / DURATIONS_FILE)
     durations = store.load()
     entries = select(opts, durations)
     if not entries:
