@@ -28,7 +28,7 @@ from ci.log import Log
 from ci.plan import PlannedEntry
 from ci.report import parse_junit
 
-Outcome = Literal["passed", "failed", "timeout", "empty", "deselected", "flaky", "interrupted"]
+Outcome = Literal["passed", "failed", "timeout", "empty", "deselected", "flaky", "interrupted", "lost"]
 OK_OUTCOMES: frozenset[str] = frozenset({"passed", "deselected", "flaky"})
 
 PORT_BLOCK = 200  # ports reserved per GPU entry (Ray head, dashboard, workers…)
@@ -78,6 +78,33 @@ class Lease(Protocol):
     def note_child(self, pid: int) -> None: ...
 
 
+@dataclass(frozen=True, kw_only=True)
+class RemoteAttempt:
+    """One attempt of an entry on another machine (a Ray cluster node), as the driver saw it."""
+
+    returncode: int | None
+    seconds: float
+    timed_out: bool
+    interrupted: bool
+    queued_at: float
+    ended_at: float
+    started_at: float | None = None
+    node: str = ""
+    devices: tuple[int, ...] = ()
+    lost: str = ""  # the node died under the entry: why, naming it (the runner retries once)
+    error: str = ""  # the remote side failed for another reason
+
+
+class Remote(Protocol):
+    """Runs entries elsewhere (ci.cluster): placement, GPUs and process live on the node."""
+
+    def run(self, entry: PlannedEntry, *, name: str, log_path: Path, junit: Path,
+            stopping: threading.Event, on_start: Callable[[], None],
+            on_output: Callable[[str], None]) -> RemoteAttempt: ...
+
+    def cancel_all(self) -> None: ...
+
+
 # Acquires GPUs for an entry; blocks until they are free. Given (count, command).
 Acquire = Callable[[int, str], AbstractContextManager[Lease]]
 # Wraps the local argv of an entry (e.g. into `docker run`), given the GPUs it holds.
@@ -106,6 +133,7 @@ class RunConfig:
     emulate_gpus: bool = False
     keep_outputs: bool = False
     node: str = field(default_factory=socket.gethostname)  # names this machine in the timeline
+    remote: Remote | None = None  # run entries on a cluster instead of here
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -369,6 +397,8 @@ class Runner:
         log_path = logs / f"{name}{suffix}.log"
         junit = junits / f"{name}{suffix}.xml"
         junit.unlink(missing_ok=True)
+        if self.cfg.remote is not None:
+            return self._remote_attempt(entry, name + suffix, log_path, junit)
         out_dir = self.cfg.work_dir / "out" / name
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp_dir = Path(tempfile.mkdtemp(prefix=f"e{index:03d}-", dir=self._tmp_root()))
@@ -402,20 +432,59 @@ class Runner:
             shutil.rmtree(out_dir, ignore_errors=True)
         return result
 
+    def _remote_attempt(self, entry: PlannedEntry, name: str, log_path: Path, junit: Path) -> Result:
+        assert self.cfg.remote is not None
+        with self._print_lock:
+            self._waiting[entry.id] = time.monotonic()
+
+        def started() -> None:
+            with self._print_lock:
+                self._waiting.pop(entry.id, None)
+                self._running[entry.id] = time.monotonic()
+
+        def output(text: str) -> None:
+            for line in text.splitlines():
+                self.log.line(f"[{entry.id}] {line}")
+
+        try:
+            ra = self.cfg.remote.run(entry, name=name, log_path=log_path, junit=junit,
+                                     stopping=self.active.stopping, on_start=started, on_output=output)
+        finally:
+            with self._print_lock:
+                self._waiting.pop(entry.id, None)
+                self._running.pop(entry.id, None)
+        attempt = _Attempt(returncode=ra.returncode, seconds=ra.seconds, timed_out=ra.timed_out,
+                           interrupted=ra.interrupted or self.active.stopping.is_set())
+        result = _judge(entry, attempt, junit=junit, log=log_path, cfg=self.cfg)
+        if ra.lost and not attempt.interrupted:
+            result = replace(result, outcome="lost", failed=max(1, result.failed), reason=ra.lost)
+        elif ra.error and not attempt.interrupted:
+            result = replace(result, outcome="failed", failed=max(1, result.failed), reason=ra.error)
+        return replace(result, devices=ra.devices, node=ra.node, queued_at=ra.queued_at,
+                       started_at=ra.started_at, ended_at=ra.ended_at)
+
     def run_entry(self, entry: PlannedEntry, index: int) -> Result:
         """Run one entry with its retries (and, on request, forever until it fails)."""
         attempts = 0
         earlier: list[Result] = []
+        lost = 0  # a lost node is the cluster's fault, not the entry's: one retry elsewhere, always
         while True:
             attempts += 1
             result = self._attempt(entry, index, attempts)
-            if result.ok or result.outcome == "interrupted" or attempts > self.cfg.retries:
+            if result.outcome == "lost" and lost == 0:
+                lost += 1
+                earlier.append(result)
+                self.log.line(f"       LOST {entry.id}: {result.reason}; retrying it on another node")
+                continue
+            if result.ok or result.outcome == "interrupted" or attempts > self.cfg.retries + lost:
                 break
             earlier.append(result)
             self.log.line(f"       retry {attempts}/{self.cfg.retries}: {entry.id} ({result.reason})")
         if result.ok and attempts > 1:
-            result = replace(result, outcome="flaky",
-                             reason=f"failed {attempts - 1} time(s), then passed")
+            why = "; ".join(r.reason for r in earlier if r.outcome == "lost")
+            result = replace(result, outcome="flaky", reason=(
+                f"{why}; passed on {result.node}" if why and len(earlier) == 1
+                else f"failed {attempts - 1} time(s), then passed"))
         result = replace(result, attempts=attempts, earlier=tuple(earlier))
         if self.cfg.infinite and result.ok and not self.active.stopping.is_set():
             self._report_progress(result)
@@ -472,6 +541,9 @@ class Runner:
                         self._beat()
         except KeyboardInterrupt:
             self.log.line("interrupted: stopping running entries…")
+            self.active.stopping.set()
+            if self.cfg.remote is not None:
+                self.cfg.remote.cancel_all()
             self.active.terminate_all(self.cfg.grace)
             for w in workers:
                 w.join(self.cfg.grace + 5)

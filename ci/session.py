@@ -23,6 +23,7 @@ from typing import NoReturn
 
 from ci import plan as planner
 from ci import timeline
+from ci.cluster import ADDRESS_ENV
 from ci.discover import discover
 from ci.docker import ENTRY_FLAG_DEFAULTS
 from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError
@@ -36,6 +37,8 @@ from ci.timeline import gpu_row
 
 MAX_JOBS = 256
 DEFAULT_LOCK_PATTERN = "/dev/shm/custom_gpu_lock_{gpu_id}.lock"
+# Emulated GPUs on a cluster: per node ({node}: its Ray id), never the real GPUs' files.
+CLUSTER_EMULATED_LOCKS = "/tmp/slime-ci-emulated-locks-{node}/gpu_{gpu_id}.lock"
 # The original CI's feature flags, unless the environment or the entry says otherwise.
 TEST_FLAGS = {**ENTRY_FLAG_DEFAULTS, "SLIME_TEST_ENABLE_INFINITE_RUN": "0"}
 TRUE_WORDS = {"1", "true", "yes", "on"}
@@ -85,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--durations", type=Path,
                    help=f"durations store (default: {DURATIONS_FILE})")
     p.add_argument("--keep-outputs", action="store_true", help="keep output dirs of passing entries")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="GPU suites: run each entry as a task on this Ray cluster, its GPUs on one "
+                        "node (default: SLIME_CI_RAY_ADDRESS; unset: this machine)")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: .)")
     return p
 
@@ -121,6 +127,10 @@ def parse(argv: Sequence[str]) -> Options:
         raise UsageError("--lock-timeout must be positive")
     if args.lock_path_pattern is not None and "{gpu_id}" not in args.lock_path_pattern:
         raise UsageError("--lock-path-pattern must contain {gpu_id}")
+    if args.ray_address is None:
+        args.ray_address = os.environ.get(ADDRESS_ENV) or None
+    if args.ray_address is not None and suite.tier != "gpu":
+        raise UsageError(f"--ray-address runs GPU suites on a cluster; {suite.name} runs on this machine")
     if unknown and suite.tier == "gpu":
         raise UsageError(f"unknown option(s) for GPU suite {suite.name}: {' '.join(unknown)}")
     return Options(suite=suite, args=args, pytest_args=tuple(unknown), root=root)
@@ -272,6 +282,8 @@ def main(argv: Sequence[str]) -> int:
         log.line(f"{suite.name}: nothing selected; nothing to run")
         return EXIT_OK
     gpu_entries = any(e.num_gpus for e in entries)
+    if args.ray_address:
+        return _cluster_main(opts, entries, store, log)
     gpus = _gpu_budget(opts, entries) if suite.tier == "gpu" or gpu_entries else 0
     jobs = args.jobs or (min(len(entries), 64) if gpu_entries else (os.cpu_count() or 1))
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -311,6 +323,49 @@ def main(argv: Sequence[str]) -> int:
                    store, log)
     if gpu_entries:
         _timeline(suite.name, results, [gpu_row(cfg.node, i) for i in range(gpus)], work_dir, log)
+    return code
+
+
+def _cluster_main(opts: Options, entries: Sequence[PlannedEntry], store: DurationStore,
+                  log: Log) -> int:
+    """A GPU suite on a Ray cluster: Ray places every entry; the run waits, reports, charts."""
+    from ci.cluster import Cluster  # imports Ray only when a cluster is used
+
+    args, suite, root = opts.args, opts.suite, opts.root
+    cache = root / ".ci-cache"
+    work_dir = cache / "runs" / f"{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    env = {**TEST_FLAGS, **os.environ}
+    cfg = RunConfig(root=root, work_dir=work_dir, jobs=args.jobs or len(entries), base_env=env,
+                    retries=args.retries, emulate_gpus=args.emulate_gpus,
+                    keep_outputs=args.keep_outputs,
+                    infinite=_bool_env(env, "SLIME_TEST_ENABLE_INFINITE_RUN"))
+    if args.dry_run:
+        log.line(f"on the Ray cluster at {args.ray_address}: each entry a task on one node")
+        _print_plan(opts, entries, cfg, max(e.num_gpus for e in entries), log)
+        return EXIT_OK
+    # Each node's own lock files; logical GPUs of several nodes on one box must not share them.
+    pattern = args.lock_path_pattern or (CLUSTER_EMULATED_LOCKS if args.emulate_gpus
+                                         else DEFAULT_LOCK_PATTERN)
+    cluster = Cluster(args.ray_address, cfg=cfg, lock_pattern=pattern, lock_timeout=args.lock_timeout)
+    cluster.connect()
+    try:
+        nodes = [n for n in cluster.nodes() if n.alive]
+        largest = max((n.gpus for n in nodes), default=0)
+        too_big = [e for e in entries if e.num_gpus > largest]
+        if too_big:
+            raise UsageError(f"{too_big[0].id} needs {too_big[0].num_gpus} GPUs on one node; the largest "
+                             f"node of the cluster at {args.ray_address} has {largest}")
+        log.line(f"{suite.name}: {len(entries)} entries on the Ray cluster at {args.ray_address}: "
+                 + ", ".join(f"{n.name} ({n.gpus} GPUs)" for n in nodes))
+        start = time.monotonic()
+        results = Runner(replace(cfg, remote=cluster), log).run(entries)
+        wall = time.monotonic() - start
+        rows = [gpu_row(n.name, i) for n in cluster.nodes() for i in range(n.gpus)]
+    finally:
+        cluster.close()
+    code = _report(suite.name, results, wall, args.junit or cache / "junit" / f"{suite.name}.xml",
+                   store, log)
+    _timeline(suite.name, results, rows, work_dir, log)
     return code
 
 

@@ -222,7 +222,8 @@ def test_a_gpu_run_writes_the_page_and_the_summary_chart(tmp_path):
     assert any(float(w["data-end"]) - float(w["data-start"]) >= 0.3 for w in page.waits)
     chart = summary.read_text(encoding="utf-8")
     assert "```mermaid\n---\ndisplayMode: compact\n---\ngantt\n" in chart
-    assert len(re.findall(r"^    section \S+ gpu [012]$", chart, flags=re.M)) == 3
+    used = sorted({b["row"].rsplit(":", 1)[1] for b in page.bars})  # which GPUs got work depends on timing
+    assert re.findall(r"^    section \S+ gpu (\d)$", chart, flags=re.M) == used
     assert f"Full timeline: `{path}`" in chart
 
 
