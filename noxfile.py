@@ -1,4 +1,4 @@
-"""The sessions: one per tier. Each is a docstring and a few lines that call `python -m ci`.
+"""The sessions: one per suite of the registry (generated below), plus `lint` and `gpu_smoke`.
 
     nox -l                       list sessions and what they are for
     nox -s cpu_unit              the CPU correctness tier, in its own venv
@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from ci import profiles  # noqa: E402
+from ci.registry import load_registry  # noqa: E402
+from ci.suites import Suite  # noqa: E402
 
 nox.options.sessions = ["cpu_unit"]
 nox.options.default_venv_backend = "venv"
@@ -44,34 +46,41 @@ def _suite(session: nox.Session, suite: str, *extra: str) -> None:
     session.run("python", "-m", "ci", "run", "--suite", suite, *extra, *session.posargs)
 
 
-def _gpu_session(session: nox.Session, suite: str, *extra_profiles: str) -> None:
-    # In Docker the image brings the stack: the host venv needs only the runner (stdlib)
-    # and NVML to count the GPUs.
-    local = bool(LOCAL_FLAGS & set(session.posargs))
-    _install(session, "gpu-host", *(["e2e"] if local else []), *extra_profiles)
-    _suite(session, suite)
+def _suite_session(suite: Suite) -> None:
+    """Register the nox session of one suite: its name, its purpose as the docstring `nox -l`
+    shows, tags from its tier, and an install from its profile."""
+
+    def run_suite(session: nox.Session) -> None:
+        if suite.needs_gpus:
+            # In Docker the image brings the stack: the host venv needs only the runner
+            # (stdlib) and NVML to count the GPUs; run here, it needs the suite's profile.
+            local = bool(LOCAL_FLAGS & set(session.posargs))
+            _install(session, "gpu-host", *([suite.profile] if local else []),
+                     *(["git"] if suite.dynamic else []))  # entries come from a git diff
+        else:
+            _install(session, suite.profile)
+        for step in BEFORE.get(suite.name, ()):
+            session.run(*step)
+        _suite(session, suite.name)
+
+    label = f" (label {suite.label})" if suite.label else ""
+    run_suite.__doc__ = f"{suite.purpose}{label}."
+    run_suite.__name__ = run_suite.__qualname__ = suite.name
+    tags = [suite.tier, *([] if suite.needs_gpus else ["ci"])]
+    nox.session(name=suite.name, tags=tags)(run_suite)
 
 
-@nox.session(tags=["cpu", "ci"])
-def cpu_unit(session: nox.Session) -> None:
-    """CPU tier: every NUM_GPUS = 0 test of slime's core, in parallel (-- FILES, -k EXPR, --dry-run)."""
-    _install(session, "cpu")
-    _suite(session, "cpu_unit")
+# Commands a suite's session runs before the suite itself.
+BEFORE: dict[str, tuple[tuple[str, ...], ...]] = {
+    "toolkit": (("python", "-m", "ci", "audit"),),  # the registry is sound before its tests run
+}
+
+# One session per suite of the registry: adding a Suite to ci/suites.py adds its session.
+for _registered in load_registry(ROOT):
+    _suite_session(_registered)
 
 
-@nox.session(tags=["cpu", "ci"])
-def agent_adapter(session: nox.Session) -> None:
-    """Agent tier: OpenAI/Anthropic adapters and trajectories, driven by the real SDK clients."""
-    _install(session, "agent")
-    _suite(session, "agent_adapter")
-
-
-@nox.session(tags=["cpu", "ci"])
-def toolkit(session: nox.Session) -> None:
-    """The CI toolkit's own tests: audit, runner, GPU lock, changed, workflows, Docker, Ray."""
-    _install(session, "dev")
-    session.run("python", "-m", "ci", "audit")
-    _suite(session, "toolkit")
+# Sessions that are not suites.
 
 
 @nox.session(tags=["cpu", "ci"])
@@ -86,42 +95,6 @@ def lint(session: nox.Session) -> None:
                 "runners/docker-compose.yml")
     session.run("ruff", "check", ".")
     session.run("mypy")
-
-
-@nox.session(tags=["gpu"])
-def sglang_config(session: nox.Session) -> None:
-    """GPU tier: rollout-engine deployment configurations (label run-ci-sglang-config)."""
-    _gpu_session(session, "sglang_config")
-
-
-@nox.session(tags=["gpu"])
-def megatron(session: nox.Session) -> None:
-    """GPU tier: the core training matrix (-- --gpus N, --dry-run, --shard I/K, --emulate-gpus)."""
-    _gpu_session(session, "megatron")
-
-
-@nox.session(tags=["gpu"])
-def precision(session: nox.Session) -> None:
-    """GPU tier: numerical consistency across parallel layouts (label run-ci-precision)."""
-    _gpu_session(session, "precision")
-
-
-@nox.session(tags=["gpu"])
-def ckpt(session: nox.Session) -> None:
-    """GPU tier: checkpoint save/load combinations (label run-ci-ckpt)."""
-    _gpu_session(session, "ckpt")
-
-
-@nox.session(tags=["gpu"])
-def image(session: nox.Session) -> None:
-    """GPU tier: the megatron matrix on the test image (label run-ci-image)."""
-    _gpu_session(session, "image")
-
-
-@nox.session(tags=["gpu"])
-def changed(session: nox.Session) -> None:
-    """Test files this branch adds or modifies vs origin/main, each on its NUM_GPUS (-- --affected)."""
-    _gpu_session(session, "changed", "git")
 
 
 @nox.session(tags=["cpu", "ci"])

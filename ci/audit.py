@@ -14,7 +14,8 @@ from typing import NoReturn
 
 from ci.discover import TestFile, discover
 from ci.errors import EXIT_FAILED, EXIT_OK, UsageError
-from ci.plan import REGISTRY, load_registry, rule_files
+from ci.plan import rule_files
+from ci.registry import REGISTRY, Registry, load_registry
 from ci.suites import Suite
 
 
@@ -72,11 +73,11 @@ def registry_findings(suites: Sequence[Suite], files: Mapping[str, TestFile]) ->
                 continue
             if tf.num_gpus is None:
                 continue  # already reported by file_findings
-            if suite.tier == "gpu" and tf.num_gpus == 0 and not entry.cpu_only:
+            if suite.needs_gpus and tf.num_gpus == 0 and not entry.cpu_only:
                 out.append(Finding(path=entry.path, line=tf.num_gpus_line or 1, message=(
                     f"{where}, a GPU suite, but NUM_GPUS = 0; move it to a CPU suite or mark "
                     "the entry cpu_only=True if it is a deliberate config check")))
-            if suite.tier == "cpu" and tf.num_gpus > 0:
+            if not suite.needs_gpus and tf.num_gpus > 0:
                 out.append(Finding(path=entry.path, line=tf.num_gpus_line or 1, message=(
                     f"{where}, a CPU suite, but NUM_GPUS = {tf.num_gpus}")))
     for path, tf in files.items():
@@ -89,11 +90,15 @@ def registry_findings(suites: Sequence[Suite], files: Mapping[str, TestFile]) ->
     return out
 
 
-def audit(root: Path) -> tuple[list[Finding], int, bool]:
-    """All findings for the checkout at root, the number of test files, and whether a registry was read."""
+def audit(root: Path, registry: Registry | None = None) -> tuple[list[Finding], int, bool]:
+    """All findings for the checkout at root, the number of test files, and whether a registry was read.
+
+    Registry checks need the checkout's own registry; without one, only per-file checks run.
+    """
     files = discover(root)
-    suites = load_registry(root)
-    config_checks = {e.path for s in suites or () if s.tier == "gpu" for e in s.entries if e.cpu_only}
+    registry = registry if registry is not None else load_registry(root)
+    suites = registry.suites if registry.source is not None else None
+    config_checks = {e.path for s in suites or () if s.needs_gpus for e in s.entries if e.cpu_only}
     findings = [f for tf in files.values()
                 for f in file_findings(tf, config_check=tf.path in config_checks)]
     if suites is not None:
@@ -115,7 +120,7 @@ def main(argv: Sequence[str]) -> int:
     root = args.root.resolve()
     if not (root / "tests").is_dir():
         raise UsageError(f"{root} has no tests/ directory; pass the repository root with --root")
-    findings, count, registry = audit(root)
+    findings, count, registry = audit(root, load_registry(root))
     for finding in findings:
         print(finding)
     scope = "" if registry else f" (no {REGISTRY} here: per-file checks only)"

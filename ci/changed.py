@@ -23,7 +23,7 @@ from ci.discover import TestFile, discover, is_test_file, read_source, read_test
 from ci.errors import NothingRegistered, UsageError
 from ci.imports import affected_chains, describe_chain
 from ci.plan import PlannedEntry, resolve
-from ci.suites import by_name
+from ci.registry import Registry, load_registry
 
 if TYPE_CHECKING:
     import git
@@ -96,12 +96,25 @@ def _git_error(exc: Exception) -> UsageError:
     return UsageError(f"git failed: {detail}")
 
 
-def _open_repo(root: Path) -> git.Repo:
+def _require_git() -> None:
+    """GitPython importable, or one line that says which profile brings it (exit 2)."""
     try:
         import git  # lazy: GitPython costs ~0.1 s and `--help` must stay fast
-    except ImportError as exc:  # GitPython missing, or no git executable on PATH
+    except ModuleNotFoundError as exc:
+        if exc.name != "git":
+            raise
+        raise UsageError("GitPython is not installed: install the `git` profile "
+                         "(pip install -e '.[git]'), or run `nox -s changed`") from None
+    except ImportError as exc:  # GitPython present, but no git executable on PATH
         raise UsageError(f"cannot use git ({exc}); install git and "
                          f"`pip install GitPython`") from None
+    del git
+
+
+def _open_repo(root: Path) -> git.Repo:
+    _require_git()
+    import git
+
     try:
         return git.Repo(root)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
@@ -142,6 +155,7 @@ def _missing_base(repo: git.Repo, base: str) -> UsageError:
 
 def diff_vs_base(root: Path, base: str = DEFAULT_BASE) -> tuple[str, str, list[Change]]:
     """(merge base, HEAD, changes) of HEAD against the merge base of HEAD and `base`."""
+    _require_git()
     import git
 
     if not base or base.startswith("-"):
@@ -260,9 +274,12 @@ def entry_for(tf: TestFile, *, why: str, timeout: float,
                         why=why)
 
 
-def _everything(root: Path, reason: str) -> list[PlannedEntry]:
+def _everything(root: Path, reason: str, registry: Registry) -> list[PlannedEntry]:
+    suite = registry.get(EVERYTHING_SUITE)
+    if suite is None:
+        return []
     try:
-        planned = resolve(by_name()[EVERYTHING_SUITE], discover(root))
+        planned = resolve(suite, discover(root))
     except NothingRegistered:
         return []
     return [dataclasses.replace(e, why=reason) for e in planned]
@@ -270,8 +287,12 @@ def _everything(root: Path, reason: str) -> list[PlannedEntry]:
 
 def plan_changed(root: Path, base: str = DEFAULT_BASE, *, affected: bool = False,
                  timeout: float = 3600.0,
-                 warn: Callable[[str], None] = _stderr) -> ChangedPlan:
-    """Diff HEAD against its merge base with `base` and plan the selected test files."""
+                 warn: Callable[[str], None] = _stderr,
+                 registry: Registry | None = None) -> ChangedPlan:
+    """Diff HEAD against its merge base with `base` and plan the selected test files.
+
+    `registry` is the checkout's (`load_registry(root)` when not given).
+    """
     merge_base, head, changes = diff_vs_base(root, base)
     why = edited_tests(changes)
     chosen: dict[str, PlannedEntry] = {}
@@ -281,7 +302,7 @@ def plan_changed(root: Path, base: str = DEFAULT_BASE, *, affected: bool = False
         everything = global_changes(changes)
         if everything:
             reason = f"affects everything ({', '.join(everything)})"
-            for entry in _everything(root, reason):
+            for entry in _everything(root, reason, registry or load_registry(root)):
                 chosen.setdefault(entry.path, entry)
         for rel, reason in affected_tests(root, changes).items():
             if rel not in chosen:
@@ -293,9 +314,11 @@ def plan_changed(root: Path, base: str = DEFAULT_BASE, *, affected: bool = False
 
 def changed_entries(root: Path, base: str = DEFAULT_BASE, *, affected: bool = False,
                     timeout: float = 3600.0,
-                    warn: Callable[[str], None] = _stderr) -> list[PlannedEntry]:
+                    warn: Callable[[str], None] = _stderr,
+                    registry: Registry | None = None) -> list[PlannedEntry]:
     """The entries `nox -s changed` runs: changed test files (and, with affected, importers)."""
-    return list(plan_changed(root, base, affected=affected, timeout=timeout, warn=warn).entries)
+    return list(plan_changed(root, base, affected=affected, timeout=timeout, warn=warn,
+                             registry=registry).entries)
 
 
 # --- command line -----------------------------------------------------------------------
@@ -345,7 +368,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """Entry point of `python -m ci changed`."""
     args = _parser().parse_args(argv)
-    plan = plan_changed(args.root, args.base, affected=args.affected)
+    root = args.root.resolve()
+    plan = plan_changed(root, args.base, affected=args.affected, registry=load_registry(root))
     if args.json:
         print(to_json(plan.entries))
     else:

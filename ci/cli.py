@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from ci.errors import EXIT_INTERRUPTED, EXIT_USAGE, CIError
+from ci.interrupts import PROCESS
 
 # name -> (module exposing `main(argv) -> int`, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -39,8 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"error: unknown command {name!r}; known: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return EXIT_USAGE
-    module = importlib.import_module(SUBCOMMANDS[name][0])
     try:
+        if name == "run":
+            PROCESS.install()  # before anything else: see ci/interrupts.py
+        module = importlib.import_module(SUBCOMMANDS[name][0])
         if name == "gpu-status":
             return int(module.status_main(rest))
         return int(module.main(rest))

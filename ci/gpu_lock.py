@@ -30,12 +30,13 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ci.errors import UsageError, WaitTimeout
+from ci.proc import alive
 
 DEFAULT_PATTERN = "/dev/shm/custom_gpu_lock_{gpu_id}.lock"
 DEFAULT_TOTAL_GPUS = 8
@@ -48,6 +49,10 @@ FULL_CHECK = 0.2
 
 _HEADER = 64
 _FILE_MODE = 0o666  # runners in different containers may run as different users
+
+
+class Abandoned(Exception):
+    """The waiter was told to stop waiting (its run was interrupted)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,8 +105,27 @@ class Holder:
     host: str
     child_pid: int | None
 
+    @property
+    def local(self) -> bool:
+        """Recorded on this host (pids mean something here)."""
+        return not self.host or self.host == socket.gethostname()
+
+    @property
+    def acting_pid(self) -> int | None:
+        """The process that holds the GPU now.
+
+        The recorded holder, unless it is gone while the command it started still holds
+        the lock through the inherited descriptor (a SIGKILLed runner or wrapper): then
+        that command, so nobody is sent after a pid that no longer exists.
+        """
+        if (self.child_pid is not None and self.pid is not None and self.local
+                and not alive(self.pid) and alive(self.child_pid)):
+            return self.child_pid
+        return self.pid
+
     def describe(self) -> str:
-        who = f"pid {self.pid}" if self.pid is not None else "an unknown process"
+        pid = self.acting_pid
+        who = f"pid {pid}" if pid is not None else "an unknown process"
         if self.host and self.host != socket.gethostname():
             who += f" on {self.host}"
         parts = [who]
@@ -149,7 +173,7 @@ def validate_pattern(pattern: str) -> str:
     """Check that a lock path pattern names one file per GPU through `{gpu_id}`."""
     if "{gpu_id}" not in pattern:
         raise UsageError(f"--lock-path-pattern {pattern!r} must contain {{gpu_id}}, "
-                         "e.g. /dev/shm/custom_gpu_lock_{gpu_id}.lock")
+                         f"e.g. {DEFAULT_PATTERN}")
     try:
         first, second = pattern.format(gpu_id=0), pattern.format(gpu_id=1)
     except (KeyError, IndexError, ValueError) as exc:
@@ -483,8 +507,11 @@ def _timeout_message(pattern: str, req: Request, ticket: int, timeout: float) ->
 def acquire(*, count: int | None = None, devices: Sequence[int] | None = None,
             total_gpus: int, lock_path_pattern: str = DEFAULT_PATTERN,
             timeout: float = DEFAULT_TIMEOUT, command: str = "",
-            poll: float = POLL) -> Lease:
-    """Wait in the fair queue, then lock the GPUs all at once; release with `release()`."""
+            poll: float = POLL, stop: Callable[[], bool] | None = None) -> Lease:
+    """Wait in the fair queue, then lock the GPUs all at once; release with `release()`.
+
+    `stop`, polled while waiting, gives up the place in the queue (raises `Abandoned`).
+    """
     pattern = validate_pattern(lock_path_pattern)
     req = make_request(count=count, devices=devices, total_gpus=total_gpus)
     if timeout < 0:
@@ -519,6 +546,8 @@ def acquire(*, count: int | None = None, devices: Sequence[int] | None = None,
                 next_full = now + FULL_CHECK
             if now >= deadline:
                 raise WaitTimeout(_timeout_message(pattern, req, ticket, timeout))
+            if stop is not None and stop():
+                raise Abandoned(f"stopped waiting for {req.describe()}")
             time.sleep(poll)
     finally:
         os.close(watch)
@@ -546,11 +575,11 @@ def release(lease: Lease) -> None:
 def hold(*, count: int | None = None, devices: Sequence[int] | None = None,
          total_gpus: int, lock_path_pattern: str = DEFAULT_PATTERN,
          timeout: float = DEFAULT_TIMEOUT, command: str = "",
-         poll: float = POLL) -> Iterator[Lease]:
+         poll: float = POLL, stop: Callable[[], bool] | None = None) -> Iterator[Lease]:
     """Hold GPUs exclusively for the `with` block; thread- and process-safe, fair FIFO."""
     lease = acquire(count=count, devices=devices, total_gpus=total_gpus,
                     lock_path_pattern=lock_path_pattern, timeout=timeout, command=command,
-                    poll=poll)
+                    poll=poll, stop=stop)
     try:
         yield lease
     finally:

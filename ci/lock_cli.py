@@ -15,15 +15,15 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import suppress
 from types import FrameType
 from typing import NoReturn
 
 from ci import gpu_lock
 from ci.errors import UsageError
+from ci.proc import FORWARDED_SIGNALS, finish, signal_group, start, stop_group, wait_unreaped
 
 DEFAULT_GRACE = 5.0
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_FORWARDED = FORWARDED_SIGNALS
 
 _LOCK_EPILOG = """\
 examples:
@@ -63,7 +63,8 @@ def _lock_parser() -> _Parser:
     p.add_argument("--total-gpus", type=int, default=None,
                    help="GPUs on this machine (default: NVML's count, else 8)")
     p.add_argument("--timeout", type=float, default=gpu_lock.DEFAULT_TIMEOUT,
-                   help="give up waiting after this many seconds (exit 124; default 86400)")
+                   help="give up waiting after this many seconds "
+                        f"(exit 124; default {gpu_lock.DEFAULT_TIMEOUT:g})")
     p.add_argument("--target-env-name", default="CUDA_VISIBLE_DEVICES",
                    help="variable that tells CMD its GPUs (default CUDA_VISIBLE_DEVICES)")
     p.add_argument("--lock-path-pattern", default=gpu_lock.DEFAULT_PATTERN,
@@ -86,32 +87,6 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
 
 
 # ---------------------------------------------------------------- running the command
-
-
-def _group_members(pgid: int, leader: int) -> list[int]:
-    """Pids still in process group `pgid`, other than its (unreaped) leader."""
-    members = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit() or int(name) == leader:
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] != b"Z":
-            members.append(int(name))
-    return members
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 class _Supervisor:
@@ -143,9 +118,9 @@ class _Supervisor:
 
     def _forward(self, signum: int, first: bool) -> None:
         assert self.proc is not None
-        _killpg(self.proc.pid, signum)
+        signal_group(self.proc.pid, signum)
         if first:
-            self._killer = threading.Timer(self.grace, _killpg,
+            self._killer = threading.Timer(self.grace, signal_group,
                                            (self.proc.pid, signal.SIGKILL))
             self._killer.daemon = True
             self._killer.start()
@@ -157,8 +132,9 @@ class _Supervisor:
         try:
             # pass_fds: the command's process tree holds the GPU locks too, so they stay
             # held even if this wrapper is SIGKILLed while the command runs.
-            self.proc = subprocess.Popen(command, env=env, start_new_session=True,
-                                         pass_fds=lease.fds)
+            # No guard: a command outlives a SIGKILLed wrapper and keeps its GPUs locked,
+            # so nobody else is handed GPUs that are still in use.
+            self.proc = start(command, env=env, pass_fds=lease.fds)
         except FileNotFoundError:
             print(f"lock-gpus: command not found: {command[0]}", file=sys.stderr)
             return 127
@@ -171,32 +147,20 @@ class _Supervisor:
         lease.note_child(pid)
         # Wait without reaping: while the leader is a zombie its pid (= the group id)
         # cannot be reused, so the signals below reach only this command's group.
-        while True:
-            try:
-                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-                break
-            except ChildProcessError:
-                break
+        wait_unreaped(pid)
         if self._killer is not None:
             self._killer.cancel()
         self._stop_leftovers(pid)
         self.reaped = True
-        code = self.proc.wait()
+        code = finish(self.proc)
         if (got := self._received()) is not None:
             return 128 + got
-        return 128 - code if code < 0 else code
+        return code
 
     def _stop_leftovers(self, pgid: int) -> None:
         # Background processes the command left behind inherit the lock descriptors and
         # would keep its GPUs held; the command is over, so they go too.
-        if not _group_members(pgid, pgid):
-            return
-        _killpg(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + self.grace
-        while _group_members(pgid, pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _group_members(pgid, pgid):
-            _killpg(pgid, signal.SIGKILL)
+        stop_group(pgid, self.grace)
 
 
 class _Signalled(BaseException):
@@ -272,7 +236,7 @@ def format_status(st: gpu_lock.Status) -> str:
         if h is None:
             lines.append(f"{g.gpu:<4} free")
             continue
-        pid = str(h.pid) if h.pid is not None else "?"
+        pid = str(h.acting_pid) if h.acting_pid is not None else "?"
         lines.append(f"{g.gpu:<4} held  {pid:>8}  {_when(h.since):<8}  {h.command}")
     if st.waiters:
         lines.append(f"queue ({len(st.waiters)} waiting, first served first):")
@@ -289,11 +253,11 @@ def format_status(st: gpu_lock.Status) -> str:
 def status_as_json(st: gpu_lock.Status) -> str:
     """The status as JSON for scripts."""
     return json.dumps({
-        "gpus": [{"gpu": g.gpu, "state": "free" if g.holder is None else "held",
-                  "pid": g.holder.pid if g.holder else None,
-                  "child_pid": g.holder.child_pid if g.holder else None,
-                  "command": g.holder.command if g.holder else None,
-                  "since": g.holder.since if g.holder else None} for g in st.gpus],
+        "gpus": [dict(gpu=g.gpu, state="free" if g.holder is None else "held",
+                      pid=g.holder.acting_pid if g.holder else None,
+                      child_pid=g.holder.child_pid if g.holder else None,
+                      command=g.holder.command if g.holder else None,
+                      since=g.holder.since if g.holder else None) for g in st.gpus],
         "waiters": [{"ticket": w.ticket, "pid": w.pid, "command": w.command, "since": w.since,
                      "count": w.count, "devices": list(w.devices) if w.devices else None}
                     for w in st.waiters],

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import fnmatch
-import importlib.util
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from types import ModuleType
+from pathlib import PurePosixPath
 
 from ci.discover import Kind, TestFile
 from ci.errors import NothingRegistered, UsageError
-from ci.suites import SUITES, Entry, Suite
-
-REGISTRY = "ci/suites.py"
+from ci.suites import Entry, Suite
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +44,7 @@ def rule_files(suite: Suite, files: Mapping[str, TestFile]) -> list[str]:
 
 
 def plan_entry(entry: Entry, tf: TestFile, *, default_timeout: float, why: str = "",
-               tier: str = "gpu") -> PlannedEntry:
+               pytest_only: bool = False) -> PlannedEntry:
     """Resolve one registry entry against what its file declares.
 
     CPU-tier entries are always judged as pytest files: a CPU file that runs no test
@@ -64,7 +59,7 @@ def plan_entry(entry: Entry, tf: TestFile, *, default_timeout: float, why: str =
         env=entry.env,
         timeout=entry.timeout if entry.timeout is not None else default_timeout,
         num_gpus=tf.num_gpus,
-        kind="pytest" if tier == "cpu" else tf.kind,
+        kind="pytest" if pytest_only else tf.kind,
         why=why,
     )
 
@@ -88,7 +83,8 @@ def resolve(suite: Suite, files: Mapping[str, TestFile]) -> list[PlannedEntry]:
         if tf is None:
             raise UsageError(f"{suite.name}: registered file {entry.path} does not exist "
                              f"(fix ci/suites.py, then run `python -m ci audit`)")
-        planned.append(plan_entry(entry, tf, default_timeout=suite.timeout, tier=suite.tier))
+        planned.append(plan_entry(entry, tf, default_timeout=suite.timeout,
+                                  pytest_only=suite.takes_pytest_args))
     return planned
 
 
@@ -157,29 +153,3 @@ def shard(entries: Sequence[PlannedEntry], index: int, count: int,
         loads[target] += weight
         assigned[target].append(entry)
     return assigned[index - 1]
-
-
-def load_registry(root: Path) -> tuple[Suite, ...] | None:
-    """The SUITES of the checkout at root, loaded from its own file; None when it has none."""
-    path = root / REGISTRY
-    if not path.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location("_audited_suites", path)
-    if spec is None or spec.loader is None:
-        return None
-    module: ModuleType = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses need the module registered while executing
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # a broken registry is a finding, not a crash
-        raise UsageError(f"{path}: cannot load the registry: {exc}") from None
-    finally:
-        sys.modules.pop(spec.name, None)
-    suites = getattr(module, "SUITES", None)
-    return tuple(suites) if suites is not None else None
-
-
-def registry(root: Path) -> tuple[Suite, ...]:
-    """The registry that governs the checkout at root: its own, or ours when it has none."""
-    own = load_registry(root)
-    return own if own is not None else SUITES

@@ -1,50 +1,12 @@
-"""Report: JUnit parsing and merging, the summary table, the durations store."""
+"""Report: the merged JUnit file, the summary table, the step summary (from `ci.results`)."""
 
 from __future__ import annotations
 
-import json
-import os
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ci.runner import Result
-
-
-@dataclass(frozen=True, kw_only=True)
-class Counts:
-    """Test counts of one JUnit report."""
-
-    tests: int = 0
-    failures: int = 0
-    errors: int = 0
-    skipped: int = 0
-
-    @property
-    def passed(self) -> int:
-        return max(0, self.tests - self.failures - self.errors - self.skipped)
-
-
-def _suites(root: ET.Element) -> list[ET.Element]:
-    return [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-
-
-def parse_junit(path: Path) -> Counts | None:
-    """Counts from a JUnit file; None when it is missing or unreadable (a crash, a kill)."""
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError):
-        return None
-    tests = failures = errors = skipped = 0
-    for suite in _suites(root):
-        tests += int(suite.get("tests", 0))
-        failures += int(suite.get("failures", 0))
-        errors += int(suite.get("errors", 0))
-        skipped += int(suite.get("skipped", 0))
-    return Counts(tests=tests, failures=failures, errors=errors, skipped=skipped)
+from ci.results import Result, junit_suites
 
 
 def _synthetic_suite(result: Result) -> ET.Element:
@@ -70,7 +32,7 @@ def merge_junit(results: Iterable[Result], out: Path) -> Path:
         suites: list[ET.Element] = []
         if result.junit_path is not None and result.entry.kind == "pytest":
             try:
-                suites = _suites(ET.parse(result.junit_path).getroot())
+                suites = junit_suites(ET.parse(result.junit_path).getroot())
             except (OSError, ET.ParseError):
                 suites = []
         if not suites or result.outcome in ("timeout", "interrupted"):
@@ -121,32 +83,3 @@ def markdown(title: str, results: Iterable[Result], closing: str) -> str:
         lines.append(f"| `{r.entry.id}` | {mark} {r.outcome} | {r.passed} | {r.failed} | "
                      f"{r.skipped} | {r.seconds:.1f} |")
     return "\n".join(lines)
-
-
-# Where a checkout keeps measured durations (relative to its root); CI caches this file.
-DURATIONS_FILE = ".ci-cache/durations.json"
-
-
-class DurationStore:
-    """Measured seconds per entry id, kept between runs so plans can order and shard by them."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def load(self) -> dict[str, float]:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(data, dict):
-            return {}
-        return {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float))}
-
-    def update(self, measured: Mapping[str, float]) -> None:
-        """Merge new measurements in; written atomically so concurrent runs never see half a file."""
-        data = self.load()
-        data.update({k: round(v, 2) for k, v in measured.items()})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(self.path)

@@ -19,51 +19,22 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
+from ci.backends.base import Backend, EntryEnv
+from ci.backends.local import LocalBackend
+from ci.gpu_lock import Abandoned
+from ci.interrupts import Interrupts
 from ci.log import Log
 from ci.plan import PlannedEntry
-from ci.report import parse_junit
-
-Outcome = Literal["passed", "failed", "timeout", "empty", "deselected", "flaky", "interrupted", "lost"]
-OK_OUTCOMES: frozenset[str] = frozenset({"passed", "deselected", "flaky"})
-
-PORT_BLOCK = 200  # ports reserved per GPU entry (Ray head, dashboard, workers…)
-PORT_FLOOR = 20000
-PYTEST_NO_TESTS = 5  # pytest's exit code when it collected (or selected) nothing
-
-
-@dataclass(frozen=True, kw_only=True)
-class Result:
-    """What happened to one entry."""
-
-    entry: PlannedEntry
-    outcome: Outcome
-    passed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    seconds: float = 0.0
-    returncode: int | None = None
-    attempts: int = 1
-    devices: tuple[int, ...] = ()
-    reason: str = ""  # one line for the summary: the error the file raised, the timeout…
-    output_tail: str = ""
-    log_path: Path | None = None
-    junit_path: Path | None = None
-    # Wall-clock (epoch seconds) for the run timeline: when the entry began waiting for
-    # its GPUs (None: it needed none), when it got them and started, when it ended.
-    queued_at: float | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    node: str = ""  # where it ran: the hostname, or the cluster node
-    earlier: tuple[Result, ...] = ()  # attempts before this one (retries), oldest first
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome in OK_OUTCOMES
+from ci.ports import port_base
+from ci.proc import finish, process_guard, signal_group, wait_unreaped
+from ci.proc import start as start_group
+from ci.results import NOT_RUN, Attempt, Result, judge
+from ci.results import interrupted as interrupted_result
 
 
 class Lease(Protocol):
@@ -78,37 +49,13 @@ class Lease(Protocol):
     def note_child(self, pid: int) -> None: ...
 
 
-@dataclass(frozen=True, kw_only=True)
-class RemoteAttempt:
-    """One attempt of an entry on another machine (a Ray cluster node), as the driver saw it."""
-
-    returncode: int | None
-    seconds: float
-    timed_out: bool
-    interrupted: bool
-    queued_at: float
-    ended_at: float
-    started_at: float | None = None
-    node: str = ""
-    devices: tuple[int, ...] = ()
-    lost: str = ""  # the node died under the entry: why, naming it (the runner retries once)
-    error: str = ""  # the remote side failed for another reason
-
-
-class Remote(Protocol):
-    """Runs entries elsewhere (ci.cluster): placement, GPUs and process live on the node."""
-
-    def run(self, entry: PlannedEntry, *, name: str, log_path: Path, junit: Path,
-            stopping: threading.Event, on_start: Callable[[], None],
-            on_output: Callable[[str], None]) -> RemoteAttempt: ...
-
-    def cancel_all(self) -> None: ...
-
-
-# Acquires GPUs for an entry; blocks until they are free. Given (count, command).
-Acquire = Callable[[int, str], AbstractContextManager[Lease]]
-# Wraps the local argv of an entry (e.g. into `docker run`), given the GPUs it holds.
-Wrap = Callable[[PlannedEntry, Sequence[str], Mapping[str, str], tuple[int, ...]], Sequence[str]]
+# Acquires GPUs for an entry; blocks until they are free, or until `stop()` says to give up
+# (raising gpu_lock.Abandoned). Given (count, command, stop).
+Acquire = Callable[[int, str, Callable[[], bool]], AbstractContextManager[Lease]]
+POLL = 0.1  # seconds between the main thread's looks at its workers and at signals
+# Variables of the runner's environment that are the project's own settings (feature
+# flags, cache locations): they travel with every entry, into a container too.
+PROJECT_PREFIXES = ("SLIME_CI_", "SLIME_TEST_")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,24 +71,13 @@ class RunConfig:
     filtering: bool = False  # a -k filter is active: an entry with nothing selected is "deselected"
     retries: int = 0
     infinite: bool = False  # SLIME_TEST_ENABLE_INFINITE_RUN: repeat until something fails
+    max_passes: int | None = None  # bound on the passes of the infinite mode (tests); None: none
     grace: float = 5.0  # seconds between SIGTERM and SIGKILL
     acquire: Acquire | None = None  # None: GPU entries run without a lock (dry runs, tests)
-    wrap: Wrap | None = None
-    # Called with the argv of an entry that was killed (timeout, interrupt): e.g. to
-    # `docker kill` its container, which outlives the killed `docker run` client.
-    on_abort: Callable[[Sequence[str]], None] | None = None
-    emulate_gpus: bool = False
+    # Where and how entries execute (local, Docker, emulated GPUs): chosen once per run.
+    backend: Backend = field(default_factory=LocalBackend)
     keep_outputs: bool = False
     node: str = field(default_factory=socket.gethostname)  # names this machine in the timeline
-    remote: Remote | None = None  # run entries on a cluster instead of here
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Attempt:
-    returncode: int | None
-    seconds: float
-    timed_out: bool
-    interrupted: bool
 
 
 def base_argv(entry: PlannedEntry, cfg: RunConfig, junit: Path) -> list[str]:
@@ -156,39 +92,30 @@ def base_argv(entry: PlannedEntry, cfg: RunConfig, junit: Path) -> list[str]:
 
 
 def entry_env(entry: PlannedEntry, cfg: RunConfig, *, devices: tuple[int, ...],
-              out_dir: Path, tmp_dir: Path) -> dict[str, str]:
-    """The environment of one entry: isolation variables the U helpers read, plus its own env."""
-    env = dict(cfg.base_env)
-    env.update(dict(entry.env))
-    ids = ",".join(map(str, devices))
-    env.update({
-        "PYTHONUNBUFFERED": "1",
+              out_dir: Path, tmp_dir: Path) -> EntryEnv:
+    """The variables of one entry: the project's settings, its own env, and the isolation
+    variables the U helpers read; the backend decides how they reach the process."""
+    own = {k: v for k, v in cfg.base_env.items() if k.startswith(PROJECT_PREFIXES)}
+    own.update(dict(entry.env))
+    own.update({
         "SLIME_CI_ENTRY": entry.id,
         "SLIME_CI_OUTPUT_DIR": str(out_dir),
-        "TMPDIR": str(tmp_dir),
         "NUM_GPUS": str(entry.num_gpus),
-        "SLIME_CI_GPUS": ids,
+        "SLIME_CI_GPUS": ",".join(map(str, devices)),
     })
-    if cfg.emulate_gpus:
-        env.update({"SLIME_CI_EMULATE_GPUS": "1", "SLIME_CI_DEVICE": "cpu",
-                    "CUDA_VISIBLE_DEVICES": ""})
-    elif entry.num_gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ids
+    unset = set()
     if devices:
         # GPUs are exclusive on the host, so a port block keyed by the lowest GPU id
         # is too: concurrent entries, even from other runners, never share Ray ports.
-        env["SLIME_CI_PORT_BASE"] = str(PORT_FLOOR + min(devices) * PORT_BLOCK)
+        own["SLIME_CI_PORT_BASE"] = str(port_base(devices))
     else:
-        env.pop("SLIME_CI_PORT_BASE", None)
+        own.pop("SLIME_CI_PORT_BASE", None)
+        unset.add("SLIME_CI_PORT_BASE")
     # Parallel files each spawning a full thread pool oversubscribe the cores.
     cores = os.cpu_count() or 1
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, cfg.jobs))))
-    return env
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
+    return EntryEnv(inherited=cfg.base_env, own=own, unset=frozenset(unset),
+                    host={"PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_dir)},
+                    threads=max(1, cores // max(1, cfg.jobs)))
 
 
 class _Active:
@@ -199,20 +126,24 @@ class _Active:
         self._pgids: set[int] = set()
         self.stopping = threading.Event()
 
-    def add(self, pgid: int) -> None:
+    def add(self, pgid: int) -> bool:
+        """Track a running group; False when the run is stopping (the caller kills it)."""
         with self._lock:
             self._pgids.add(pgid)
+            # Under the lock that terminate_all snapshots with: a group added after the
+            # snapshot sees `stopping` set here, so no entry can start unnoticed.
+            return not self.stopping.is_set()
 
     def discard(self, pgid: int) -> None:
         with self._lock:
             self._pgids.discard(pgid)
 
     def terminate_all(self, grace: float) -> None:
-        self.stopping.set()
         with self._lock:
+            self.stopping.set()
             pgids = list(self._pgids)
         for pgid in pgids:
-            _signal_group(pgid, signal.SIGTERM)
+            signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             with self._lock:
@@ -222,31 +153,32 @@ class _Active:
         with self._lock:
             pgids = list(self._pgids)
         for pgid in pgids:
-            _signal_group(pgid, signal.SIGKILL)
+            signal_group(pgid, signal.SIGKILL)
 
 
 def _run_process(argv: Sequence[str], *, cfg: RunConfig, env: Mapping[str, str], log: Path,
-                 timeout: float, lease: Lease | None, active: _Active) -> _Attempt:
+                 timeout: float, lease: Lease | None, active: _Active) -> Attempt:
     start = time.monotonic()
     timed_out = threading.Event()
     killers: list[threading.Timer] = []
+    guard = process_guard()
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            list(argv), cwd=cfg.root, env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
-            # The child inherits the lock descriptors: if this runner dies, the flocks stay
-            # held by the entry's processes, never freed under a running test.
-            stderr=subprocess.STDOUT, start_new_session=True,
-            pass_fds=tuple(lease.fds) if lease is not None else (),
-        )
-    pgid = proc.pid
-    active.add(pgid)
+        # The child inherits the lock descriptors: while any process of the entry lives,
+        # its flocks stay held, never freed under a running test. The guard kills the
+        # group if this runner dies without cleaning up (SIGKILL, OOM).
+        child = start_group(argv, cwd=cfg.root, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=subprocess.STDOUT, guard=guard,
+                            pass_fds=tuple(lease.fds) if lease is not None else ())
+    pgid = child.pid
+    if not active.add(pgid):
+        signal_group(pgid, signal.SIGKILL)  # started just as the run was being stopped
     if lease is not None:
-        lease.note_child(proc.pid)
+        lease.note_child(child.pid)
 
     def on_timeout() -> None:
         timed_out.set()
-        _signal_group(pgid, signal.SIGTERM)
-        killer = threading.Timer(cfg.grace, _signal_group, (pgid, signal.SIGKILL))
+        signal_group(pgid, signal.SIGTERM)
+        killer = threading.Timer(cfg.grace, signal_group, (pgid, signal.SIGKILL))
         killer.daemon = True
         killers.append(killer)
         killer.start()
@@ -255,80 +187,16 @@ def _run_process(argv: Sequence[str], *, cfg: RunConfig, env: Mapping[str, str],
     timer.daemon = True
     timer.start()
     try:
-        # Wait for the leader without reaping it: while it is unreaped its pid cannot be
-        # reused, so signalling the group below can only reach processes of this entry.
-        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        wait_unreaped(child.pid)
     finally:
         timer.cancel()
         for killer in killers:
             killer.cancel()
-        _signal_group(pgid, signal.SIGKILL)  # whatever the file left behind
-        returncode = proc.wait()
-        active.discard(pgid)
-    return _Attempt(returncode=returncode, seconds=time.monotonic() - start,
-                    timed_out=timed_out.is_set(), interrupted=active.stopping.is_set())
-
-
-_ERROR_LINE = re.compile(r"^E\s+(\w*(?:Error|Exception|Exit)\b.*)$")
-
-
-def _tail(log: Path, lines: int = 60) -> str:
-    try:
-        data = log.read_bytes()[-64_000:]
-    except OSError:
-        return ""
-    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
-
-
-def _reason(output: str) -> str:
-    """The one line that says why a file failed: the exception it raised, if it shows one."""
-    lines = output.splitlines()
-    for line in lines:
-        match = _ERROR_LINE.match(line)
-        if match:
-            return match.group(1).strip()[:200]
-    for line in reversed(lines):
-        stripped = line.strip()
-        if re.match(r"^\w*(Error|Exception)\b", stripped):
-            return stripped[:200]
-    for line in reversed(lines):
-        if line.strip() and not line.startswith("="):
-            return line.strip()[:200]
-    return ""
-
-
-def _judge(entry: PlannedEntry, attempt: _Attempt, *, junit: Path, log: Path,
-           cfg: RunConfig) -> Result:
-    tail = _tail(log)
-    base = Result(entry=entry, outcome="failed", seconds=attempt.seconds,
-                  returncode=attempt.returncode, output_tail=tail, log_path=log,
-                  junit_path=junit if entry.kind == "pytest" else None)
-    if attempt.interrupted:
-        return replace(base, outcome="interrupted", failed=1, reason="interrupted")
-    if attempt.timed_out:
-        return replace(base, outcome="timeout", failed=1,
-                       reason=f"timed out after {entry.timeout:.0f}s; the whole process group was killed")
-    if entry.kind == "script":
-        ok = attempt.returncode == 0
-        return replace(base, outcome="passed" if ok else "failed", passed=int(ok), failed=int(not ok),
-                       reason="" if ok else (_reason(tail) or f"exit code {attempt.returncode}"))
-    counts = parse_junit(junit)
-    if counts is None:
-        return replace(base, failed=1,
-                       reason=_reason(tail) or f"pytest wrote no report (exit code {attempt.returncode})")
-    result = replace(base, passed=counts.passed, failed=counts.failures + counts.errors,
-                     skipped=counts.skipped)
-    executed = counts.tests - counts.skipped
-    if attempt.returncode == 0 and executed > 0 and result.failed == 0:
-        return replace(result, outcome="passed")
-    if attempt.returncode == PYTEST_NO_TESTS or (attempt.returncode == 0 and executed == 0):
-        if cfg.filtering:
-            return replace(result, outcome="deselected", reason="no test matched the filter")
-        # The original CI counted files that ran nothing as green; here they fail.
-        return replace(result, outcome="empty", failed=max(1, result.failed),
-                       reason="ran no test: a test file must execute at least one test")
-    return replace(result, failed=max(1, result.failed),
-                   reason=_reason(tail) or f"exit code {attempt.returncode}")
+        signal_group(pgid, signal.SIGKILL)  # whatever the file left behind
+        active.discard(pgid)  # before reaping: afterwards the group id may name a stranger
+        returncode = finish(child, guard=guard)
+    return Attempt(returncode=returncode, seconds=time.monotonic() - start,
+                   timed_out=timed_out.is_set(), interrupted=active.stopping.is_set())
 
 
 def _safe(name: str) -> str:
@@ -379,7 +247,7 @@ class Runner:
         with self._print_lock:
             self._waiting[entry.id] = time.monotonic()
         try:
-            with self.cfg.acquire(entry.num_gpus, command) as lease:
+            with self.cfg.acquire(entry.num_gpus, command, self.active.stopping.is_set) as lease:
                 with self._print_lock:
                     self._waiting.pop(entry.id, None)
                 yield lease
@@ -397,34 +265,37 @@ class Runner:
         log_path = logs / f"{name}{suffix}.log"
         junit = junits / f"{name}{suffix}.xml"
         junit.unlink(missing_ok=True)
-        if self.cfg.remote is not None:
+        if self.cfg.backend.remote is not None:
             return self._remote_attempt(entry, name + suffix, log_path, junit)
         out_dir = self.cfg.work_dir / "out" / name
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp_dir = Path(tempfile.mkdtemp(prefix=f"e{index:03d}-", dir=self._tmp_root()))
         gpus = nullcontext(None) if self.active.stopping.is_set() else self._gpus(entry)
         queued_at = time.time() if entry.num_gpus and self.cfg.acquire is not None else None
-        with gpus as lease:
-            devices = tuple(lease.devices) if lease is not None else ()
-            started_at = time.time()
-            if self.active.stopping.is_set():
-                return Result(entry=entry, outcome="interrupted", failed=1, reason="interrupted",
-                              queued_at=queued_at, ended_at=started_at, node=self.cfg.node)
-            env = entry_env(entry, self.cfg, devices=devices, out_dir=out_dir, tmp_dir=tmp_dir)
-            argv: Sequence[str] = base_argv(entry, self.cfg, junit)
-            if self.cfg.wrap is not None:
-                argv = self.cfg.wrap(entry, argv, env, devices)
-            with self._print_lock:
-                self._running[entry.id] = time.monotonic()
-            try:
-                attempt = _run_process(argv, cfg=self.cfg, env=env, log=log_path,
-                                       timeout=entry.timeout, lease=lease, active=self.active)
-                if (attempt.timed_out or attempt.interrupted) and self.cfg.on_abort is not None:
-                    self.cfg.on_abort(argv)
-            finally:
+        try:
+            with gpus as lease:
+                devices = tuple(lease.devices) if lease is not None else ()
+                started_at = time.time()
+                if self.active.stopping.is_set():
+                    return replace(interrupted_result(entry), queued_at=queued_at, ended_at=started_at,
+                                   node=self.cfg.node)
+                env = entry_env(entry, self.cfg, devices=devices, out_dir=out_dir, tmp_dir=tmp_dir)
+                launch = self.cfg.backend.launch(entry, tuple(base_argv(entry, self.cfg, junit)),
+                                                 env, devices)
                 with self._print_lock:
-                    self._running.pop(entry.id, None)
-        result = replace(_judge(entry, attempt, junit=junit, log=log_path, cfg=self.cfg),
+                    self._running[entry.id] = time.monotonic()
+                try:
+                    attempt = _run_process(launch.argv, cfg=self.cfg, env=launch.env, log=log_path,
+                                           timeout=entry.timeout, lease=lease, active=self.active)
+                    if attempt.timed_out or attempt.interrupted:
+                        self.cfg.backend.abort(launch)
+                finally:
+                    with self._print_lock:
+                        self._running.pop(entry.id, None)
+        except Abandoned:  # the run was stopped while this entry waited for its GPUs
+            return replace(interrupted_result(entry), queued_at=queued_at, ended_at=time.time(),
+                           node=self.cfg.node)
+        result = replace(judge(entry, attempt, junit=junit, log=log_path, filtering=self.cfg.filtering),
                          devices=devices, queued_at=queued_at, started_at=started_at,
                          ended_at=time.time(), node=self.cfg.node)
         shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -433,7 +304,9 @@ class Runner:
         return result
 
     def _remote_attempt(self, entry: PlannedEntry, name: str, log_path: Path, junit: Path) -> Result:
-        assert self.cfg.remote is not None
+        """One attempt on a cluster: the backend places and runs it; output streams back live."""
+        remote = self.cfg.backend.remote
+        assert remote is not None
         with self._print_lock:
             self._waiting[entry.id] = time.monotonic()
 
@@ -447,15 +320,15 @@ class Runner:
                 self.log.line(f"[{entry.id}] {line}")
 
         try:
-            ra = self.cfg.remote.run(entry, name=name, log_path=log_path, junit=junit,
-                                     stopping=self.active.stopping, on_start=started, on_output=output)
+            ra = remote.run(entry, name=name, log_path=log_path, junit=junit,
+                            stopping=self.active.stopping, on_start=started, on_output=output)
         finally:
             with self._print_lock:
                 self._waiting.pop(entry.id, None)
                 self._running.pop(entry.id, None)
-        attempt = _Attempt(returncode=ra.returncode, seconds=ra.seconds, timed_out=ra.timed_out,
-                           interrupted=ra.interrupted or self.active.stopping.is_set())
-        result = _judge(entry, attempt, junit=junit, log=log_path, cfg=self.cfg)
+        attempt = Attempt(returncode=ra.returncode, seconds=ra.seconds, timed_out=ra.timed_out,
+                          interrupted=ra.interrupted or self.active.stopping.is_set())
+        result = judge(entry, attempt, junit=junit, log=log_path, filtering=self.cfg.filtering)
         if ra.lost and not attempt.interrupted:
             result = replace(result, outcome="lost", failed=max(1, result.failed), reason=ra.lost)
         elif ra.error and not attempt.interrupted:
@@ -464,7 +337,23 @@ class Runner:
                        started_at=ra.started_at, ended_at=ra.ended_at)
 
     def run_entry(self, entry: PlannedEntry, index: int) -> Result:
-        """Run one entry with its retries (and, on request, forever until it fails)."""
+        """Run one entry with its retries (and, on request, again and again until it fails).
+
+        A loop, never recursion: the long stability runs the infinite mode exists for
+        repeat an entry for days, and each pass must leave the stack as it found it.
+        """
+        passes = 0
+        while True:
+            passes += 1
+            result = self._once(entry, index)
+            if not (self.cfg.infinite and result.ok and not self.active.stopping.is_set()):
+                return result
+            if self.cfg.max_passes is not None and passes >= self.cfg.max_passes:
+                return result
+            self._report_progress(result)
+
+    def _once(self, entry: PlannedEntry, index: int) -> Result:
+        """One pass: the entry, retried up to `retries` times; passing on a retry is flaky."""
         attempts = 0
         earlier: list[Result] = []
         lost = 0  # a lost node is the cluster's fault, not the entry's: one retry elsewhere, always
@@ -485,11 +374,7 @@ class Runner:
             result = replace(result, outcome="flaky", reason=(
                 f"{why}; passed on {result.node}" if why and len(earlier) == 1
                 else f"failed {attempts - 1} time(s), then passed"))
-        result = replace(result, attempts=attempts, earlier=tuple(earlier))
-        if self.cfg.infinite and result.ok and not self.active.stopping.is_set():
-            self._report_progress(result)
-            return self.run_entry(entry, index)
-        return result
+        return replace(result, attempts=attempts, earlier=tuple(earlier))
 
     def _report_progress(self, result: Result) -> None:
         with self._print_lock:
@@ -506,8 +391,13 @@ class Runner:
                 self.log.error(result.reason or result.outcome, file=result.entry.path,
                                title=f"{result.entry.id}: {result.outcome}")
 
-    def run(self, entries: Sequence[PlannedEntry]) -> list[Result]:
-        """Run every entry; on Ctrl-C/SIGTERM end all running groups and report what finished."""
+    def run(self, entries: Sequence[PlannedEntry],
+            interrupts: Interrupts | None = None) -> list[Result]:
+        """Run every entry; on SIGINT/SIGTERM end all running groups and report what finished.
+
+        `interrupts` is the caller's (the `run` command installs them before planning);
+        without it the runner takes SIGINT/SIGTERM itself for the run and gives them back.
+        """
         self._total = len(entries)
         todo: queue.Queue[tuple[int, PlannedEntry]] = queue.Queue()
         for item in enumerate(entries):
@@ -526,38 +416,41 @@ class Runner:
 
         workers = [threading.Thread(target=worker, daemon=True, name=f"runner-{i}")
                    for i in range(max(1, min(self.cfg.jobs, len(entries))))]
-        previous = signal.getsignal(signal.SIGTERM)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _raise_interrupt)
+        own = interrupts is None
+        signals = Interrupts() if interrupts is None else interrupts
+        if own:
+            signals.install()
+        # From here on a signal is only recorded; this thread acts on it below.
+        signals.defer()
         try:
-            for w in workers:
-                w.start()
-            last_beat = time.monotonic()
-            for w in workers:
-                while w.is_alive():
-                    w.join(0.2)
-                    if self.heartbeat and time.monotonic() - last_beat >= self.heartbeat:
-                        last_beat = time.monotonic()
-                        self._beat()
-        except KeyboardInterrupt:
-            self.log.line("interrupted: stopping running entries…")
-            self.active.stopping.set()
-            if self.cfg.remote is not None:
-                self.cfg.remote.cancel_all()
-            self.active.terminate_all(self.cfg.grace)
-            for w in workers:
-                w.join(self.cfg.grace + 5)
+            self._supervise(workers, signals)
         finally:
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, previous)
+            if own:
+                signals.restore()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
-        ordered = []
-        for index, entry in enumerate(entries):
-            ordered.append(results.get(index) or Result(
-                entry=entry, outcome="interrupted", failed=1, reason="did not run: interrupted"))
-        return ordered
+        return [results.get(index) or interrupted_result(entry, NOT_RUN)
+                for index, entry in enumerate(entries)]
 
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    def _supervise(self, workers: Sequence[threading.Thread], signals: Interrupts) -> None:
+        """Start the workers and wait for them, acting on a signal within one poll."""
+        last_beat = time.monotonic()
+        for w in workers:
+            if signals.received:
+                break
+            w.start()
+        started = [w for w in workers if w.ident is not None]
+        while any(w.is_alive() for w in started) and not signals.received:
+            next(w for w in started if w.is_alive()).join(POLL)
+            if self.heartbeat and time.monotonic() - last_beat >= self.heartbeat:
+                last_beat = time.monotonic()
+                self._beat()
+        if signals.received:
+            self.log.line("interrupted: stopping running entries…")
+            self.active.stopping.set()
+            if self.cfg.backend.remote is not None:
+                self.cfg.backend.remote.cancel_all()  # every remote entry, wherever it runs
+            self.active.terminate_all(self.cfg.grace)
+            deadline = time.monotonic() + self.cfg.grace + 5
+            for w in started:
+                w.join(max(0.0, deadline - time.monotonic()))

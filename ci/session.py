@@ -9,13 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,22 +19,25 @@ from typing import NoReturn
 
 from ci import plan as planner
 from ci import timeline
-from ci.cluster import ADDRESS_ENV
+from ci.backends import select_backend
+from ci.backends.ray import ADDRESS_ENV
 from ci.discover import discover
 from ci.docker import ENTRY_FLAG_DEFAULTS
+from ci.durations import DURATIONS_FILE, DurationStore
 from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError
+from ci.gpu_lock import DEFAULT_PATTERN as DEFAULT_LOCK_PATTERN
+from ci.gpu_lock import DEFAULT_TIMEOUT as DEFAULT_LOCK_TIMEOUT
 from ci.gpu_lock import nvml_gpu_count
+from ci.interrupts import PROCESS
 from ci.log import Log
 from ci.plan import PlannedEntry
-from ci.report import DURATIONS_FILE, DurationStore, markdown, merge_junit, table
-from ci.runner import Acquire, Lease, Result, RunConfig, Runner, Wrap, base_argv, entry_env
+from ci.registry import Registry, load_registry
+from ci.report import markdown, merge_junit, table
+from ci.results import UNMEASURED, Result, closing
+from ci.runner import Acquire, Lease, RunConfig, Runner, base_argv, entry_env
 from ci.suites import SUITES, Suite
-from ci.timeline import gpu_row
 
 MAX_JOBS = 256
-DEFAULT_LOCK_PATTERN = "/dev/shm/custom_gpu_lock_{gpu_id}.lock"
-# Emulated GPUs on a cluster: per node ({node}: its Ray id), never the real GPUs' files.
-CLUSTER_EMULATED_LOCKS = "/tmp/slime-ci-emulated-locks-{node}/gpu_{gpu_id}.lock"
 # The original CI's feature flags, unless the environment or the entry says otherwise.
 TEST_FLAGS = {**ENTRY_FLAG_DEFAULTS, "SLIME_TEST_ENABLE_INFINITE_RUN": "0"}
 TRUE_WORDS = {"1", "true", "yes", "on"}
@@ -79,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="docker run --pull policy (default: SLIME_CI_DOCKER_PULL, else always)")
     p.add_argument("--lock-path-pattern", help=f"GPU lock files (default: {DEFAULT_LOCK_PATTERN}; "
                    "a private temp dir when emulating)")
-    p.add_argument("--lock-timeout", type=float, default=86400.0,
-                   help="seconds an entry may wait for its GPUs (default: 86400)")
+    p.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT,
+                   help=f"seconds an entry may wait for its GPUs (default: {DEFAULT_LOCK_TIMEOUT:g})")
     p.add_argument("--base", default="origin/main", help="changed suite: compare with this ref")
     p.add_argument("--affected", action="store_true",
                    help="changed suite: also tests that import changed modules")
@@ -90,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-outputs", action="store_true", help="keep output dirs of passing entries")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="GPU suites: run each entry as a task on this Ray cluster, its GPUs on one "
-                        "node (default: SLIME_CI_RAY_ADDRESS; unset: this machine)")
+                        f"node (default: {ADDRESS_ENV}; unset: this machine)")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: .)")
     return p
 
@@ -103,6 +102,7 @@ class Options:
     args: argparse.Namespace
     pytest_args: tuple[str, ...]
     root: Path
+    registry: Registry
 
 
 def parse(argv: Sequence[str]) -> Options:
@@ -111,10 +111,8 @@ def parse(argv: Sequence[str]) -> Options:
     root = args.root.resolve()
     if not (root / "tests").is_dir():
         raise UsageError(f"{root} has no tests/ directory; run from the repository root or pass --root")
-    suites = {s.name: s for s in planner.registry(root)}
-    if args.suite not in suites:
-        raise UsageError(f"unknown suite {args.suite!r}; known: {', '.join(suites)}")
-    suite = suites[args.suite]
+    registry = load_registry(root)
+    suite = registry[args.suite]
     if args.jobs is not None and not 1 <= args.jobs <= MAX_JOBS:
         raise UsageError(f"-j {args.jobs}: must be between 1 and {MAX_JOBS}")
     if args.timeout is not None and not 0 < args.timeout <= 7 * 86400:
@@ -129,11 +127,11 @@ def parse(argv: Sequence[str]) -> Options:
         raise UsageError("--lock-path-pattern must contain {gpu_id}")
     if args.ray_address is None:
         args.ray_address = os.environ.get(ADDRESS_ENV) or None
-    if args.ray_address is not None and suite.tier != "gpu":
+    if args.ray_address is not None and not suite.needs_gpus:
         raise UsageError(f"--ray-address runs GPU suites on a cluster; {suite.name} runs on this machine")
-    if unknown and suite.tier == "gpu":
+    if unknown and not suite.takes_pytest_args:
         raise UsageError(f"unknown option(s) for GPU suite {suite.name}: {' '.join(unknown)}")
-    return Options(suite=suite, args=args, pytest_args=tuple(unknown), root=root)
+    return Options(suite=suite, args=args, pytest_args=tuple(unknown), root=root, registry=registry)
 
 
 def select(opts: Options, durations: Mapping[str, float]) -> list[PlannedEntry]:
@@ -143,7 +141,7 @@ def select(opts: Options, durations: Mapping[str, float]) -> list[PlannedEntry]:
         from ci.changed import changed_entries
 
         entries = changed_entries(opts.root, args.base, affected=args.affected,
-                                  timeout=suite.timeout,
+                                  timeout=suite.timeout, registry=opts.registry,
                                   warn=lambda m: print(f"warning: {m}", file=sys.stderr))
     else:
         entries = planner.resolve(suite, discover(opts.root))
@@ -161,7 +159,6 @@ def select(opts: Options, durations: Mapping[str, float]) -> list[PlannedEntry]:
 
 def _gpu_budget(opts: Options, entries: Sequence[PlannedEntry]) -> int:
     args = opts.args
-    needed = max((e.num_gpus for e in entries), default=0)
     gpus: int
     if args.gpus is not None:
         gpus = int(args.gpus)
@@ -169,7 +166,7 @@ def _gpu_budget(opts: Options, entries: Sequence[PlannedEntry]) -> int:
         gpus = nvml_gpu_count() or 8
     else:
         gpus = nvml_gpu_count() or 0
-        if needed and not gpus:
+        if any(e.num_gpus for e in entries) and not gpus:
             raise UsageError("no GPU detected; pass --emulate-gpus to run on the CPU, "
                              "or --gpus N if NVML cannot see them")
     too_big = [e for e in entries if e.num_gpus > gpus]
@@ -180,90 +177,21 @@ def _gpu_budget(opts: Options, entries: Sequence[PlannedEntry]) -> int:
     return gpus
 
 
-def _uses_docker(opts: Options) -> bool:
-    return opts.suite.tier == "gpu" and not opts.args.no_docker and not opts.args.emulate_gpus
-
-
-def _docker_wrap(opts: Options, log: Log) -> Wrap:
-    from ci.docker import (
-        DockerOptions,
-        container_name,
-        docker_run_argv,
-        fit_to_host,
-        host_settings,
-        read_host_limits,
-    )
-
-    image = opts.args.image or opts.suite.image or "slimerl/slime:latest"
-    host = host_settings(os.environ)
-    pull = opts.args.pull or host.pull or "always"
-    limits = read_host_limits()
-    noted: set[str] = set()
-
-    def wrap(entry: PlannedEntry, argv: Sequence[str], env: Mapping[str, str],
-             devices: tuple[int, ...]) -> Sequence[str]:
-        # The container has its own /tmp; everything else the entry reads lives under the
-        # workspace, which is mounted at the same path.
-        inner_env = {k: v for k, v in env.items()
-                     if (k.startswith(("SLIME_CI_", "SLIME_TEST_")) or k == "NUM_GPUS"
-                         or k in dict(entry.env))}
-        inner_env["TEST_FILE"] = entry.path
-        inner_env["TEST_ARGS"] = " ".join(entry.test_args)
-        options = DockerOptions(
-            image=image, workspace=opts.root, devices=devices, env=inner_env,
-            caches=host.caches, pull=pull,
-            name=container_name(entry.id, uuid.uuid4().hex[:8]),
-        )
-        options, notes = fit_to_host(options, limits)
-        for note in notes:
-            if note not in noted:
-                noted.add(note)
-                log.line(f"docker: {note}")
-        built: Sequence[str] = docker_run_argv(options, inner=("python3", *argv[1:]))
-        return built
-
-    return wrap
-
-
-def _docker_kill(argv: Sequence[str]) -> None:
-    """Kill the container of an aborted `docker run …` (found by its --name)."""
-    from ci.docker import docker_kill_argv
-
-    args = list(argv)
-    if "--name" in args and args.index("--name") + 1 < len(args):
-        name = args[args.index("--name") + 1]
-        subprocess.run(docker_kill_argv(name), stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=60, check=False)
-
-
-def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, gpus: int,
-                log: Log) -> None:
-    suite = opts.suite
-    where = "docker " + (opts.args.image or suite.image or "") if _uses_docker(opts) else "local"
-    if opts.args.emulate_gpus:
-        where = "local, GPUs emulated on the CPU"
+def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, log: Log) -> None:
+    suite, backend = opts.suite, cfg.backend
     log.line(f"plan for {suite.name}: {len(entries)} entries, {cfg.jobs} at a time, "
-             f"{gpus if suite.tier == 'gpu' else 0} GPUs, {where}")
+             f"{backend.gpus} GPUs, {backend.describe()}")
+    placeholder = cfg.work_dir / "out" / "<entry>"
     for e in entries:
         devices = tuple(range(e.num_gpus))
-        junit = cfg.work_dir / "junit" / "<entry>.xml"
-        argv: Sequence[str] = base_argv(e, cfg, junit)
-        if cfg.wrap is not None:
-            placeholder = cfg.work_dir / "out" / "<entry>"
-            env = entry_env(e, cfg, devices=devices, out_dir=placeholder, tmp_dir=placeholder / "tmp")
-            argv = cfg.wrap(e, argv, env, devices)
+        argv = base_argv(e, cfg, cfg.work_dir / "junit" / "<entry>.xml")
+        env = entry_env(e, cfg, devices=devices, out_dir=placeholder, tmp_dir=placeholder / "tmp")
+        launch = backend.launch(e, tuple(argv), env, devices)
         why = f"  [{e.why}]" if e.why else ""
         log.line(f"  {e.id}  gpus={e.num_gpus}  timeout={e.timeout:.0f}s{why}")
-        log.line(f"      $ {shlex.join(argv)}")
-    if suite.tier == "gpu" and any(e.num_gpus for e in entries):
+        log.line(f"      $ {shlex.join(launch.argv)}")
+    if backend.gpus and any(e.num_gpus for e in entries):
         log.line("  (GPU ids shown are placeholders: each entry takes whichever GPUs the lock grants)")
-
-
-def _closing(suite: str, results: Sequence[Result]) -> str:
-    passed = sum(r.passed for r in results)
-    failed = sum(r.failed for r in results)
-    skipped = sum(r.skipped for r in results)
-    return f"{suite}: {passed} passed, {failed} failed, {skipped} skipped"
 
 
 def _bool_env(env: Mapping[str, str], name: str) -> bool:
@@ -271,6 +199,10 @@ def _bool_env(env: Mapping[str, str], name: str) -> bool:
 
 
 def main(argv: Sequence[str]) -> int:
+    # SIGINT/SIGTERM raise KeyboardInterrupt while planning (exit 130 through the CLI),
+    # and are only recorded once entries may run (see ci/interrupts.py).
+    interrupts = PROCESS
+    interrupts.install()
     opts = parse(argv)
     args, suite, root = opts.args, opts.suite, opts.root
     log = Log.from_env()
@@ -282,91 +214,50 @@ def main(argv: Sequence[str]) -> int:
         log.line(f"{suite.name}: nothing selected; nothing to run")
         return EXIT_OK
     gpu_entries = any(e.num_gpus for e in entries)
-    if args.ray_address:
-        return _cluster_main(opts, entries, store, log)
-    gpus = _gpu_budget(opts, entries) if suite.tier == "gpu" or gpu_entries else 0
+    # On a cluster, Ray knows the GPUs: the backend checks entries against its nodes.
+    gpus = (_gpu_budget(opts, entries) if (suite.needs_gpus or gpu_entries) and not args.ray_address
+            else 0)
     jobs = args.jobs or (min(len(entries), 64) if gpu_entries else (os.cpu_count() or 1))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     work_dir = cache / "runs" / f"{suite.name}-{stamp}-{os.getpid()}"
     env = {**TEST_FLAGS, **os.environ}
-    docker = _uses_docker(opts)
-    wrap = _docker_wrap(opts, log) if docker else None
+    backend = select_backend(suite, gpus=gpus, emulate_gpus=args.emulate_gpus,
+                             no_docker=args.no_docker, lock_path_pattern=args.lock_path_pattern,
+                             image=args.image, pull=args.pull, root=str(root), note=log.line,
+                             ray_address=args.ray_address, env=env, jobs=jobs,
+                             lock_timeout=args.lock_timeout,
+                             largest_entry=max(e.num_gpus for e in entries))
     cfg = RunConfig(
         root=root, work_dir=work_dir, jobs=jobs, base_env=env,
         pytest_args=(*(("-k", args.keyword) if args.keyword else ()), *opts.pytest_args),
         filtering=bool(args.keyword), retries=args.retries,
         infinite=_bool_env(env, "SLIME_TEST_ENABLE_INFINITE_RUN"),
-        emulate_gpus=args.emulate_gpus, keep_outputs=args.keep_outputs, wrap=wrap,
-        on_abort=_docker_kill if docker else None,
+        keep_outputs=args.keep_outputs, backend=backend,
     )
     if args.dry_run:
-        _print_plan(opts, entries, cfg, gpus, log)
+        _print_plan(opts, entries, cfg, log)
         return EXIT_OK
-    # Emulated GPUs get private lock files, so a laptop run never queues behind real GPUs.
-    lock_dir = (tempfile.mkdtemp(prefix="slime-ci-locks-")
-                if gpu_entries and args.emulate_gpus and args.lock_path_pattern is None else None)
-    if gpu_entries:
-        pattern = (os.path.join(lock_dir, "gpu_{gpu_id}.lock") if lock_dir
-                   else args.lock_path_pattern or DEFAULT_LOCK_PATTERN)
-        cfg = replace(cfg, acquire=_acquirer(gpus, pattern, args.lock_timeout))
-    log.line(f"{suite.name}: {len(entries)} entries, {jobs} at a time"
-             + (f", {gpus} GPUs" + (" (emulated)" if args.emulate_gpus else "") if gpu_entries else "")
-             + (" — repeating until a failure (SLIME_TEST_ENABLE_INFINITE_RUN)" if cfg.infinite else ""))
-    start = time.monotonic()
+    backend.check()  # its preconditions: one line and exit 2 before anything starts
     try:
-        results = Runner(cfg, log).run(entries)
-    finally:
-        if lock_dir is not None:
-            shutil.rmtree(lock_dir, ignore_errors=True)
-    wall = time.monotonic() - start
-    code = _report(suite.name, results, wall, args.junit or cache / "junit" / f"{suite.name}.xml",
-                   store, log)
-    if gpu_entries:
-        _timeline(suite.name, results, [gpu_row(cfg.node, i) for i in range(gpus)], work_dir, log)
-    return code
-
-
-def _cluster_main(opts: Options, entries: Sequence[PlannedEntry], store: DurationStore,
-                  log: Log) -> int:
-    """A GPU suite on a Ray cluster: Ray places every entry; the run waits, reports, charts."""
-    from ci.cluster import Cluster  # imports Ray only when a cluster is used
-
-    args, suite, root = opts.args, opts.suite, opts.root
-    cache = root / ".ci-cache"
-    work_dir = cache / "runs" / f"{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    env = {**TEST_FLAGS, **os.environ}
-    cfg = RunConfig(root=root, work_dir=work_dir, jobs=args.jobs or len(entries), base_env=env,
-                    retries=args.retries, emulate_gpus=args.emulate_gpus,
-                    keep_outputs=args.keep_outputs,
-                    infinite=_bool_env(env, "SLIME_TEST_ENABLE_INFINITE_RUN"))
-    if args.dry_run:
-        log.line(f"on the Ray cluster at {args.ray_address}: each entry a task on one node")
-        _print_plan(opts, entries, cfg, max(e.num_gpus for e in entries), log)
-        return EXIT_OK
-    # Each node's own lock files; logical GPUs of several nodes on one box must not share them.
-    pattern = args.lock_path_pattern or (CLUSTER_EMULATED_LOCKS if args.emulate_gpus
-                                         else DEFAULT_LOCK_PATTERN)
-    cluster = Cluster(args.ray_address, cfg=cfg, lock_pattern=pattern, lock_timeout=args.lock_timeout)
-    cluster.connect()
-    try:
-        nodes = [n for n in cluster.nodes() if n.alive]
-        largest = max((n.gpus for n in nodes), default=0)
-        too_big = [e for e in entries if e.num_gpus > largest]
-        if too_big:
-            raise UsageError(f"{too_big[0].id} needs {too_big[0].num_gpus} GPUs on one node; the largest "
-                             f"node of the cluster at {args.ray_address} has {largest}")
-        log.line(f"{suite.name}: {len(entries)} entries on the Ray cluster at {args.ray_address}: "
-                 + ", ".join(f"{n.name} ({n.gpus} GPUs)" for n in nodes))
+        pattern = backend.lock_pattern if gpu_entries else None
+        if pattern is not None:
+            cfg = replace(cfg, acquire=_acquirer(gpus, pattern, args.lock_timeout))
+        log.line(f"{suite.name}: {len(entries)} entries, {jobs} at a time"
+                 + (f", {gpus} GPUs" + (" (emulated)" if backend.emulated else "")
+                    if gpu_entries else "")
+                 + (" — repeating until a failure (SLIME_TEST_ENABLE_INFINITE_RUN)"
+                    if cfg.infinite else ""))
         start = time.monotonic()
-        results = Runner(replace(cfg, remote=cluster), log).run(entries)
+        results = Runner(cfg, log).run(entries, interrupts)
         wall = time.monotonic() - start
-        rows = [gpu_row(n.name, i) for n in cluster.nodes() for i in range(n.gpus)]
+        rows = backend.gpu_rows(cfg.node) if gpu_entries else []
     finally:
-        cluster.close()
+        backend.close()
     code = _report(suite.name, results, wall, args.junit or cache / "junit" / f"{suite.name}.xml",
                    store, log)
-    _timeline(suite.name, results, rows, work_dir, log)
-    return code
+    if gpu_entries:
+        _timeline(suite.name, results, rows, work_dir, log)
+    return interrupts.exit_code(code)
 
 
 def _timeline(name: str, results: Sequence[Result], gpu_rows: Sequence[str], work_dir: Path,
@@ -383,9 +274,9 @@ def _timeline(name: str, results: Sequence[Result], gpu_rows: Sequence[str], wor
 def _acquirer(gpus: int, pattern: str, timeout: float) -> Acquire:
     from ci.gpu_lock import hold
 
-    def acquire(count: int, command: str) -> AbstractContextManager[Lease]:
+    def acquire(count: int, command: str, stop: Callable[[], bool]) -> AbstractContextManager[Lease]:
         return hold(count=count, total_gpus=gpus, lock_path_pattern=pattern, timeout=timeout,
-                    command=command)
+                    command=command, stop=stop)
 
     return acquire
 
@@ -397,16 +288,16 @@ def _report(name: str, results: Sequence[Result], wall: float, junit: Path,
     log.line("")
     merge_junit(results, junit)
     store.update({r.entry.id: r.seconds for r in results
-                  if r.outcome not in ("interrupted", "deselected", "timeout")})
-    closing = _closing(name, results)
+                  if r.outcome not in UNMEASURED})
+    line = closing(name, results)
     bad = [r for r in results if not r.ok]
     flaky = [r for r in results if r.outcome == "flaky"]
-    log.summary(markdown(name, results, closing))
+    log.summary(markdown(name, results, line))
     for r in flaky:
         log.line(f"flaky: {r.entry.id} ({r.reason})")
     for r in bad:
         log.line(f"FAILED {r.entry.id}: {r.outcome}: {r.reason}")
-    log.line(closing)
+    log.line(line)
     log.line(f"{len(results)} entries in {wall:.1f}s; JUnit: {junit}")
     if any(r.outcome == "interrupted" for r in results):
         return EXIT_INTERRUPTED

@@ -15,6 +15,10 @@ Tier = Literal["cpu", "gpu"]
 # Install profiles are extras in pyproject.toml; "image" means: use what the Docker image has.
 Profile = Literal["cpu", "agent", "e2e", "dev", "lint"]
 
+# What a tier means to GitHub Actions: the labels of its runners, a job's time limit.
+GPU_RUNNER_LABELS: tuple[str, ...] = ("self-hosted", "gpu")
+JOB_MINUTES: dict[Tier, int] = {"cpu": 60, "gpu": 720}
+
 FRAMEWORK_IMAGE = "slimerl/slime:latest"
 TEST_IMAGE = "slimerl/slime-test:latest"
 
@@ -51,6 +55,17 @@ class Suite:
     timeout: float = 900.0  # seconds per entry
     shards: int = 1  # CI matrix width (`--shard I/K`)
     dynamic: bool = False  # entries come from the diff (`changed`), not from here
+
+    # What the tier means everywhere else; the rest of the toolkit asks these, not the tier.
+    @property
+    def needs_gpus(self) -> bool:
+        """GPU tier: GPU machines, the Docker context by default, entries judged as they declare."""
+        return self.tier == "gpu"
+
+    @property
+    def takes_pytest_args(self) -> bool:
+        """CPU tier: every entry is a pytest file, judged by its report; options go to pytest."""
+        return self.tier == "cpu"
 
 
 def _env(**values: str) -> tuple[tuple[str, str], ...]:

@@ -17,7 +17,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ci.runner import Result
+    from ci.results import Result
 
 # Colours by outcome (GitHub's palette, so the page reads like the checks it sits next to).
 COLOURS: dict[str, str] = {

@@ -13,10 +13,12 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, get_args
 
 from ci.errors import UsageError
-from ci.suites import SUITES, Suite, Tier
+from ci.registry import load_registry
+from ci.suites import GPU_RUNNER_LABELS, SUITES, Suite, Tier
 
 EventName = Literal["pull_request", "push", "workflow_dispatch"]
 PullRequestAction = Literal["opened", "synchronize", "reopened", "labeled"]
@@ -24,7 +26,7 @@ PullRequestAction = Literal["opened", "synchronize", "reopened", "labeled"]
 BASE_BRANCH = "main"
 WORKFLOW_NAME = "pr-test"
 HOSTED_RUNNER: tuple[str, ...] = ("ubuntu-latest",)
-GPU_RUNNER: tuple[str, ...] = ("self-hosted", "gpu")
+GPU_RUNNER: tuple[str, ...] = GPU_RUNNER_LABELS
 # Labels whose prefix marks them as CI switches: an unknown one is a typo, not an unrelated label.
 LABEL_PREFIX = "run-ci-"
 
@@ -75,7 +77,7 @@ GPU_SMOKE = Job(
 
 def job_for(suite: Suite) -> Job:
     """The CI job of one suite."""
-    if suite.tier == "gpu" and suite.label is None:
+    if suite.needs_gpus and suite.label is None:
         raise UsageError(f"suite {suite.name} is GPU tier but has no label: add "
                          f"label='{LABEL_PREFIX}…' to it in ci/suites.py")
     if suite.shards < 1:
@@ -85,7 +87,7 @@ def job_for(suite: Suite) -> Job:
         session=suite.name,
         tier=suite.tier,
         purpose=suite.purpose,
-        runs_on=GPU_RUNNER if suite.tier == "gpu" else HOSTED_RUNNER,
+        runs_on=GPU_RUNNER if suite.needs_gpus else HOSTED_RUNNER,
         label=suite.label,
         shards=suite.shards,
         full_history=suite.dynamic,
@@ -280,13 +282,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--fork", action="store_true",
                         help="the pull request comes from a fork")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--root", type=Path, default=Path.cwd(),
+                        help="repository root whose registry is planned (default: .)")
     return parser
 
 
 def main(argv: list[str]) -> int:
     """`python -m ci plan`: print the jobs an event would run."""
     args = _parser().parse_args(argv)
-    jobs = table()
+    jobs = table(load_registry(args.root.resolve()).suites)
     event = parse_event(args, jobs)
     decisions = plan(event, jobs)
     if args.json:

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias
 
+from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
-from ci.report import DURATIONS_FILE
+from ci.registry import load_registry
+from ci.suites import JOB_MINUTES
 from ci.triggers import (
     BASE_BRANCH,
     WORKFLOW_NAME,
@@ -47,7 +49,7 @@ PYTHON_VERSION = "3.11"
 NOX_VERSION = "2026.10.20"
 # Hosted runners resolve the pinned torch to its CPU wheel from this index (see pyproject).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-TIMEOUT_MINUTES = {"lint": 15, "cpu": 60, "gpu": 720}
+LINT_JOB_MINUTES = 15
 
 
 # --- a small deterministic YAML writer ---------------------------------------------------------
@@ -268,7 +270,6 @@ def _steps(job: Job) -> list[Node]:
 
 
 def _job(job: Job) -> dict[str, Node]:
-    tier = "lint" if job.id == "lint" else job.tier
     out: dict[str, Node] = {
         "name": job.id if job.shards == 1 else f"{job.id} (shard {_expr('matrix.shard')})",
         "if": Folded(tuple(condition_lines(job))),
@@ -281,7 +282,7 @@ def _job(job: Job) -> dict[str, Node]:
         out["runs-on"] = job.runs_on[0] if len(job.runs_on) == 1 else Flow(job.runs_on)
     out["permissions"] = {"contents": Note("read", "actions/checkout reads the repository")}
     out["concurrency"] = {"group": concurrency_group(job), "cancel-in-progress": True}
-    out["timeout-minutes"] = TIMEOUT_MINUTES[tier]
+    out["timeout-minutes"] = LINT_JOB_MINUTES if job.id == "lint" else JOB_MINUTES[job.tier]
     if job.tier == "cpu" and job.id != "lint":
         out["env"] = {"SLIME_CI_TORCH_INDEX": TORCH_CPU_INDEX}
     if job.shards > 1:
@@ -334,6 +335,36 @@ def render(jobs: Sequence[Job]) -> dict[str, str]:
         ACTIONLINT_PATH: to_yaml(actionlint_config(jobs),
                                  header=_banner("the runner labels in ci/triggers.py")),
     }
+
+
+# --- the README's session table ---------------------------------------------------------------
+
+README_PATH = "README.md"
+TABLE_BEGIN = f"<!-- sessions: {MARKER} from ci/suites.py; edit the registry, not this table -->"
+TABLE_END = "<!-- end of sessions -->"
+
+
+def session_table(jobs: Sequence[Job]) -> str:
+    """The README's table of sessions: CPU jobs first, then GPU ones, each in table order."""
+    rows = ["| session | tier | in GitHub Actions | what it runs |", "|---|---|---|---|"]
+    for job in sorted(jobs, key=lambda j: j.self_hosted):  # stable: table order within a tier
+        where = f"label `{job.label}`" if job.label else "every PR, push to `main`, dispatch"
+        rows.append(f"| `{job.session}` | {'GPU' if job.self_hosted else 'CPU'} | {where} | "
+                    f"{job.purpose} |")
+    return "\n".join(rows)
+
+
+def readme(root: Path, jobs: Sequence[Job]) -> dict[str, str]:
+    """The README with its session table regenerated; nothing when it has no table markers."""
+    path = root / README_PATH
+    if not path.is_file():
+        return {}
+    text = path.read_text(encoding="utf-8")
+    begin, end = text.find(TABLE_BEGIN), text.find(TABLE_END)
+    if begin < 0 or end < begin:
+        return {}
+    table_text = f"{TABLE_BEGIN}\n{session_table(jobs)}\n"
+    return {README_PATH: text[:begin] + table_text + text[end:]}
 
 
 # --- write and check --------------------------------------------------------------------------
@@ -421,7 +452,8 @@ def main(argv: list[str]) -> int:
     """`python -m ci workflows [--check | --dry-run]`."""
     args = _parser().parse_args(argv)
     root: Path = args.root if args.root is not None else find_root(Path.cwd().resolve())
-    changes = drift(root, render(table()))
+    jobs = table(load_registry(root).suites)
+    changes = drift(root, {**render(jobs), **readme(root, jobs)})
     if args.check or args.dry_run:
         for d in changes:
             sys.stdout.write(d.diff())

@@ -1,6 +1,7 @@
 """`changed`: which test files a branch adds, modifies or renames, on real git repositories."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -189,6 +190,19 @@ def test_shallow_clone_without_merge_base_says_fetch_depth(repo: Clone, tmp_path
         changed_entries(shallow)
     git(shallow, "fetch", "--quiet", "--unshallow", "origin")
     assert selection(shallow) == EXPECTED
+
+
+def test_without_gitpython_one_line_names_the_profile(repo: Clone) -> None:
+    # GitPython is installed here; the child process hides it as a fresh environment lacks it.
+    code = ("import sys; sys.modules['git'] = None; from ci.cli import main; "
+            "raise SystemExit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, "changed", "--root", str(repo.root)],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == ("error: GitPython is not installed: install the `git` profile "
+                           "(pip install -e '.[git]'), or run `nox -s changed`\n")
+    assert proc.stdout == ""
 
 
 def test_not_a_repository_and_no_commit(tmp_path: Path) -> None:

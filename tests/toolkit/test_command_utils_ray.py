@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import psutil
 import pytest
@@ -133,6 +134,55 @@ def test_two_calls_at_once_do_not_collide_and_a_failure_raises(tmp_path):
     assert rec_ok.temp_dir != rec_bad.temp_dir
     assert not rec_ok.temp_dir.exists() and not rec_bad.temp_dir.exists()
     assert _alive(rec_ok.pids | rec_bad.pids) == []
+
+
+HOLDER = textwrap.dedent("""
+    import os, sys, time
+    from slime.utils.external_utils.ray_head import private_head
+    with private_head(num_gpus=0, env=dict(os.environ)) as head:
+        with open(sys.argv[1] + ".tmp", "w") as fh:
+            fh.write(f"{head.pid} {head.token}")
+        os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+        time.sleep(600)
+""")
+
+
+def _owned(token):
+    needle = f"SLIME_CI_RAY_OWNER={token}".encode()
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if needle in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0"):
+                found.append(proc.pid)
+        except OSError:
+            pass
+    return found
+
+
+def test_a_private_head_dies_with_the_process_that_started_it(tmp_path):
+    """SIGKILL of the entry (as when its runner's guard kills it) takes its head along."""
+    import signal
+    import subprocess
+    import time
+
+    info = tmp_path / "head"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(info)], env=env,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not info.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the head never started"
+            time.sleep(0.2)
+        leader, token = info.read_text().split()
+        assert _alive(_owned(token)), "no process of the head found"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while (_alive(_owned(token)) or _alive([int(leader)])) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(_owned(token)) == [] and _alive([int(leader)]) == []
 
 
 if __name__ == "__main__":

@@ -164,6 +164,41 @@ def test_sigkill_of_the_wrapper_leaves_the_locks_with_the_command(pattern: str,
     wait_for(lambda: _held(pattern, 1) == set(), timeout=5)
 
 
+def test_a_gone_wrapper_is_not_named_as_the_holder(pattern: str, tmp_path: Path) -> None:
+    """Once the wrapper is SIGKILLed, gpu-status and a waiter's timeout name the command,
+    which holds the GPU through the inherited descriptor, not a pid that no longer exists."""
+    marker = tmp_path / "child.pid"
+    holder = spawn(lock_argv(pattern, ["--count", "1", "--total-gpus", "1"],
+                             [sys.executable, "-S", "-c",
+                              f"import os, time; open({str(marker)!r}, 'w').write("
+                              "str(os.getpid())); time.sleep(30)"]))
+    child = 0
+    try:
+        wait_for(lambda: marker.exists() and marker.read_text() != "")
+        child = int(marker.read_text())
+        wait_for(lambda: (h := gpu_lock.read_status(pattern, 1).gpus[0].holder) is not None
+                 and h.child_pid == child)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=10)
+        status = subprocess.run([sys.executable, "-m", "ci", "gpu-status", "--total-gpus", "1",
+                                 "--lock-path-pattern", pattern], cwd=REPO, text=True,
+                                capture_output=True, timeout=30, check=False)
+        assert status.returncode == 0, status.stderr
+        assert f"0    held  {child:>8}" in status.stdout, status.stdout
+        assert str(holder.pid) not in status.stdout
+        res = subprocess.run(lock_argv(pattern, ["--count", "1", "--total-gpus", "1",
+                                                 "--timeout", "0.3"], ["true"]),
+                             cwd=REPO, text=True, capture_output=True, timeout=30)
+        assert res.returncode == 124
+        assert f"GPU 0 is held by pid {child} " in res.stderr, res.stderr
+        assert f"pid {holder.pid}" not in res.stderr
+    finally:
+        if child:
+            os.kill(child, signal.SIGKILL)
+        kill_tree(holder)
+    wait_for(lambda: _held(pattern, 1) == set(), timeout=5)
+
+
 def test_exit_codes_pass_through(pattern: str) -> None:
     flags = ["--count", "1", "--total-gpus", "2"]
     procs = {

@@ -254,6 +254,40 @@ def test_long_runs_print_what_is_still_running(tmp_path):
     assert "0/1 done; running: tests/e2e/test_slow.py (" in out.getvalue()
 
 
+class _DepthRecorder(io.StringIO):
+    """A log stream that notes how deep the stack is at every progress line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depths: list[int] = []
+
+    def write(self, text: str) -> int:
+        if text.startswith("["):
+            depth, frame = 0, sys._getframe()
+            while frame is not None:
+                depth, frame = depth + 1, frame.f_back
+            self.depths.append(depth)
+        return len(text)  # nothing kept: thousands of lines
+
+
+def test_infinite_run_is_a_loop_whose_stack_stays_flat(tmp_path):
+    # A trivial entry (`true` stands in for the interpreter: the pass is the runner's work,
+    # not the file's) repeated past the interpreter's recursion limit.
+    write(tmp_path, {"tests/e2e/test_trivial.py": "NUM_GPUS = 0\n"})
+    entry = PlannedEntry(id="tests/e2e/test_trivial.py", path="tests/e2e/test_trivial.py",
+                         timeout=30, num_gpus=0, kind="script")
+    passes = max(2500, sys.getrecursionlimit() + 500)
+    stream = _DepthRecorder()
+    cfg = RunConfig(root=tmp_path, work_dir=tmp_path / "work", jobs=1, python="true",
+                    infinite=True, max_passes=passes)
+    [result] = Runner(cfg, Log(actions=False, stream=stream)).run([entry])
+    assert result.outcome == "passed"
+    assert len(stream.depths) == passes  # one progress line per pass, then the cap ended it
+    # Passes report from inside the loop (the final one from the worker, a frame higher).
+    looped = stream.depths[:-1]
+    assert max(looped) == min(looped), "the stack grew from pass to pass"
+
+
 def test_paths_dry_run_and_bad_input(tmp_path):
     write(tmp_path, {"tests/test_a.py": PASSING, "tests/utils/test_b.py": PASSING})
     dry = _run(tmp_path, "tests/utils", "--dry-run")

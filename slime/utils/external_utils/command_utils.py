@@ -15,7 +15,6 @@ sets for each entry. Every variable is optional, so `python tests/e2e/test_x.py`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import shlex
@@ -29,6 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ci.proc import finish, process_guard, signal_group
+from ci.proc import start as start_group
 from slime.utils.external_utils.ray_head import (
     HeadRecord,
     RayHead,
@@ -126,28 +127,26 @@ def exec_command(cmd: str | Sequence[str], capture_output: bool = False, *,
     text = cmd if isinstance(cmd, str) else shlex.join(cmd)
     print(f"+ {text}", flush=True)
     pipe = subprocess.PIPE if capture_output else None
-    proc = subprocess.Popen(
-        ["bash", "-c", text], stdout=pipe, stderr=subprocess.STDOUT if capture_output else None,
-        env=dict(env) if env is not None else None, cwd=cwd, text=True, start_new_session=True,
-    )
+    # A group of its own (killed whole on timeout), guarded: if this process dies, so does it.
+    guard = process_guard()
+    proc = start_group(["bash", "-c", text], stdout=pipe,
+                       stderr=subprocess.STDOUT if capture_output else None,
+                       env=env, cwd=cwd, text=True, guard=guard)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        signal_group(proc.pid, signal.SIGKILL)  # not reaped yet: the group id is still ours
         out, _ = proc.communicate()
+        finish(proc, guard=guard)
         raise CommandFailed(text, None, _tail(out)) from None
     except BaseException:
-        _kill_group(proc)
-        proc.wait()
+        signal_group(proc.pid, signal.SIGKILL)
+        finish(proc, guard=guard)
         raise
-    if proc.returncode != 0:
-        raise CommandFailed(text, proc.returncode, _tail(out))
+    code = finish(proc, guard=guard)
+    if code != 0:
+        raise CommandFailed(text, code, _tail(out))
     return out if capture_output else None
-
-
-def _kill_group(proc: subprocess.Popen[Any]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _tail(text: str | None, lines: int = 40) -> str:

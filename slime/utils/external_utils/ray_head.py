@@ -27,7 +27,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-PORT_BLOCK_SIZE = 200
+from ci.ports import PORT_BLOCK
+from ci.proc import process_guard
+from ci.proc import start as start_group
+
+PORT_BLOCK_SIZE = PORT_BLOCK  # the runner reserves blocks of this size (SLIME_CI_PORT_BASE)
 OWNER_VAR = "SLIME_CI_RAY_OWNER"
 # Unix socket paths are limited to 107 bytes, and Ray puts its sockets at
 # <temp>/ray-XXXXXXXX/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store: 77 bytes
@@ -313,9 +317,12 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
     log_path = temp_dir / "head.log"
     argv = ray_start_argv(ray_executable(), ports=ports, temp_dir=str(temp_dir), num_gpus=num_gpus)
     print(f"+ {' '.join(argv)}", flush=True)
+    guard = process_guard()
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, env=head_env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        # Guarded: if the entry dies without stopping its head (SIGKILL), the head goes too.
+        proc: subprocess.Popen[bytes] = start_group(argv, env=head_env, stdout=log,
+                                                    stderr=subprocess.STDOUT,
+                                                    stdin=subprocess.DEVNULL, guard=guard)
     head = RayHead(
         address=f"http://127.0.0.1:{ports.dashboard}",
         gcs_address=f"127.0.0.1:{ports.gcs}",
@@ -328,6 +335,7 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
         yield head
     finally:
         pids = stop_head(head, proc)
+        guard.unregister(proc.pid)
         if record is not None:
             record.append(HeadRecord(pids=pids, temp_dir=temp_dir))
         # A job's own logs travel with its result; the head's logs matter when it did not start.

@@ -3,7 +3,7 @@
 Each entry becomes one Ray streaming task that needs the entry's NUM_GPUS on one
 node: a placement group of one bundle with STRICT_PACK (a bundle never spans
 nodes), the task scheduled into it, Ray setting CUDA_VISIBLE_DEVICES. The task
-(`ci.cluster_task`) runs the same argv as a local run in the node's checkout — the
+(`ci.backends.ray_task`) runs the same argv as a local run in the node's checkout — the
 driver's checkout path, which must exist on every node (a shared filesystem, or
 the same path cloned on each) — and streams its output back. Ray is the
 scheduler here; this module only turns Ray's answers into the runner's results.
@@ -24,12 +24,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ci.cluster_task import NodeJob, node_job, run_on_node
+from ci.backends.base import Backend, EntryEnv, Launch
+from ci.backends.ray_task import NodeJob, run_on_node
 from ci.errors import UsageError
+from ci.gpu_lock import DEFAULT_PATTERN
 from ci.plan import PlannedEntry
-from ci.runner import RemoteAttempt, RunConfig
+from ci.results import RemoteAttempt
+from ci.timeline import gpu_row
 
 ADDRESS_ENV = "SLIME_CI_RAY_ADDRESS"
+# Emulated GPUs on a cluster: per node ({node}: its Ray id), never the real GPUs' files.
+EMULATED_NODE_LOCKS = "/tmp/slime-ci-emulated-locks-{node}/gpu_{gpu_id}.lock"
+GRACE = 5.0  # seconds between SIGTERM and SIGKILL of an entry's process group on its node
 # How long a task error may take to show up as a dead node in the GCS (its health checks).
 NODE_DEATH_WAIT = 60.0
 
@@ -71,20 +77,60 @@ def reachable(address: str, timeout: float = 5.0) -> None:
                          f"or drop --ray-address / {ADDRESS_ENV}") from None
 
 
-class Cluster:
-    """A connection to a Ray cluster that runs entries as tasks; one per run."""
+class RayBackend(Backend):
+    """Entries as Ray tasks on a cluster; the runner hands each attempt to `run`."""
 
-    def __init__(self, address: str, *, cfg: RunConfig, lock_pattern: str | None,
-                 lock_timeout: float) -> None:
+    name = "ray"
+
+    def __init__(self, *, address: str, root: str, env: Mapping[str, str], jobs: int,
+                 emulate_gpus: bool, lock_path_pattern: str | None, lock_timeout: float,
+                 largest_entry: int) -> None:
+        super().__init__(gpus=0)  # known once connected: the cluster's, node by node
         self.address = address
-        self.cfg = cfg
-        self.lock_pattern = lock_pattern
+        self.root = root
+        self.env = dict(env)
+        self.jobs = jobs
+        self._emulated = emulate_gpus
+        # Each node's own lock files; logical GPUs of several nodes on one box must not share them.
+        self.node_lock_pattern = lock_path_pattern or (EMULATED_NODE_LOCKS if emulate_gpus
+                                                       else DEFAULT_PATTERN)
         self.lock_timeout = lock_timeout
+        self.largest_entry = largest_entry
         self.run_token = uuid.uuid4().hex[:10]
         self._lock = threading.Lock()
         self._inflight: dict[str, Any] = {}  # attempt name -> streaming generator
         self._names: dict[str, str] = {}
         self._task: Any = None
+        self._connected = False
+
+    def check(self) -> None:
+        """Join the cluster as a driver, and refuse entries no node can hold (one line, exit 2)."""
+        self.connect()
+        nodes = [n for n in self.nodes() if n.alive]
+        largest = max((n.gpus for n in nodes), default=0)
+        if self.largest_entry > largest:
+            raise UsageError(f"an entry needs {self.largest_entry} GPUs on one node; the largest node "
+                             f"of the cluster at {self.address} has {largest}")
+        self.gpus = sum(n.gpus for n in nodes)
+
+    def launch(self, entry: PlannedEntry, argv: tuple[str, ...], env: EntryEnv,
+               devices: tuple[int, ...]) -> Launch:
+        """What the node runs (for --dry-run): the local argv, with the entry's own variables."""
+        return Launch(argv=argv, env=dict(env.own))
+
+    def describe(self) -> str:
+        return f"Ray cluster at {self.address}, each entry a task on one node"
+
+    @property
+    def emulated(self) -> bool:
+        return self._emulated
+
+    @property
+    def remote(self) -> RayBackend:
+        return self
+
+    def gpu_rows(self, host: str) -> list[str]:
+        return [gpu_row(n.name, i) for n in self.nodes() for i in range(n.gpus)]
 
     def connect(self) -> None:
         """Join the cluster as a driver; a one-line UsageError when it cannot be reached."""
@@ -94,19 +140,22 @@ class Cluster:
         try:
             ray.init(address=self.address, log_to_driver=False, logging_level=logging.ERROR,
                      configure_logging=False,
-                     # The workers import ci.cluster_task from the same checkout the entries run in.
-                     runtime_env={"env_vars": {"PYTHONPATH": str(self.cfg.root)}})
+                     # The workers import ci.backends.ray_task from the checkout the entries run in.
+                     runtime_env={"env_vars": {"PYTHONPATH": self.root}})
         except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError…
             raise UsageError(f"cannot join the Ray cluster at {self.address}: "
                              f"{str(exc).splitlines()[0][:200]}; start one with `ray start --head`, "
                              f"or drop --ray-address / {ADDRESS_ENV}") from None
+        self._connected = True
         # A generator function: Ray streams each message it yields to this driver.
         self._task = ray.remote(run_on_node)
 
     def close(self) -> None:
         import ray
 
-        ray.shutdown()
+        if self._connected:
+            ray.shutdown()
+            self._connected = False
 
     def nodes(self) -> list[Node]:
         """Every node the cluster knows, alive or not, named as the run names them."""
@@ -152,9 +201,10 @@ class Cluster:
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        job: NodeJob = replace(node_job(entry, self.cfg), lock_pattern=self.lock_pattern,
-                               lock_timeout=self.lock_timeout, run_token=self.run_token,
-                               attempt_name=name)
+        job = NodeJob(entry=entry, root=self.root, env=self.env, jobs=self.jobs, pytest_args=(),
+                      emulate_gpus=self._emulated, lock_pattern=self.node_lock_pattern,
+                      lock_timeout=self.lock_timeout, grace=GRACE, run_token=self.run_token,
+                      attempt_name=name)
         queued_at = time.time()
         pg = None
         options: dict[str, Any]

@@ -1,7 +1,8 @@
 """The node side of a cluster run: one entry, run as a Ray streaming task on the node Ray chose.
 
-Runs the same argv and environment a local run would (`ci.runner.base_argv` /
-`entry_env`), in this node's checkout, on the GPUs Ray assigned, after taking this
+Runs the same argv and environment a local run would (`ci.runner.base_argv`,
+`entry_env` and the local or emulated backend's `launch`), in this node's
+checkout, on the GPUs Ray assigned, after taking this
 node's GPU lock files for them, so someone using `lock-gpus` on the box is respected.
 It yields messages the driver turns into a live log and a result:
 
@@ -24,9 +25,12 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
+from ci.backends.base import Backend
+from ci.backends.emulated import EmulatedBackend
+from ci.backends.local import LocalBackend
 from ci.plan import PlannedEntry
 from ci.runner import RunConfig, base_argv, entry_env
 
@@ -49,6 +53,7 @@ class NodeJob:
     root: str  # the checkout on the node (the driver's path: shared, or cloned at the same path)
     env: Mapping[str, str]  # the driver's SLIME_* flags; the node's own environment supplies the rest
     jobs: int
+    pytest_args: tuple[str, ...]
     emulate_gpus: bool
     lock_pattern: str | None  # GPU lock files on the node; "{node}" is its Ray node id (None: no lock)
     lock_timeout: float
@@ -94,14 +99,19 @@ def run_on_node(job: NodeJob) -> Iterator[Message]:
     out_dir.mkdir(parents=True, exist_ok=True)
     junit = scratch / "junit.xml"
     cfg = RunConfig(root=Path(job.root), work_dir=scratch, jobs=job.jobs, python=sys.executable,
-                    base_env={**os.environ, **job.env}, emulate_gpus=job.emulate_gpus)
+                    base_env={**os.environ, **job.env}, pytest_args=job.pytest_args)
+    # The same backend a run on this box would use; its lock is taken below, on Ray's GPUs.
+    here: Backend = (EmulatedBackend(gpus=len(devices), lock_path_pattern="unused")
+                     if job.emulate_gpus else LocalBackend(gpus=len(devices)))
     if not Path(job.root).is_dir():
         yield ("start", node_id, host, devices, 0)
         yield ("log", f"checkout {job.root} does not exist on {host} (node {node_id[:8]})\n")
         yield ("end", 2, False, 0.0, "")
         return
-    env = entry_env(job.entry, cfg, devices=devices, out_dir=out_dir, tmp_dir=tmp_dir)
-    argv = base_argv(job.entry, cfg, junit)
+    launch = here.launch(job.entry, tuple(base_argv(job.entry, cfg, junit)),
+                         entry_env(job.entry, cfg, devices=devices, out_dir=out_dir, tmp_dir=tmp_dir),
+                         devices)
+    argv, env = launch.argv, dict(launch.env)
     with ExitStack() as stack:
         if devices and job.lock_pattern:
             pattern = job.lock_pattern.replace("{node}", node_id)
@@ -154,13 +164,3 @@ def run_on_node(job: NodeJob) -> Iterator[Message]:
     if proc.returncode == 0 and not timed_out:
         shutil.rmtree(scratch, ignore_errors=True)
     yield ("end", proc.returncode, timed_out, seconds, junit_text)
-
-
-def node_job(entry: PlannedEntry, cfg: RunConfig, **fields: object) -> NodeJob:
-    """The NodeJob of an entry: the driver's SLIME_* flags travel, nothing else of its environment."""
-    flags = {k: v for k, v in cfg.base_env.items() if k.startswith(("SLIME_TEST_", "SLIME_CI_"))
-             and k not in ("SLIME_CI_RAY_ADDRESS", "SLIME_CI_PORT_BASE")}
-    base = NodeJob(entry=entry, root=str(cfg.root), env=flags, jobs=cfg.jobs,
-                   emulate_gpus=cfg.emulate_gpus, lock_pattern=None, lock_timeout=86400.0,
-                   grace=cfg.grace, run_token="", attempt_name="")
-    return replace(base, **fields)  # type: ignore[arg-type]

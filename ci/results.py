@@ -1,0 +1,212 @@
+"""Results: what happened to one entry, and the rules that decide it.
+
+Outcomes, the `Result` record, JUnit parsing and judging an attempt all live here,
+so the runner, the report and the session read one set of rules.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from ci.plan import PlannedEntry
+
+Outcome = Literal["passed", "failed", "timeout", "empty", "deselected", "flaky", "interrupted", "lost"]
+OK_OUTCOMES: frozenset[str] = frozenset({"passed", "deselected", "flaky"})
+# Outcomes whose duration says nothing about the entry's next run.
+UNMEASURED: frozenset[str] = frozenset({"interrupted", "deselected", "timeout", "lost"})
+PYTEST_NO_TESTS = 5  # pytest's exit code when it collected (or selected) nothing
+NOT_RUN = "did not run: interrupted"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result:
+    """What happened to one entry."""
+
+    entry: PlannedEntry
+    outcome: Outcome
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    returncode: int | None = None
+    attempts: int = 1
+    devices: tuple[int, ...] = ()
+    reason: str = ""  # one line for the summary: the error the file raised, the timeout…
+    output_tail: str = ""
+    log_path: Path | None = None
+    junit_path: Path | None = None
+    # Wall-clock (epoch seconds) for the run timeline: when the entry began waiting for
+    # its GPUs (None: it needed none), when it got them and started, when it ended.
+    queued_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    node: str = ""  # where it ran: the hostname, or the cluster node
+    earlier: tuple[Result, ...] = ()  # attempts before this one (retries), oldest first
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in OK_OUTCOMES
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attempt:
+    """How one process of an entry ended."""
+
+    returncode: int | None
+    seconds: float
+    timed_out: bool
+    interrupted: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoteAttempt:
+    """One attempt of an entry on another machine (a cluster node), as the driver saw it."""
+
+    returncode: int | None
+    seconds: float
+    timed_out: bool
+    interrupted: bool
+    queued_at: float
+    ended_at: float
+    started_at: float | None = None
+    node: str = ""
+    devices: tuple[int, ...] = ()
+    lost: str = ""  # the node died under the entry: why, naming it (the runner retries once)
+    error: str = ""  # the remote side failed for another reason
+
+
+@dataclass(frozen=True, kw_only=True)
+class Counts:
+    """Test counts of one JUnit report."""
+
+    tests: int = 0
+    failures: int = 0
+    errors: int = 0
+    skipped: int = 0
+
+    @property
+    def passed(self) -> int:
+        return max(0, self.tests - self.failures - self.errors - self.skipped)
+
+
+def junit_suites(root: ET.Element) -> list[ET.Element]:
+    """The `<testsuite>` elements of a JUnit document (a lone suite or a `<testsuites>`)."""
+    return [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+
+
+def parse_junit(path: Path) -> Counts | None:
+    """Counts from a JUnit file; None when it is missing or unreadable (a crash, a kill)."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    tests = failures = errors = skipped = 0
+    for suite in junit_suites(root):
+        tests += int(suite.get("tests", 0))
+        failures += int(suite.get("failures", 0))
+        errors += int(suite.get("errors", 0))
+        skipped += int(suite.get("skipped", 0))
+    return Counts(tests=tests, failures=failures, errors=errors, skipped=skipped)
+
+
+def tail(log: Path, lines: int = 60) -> str:
+    """The last lines of a log file ("" when it cannot be read)."""
+    try:
+        data = log.read_bytes()[-64_000:]
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+_PYTEST_ERROR = re.compile(r"^E\s+(\w*(?:Error|Exception|Exit)\b.*)$")
+_EXCEPTION = re.compile(r"^[\w.]*(?:Error|Exception|Exit|Interrupt)\b")
+# A line that says what went wrong, in the words tools use (docker, bash, pip, git…).
+_TELLING = re.compile(r"(?i)\b(?:error|cannot|can't|could not|failed|fatal|denied|not found|"
+                      r"no such|refused|unable|killed|timed out)\b")
+# Lines that follow an error and say nothing about it: usage hints, separators.
+_NOISE = re.compile(r"(?i)--help\b|for more information|^=+|^-+$|^\s*$")
+
+
+def reason(output: str) -> str:
+    """The most telling line of a failed entry's output, not merely its last.
+
+    In order: the exception pytest reports (`E   ValueError: …`), the last exception
+    line of a traceback, the last line that names a failure in a tool's words
+    ("Cannot connect to the Docker daemon…"), and only then the last line.
+    """
+    lines = output.splitlines()
+    for line in lines:
+        match = _PYTEST_ERROR.match(line)
+        if match:
+            return match.group(1).strip()[:200]
+    for line in reversed(lines):
+        if _EXCEPTION.match(line.strip()):
+            return line.strip()[:200]
+    for line in reversed(lines):
+        if _TELLING.search(line) and not _NOISE.search(line):
+            return line.strip()[:200]
+    for line in reversed(lines):
+        if not _NOISE.search(line):
+            return line.strip()[:200]
+    return ""
+
+
+def judge(entry: PlannedEntry, attempt: Attempt, *, junit: Path, log: Path,
+          filtering: bool) -> Result:
+    """The outcome of one attempt: from its exit code (scripts) or its JUnit report (pytest)."""
+    out = tail(log)
+    base = Result(entry=entry, outcome="failed", seconds=attempt.seconds,
+                  returncode=attempt.returncode, output_tail=out, log_path=log,
+                  junit_path=junit if entry.kind == "pytest" else None)
+    if attempt.interrupted:
+        return replace(base, outcome="interrupted", failed=1, reason="interrupted")
+    if attempt.timed_out:
+        return replace(base, outcome="timeout", failed=1,
+                       reason=f"timed out after {entry.timeout:.0f}s; the whole process group was killed")
+    if entry.kind == "script":
+        ok = attempt.returncode == 0
+        return replace(base, outcome="passed" if ok else "failed", passed=int(ok), failed=int(not ok),
+                       reason="" if ok else (reason(out) or f"exit code {attempt.returncode}"))
+    counts = parse_junit(junit)
+    if counts is None:
+        return replace(base, failed=1,
+                       reason=reason(out) or f"pytest wrote no report (exit code {attempt.returncode})")
+    result = replace(base, passed=counts.passed, failed=counts.failures + counts.errors,
+                     skipped=counts.skipped)
+    executed = counts.tests - counts.skipped
+    if attempt.returncode == 0 and executed > 0 and result.failed == 0:
+        return replace(result, outcome="passed")
+    if attempt.returncode == PYTEST_NO_TESTS or (attempt.returncode == 0 and executed == 0):
+        if filtering:
+            return replace(result, outcome="deselected", reason="no test matched the filter")
+        # The original CI counted files that ran nothing as green; here they fail.
+        return replace(result, outcome="empty", failed=max(1, result.failed),
+                       reason="ran no test: a test file must execute at least one test")
+    return replace(result, failed=max(1, result.failed),
+                   reason=reason(out) or f"exit code {attempt.returncode}")
+
+
+def interrupted(entry: PlannedEntry, why: str = "interrupted") -> Result:
+    """An entry the interrupt stopped, or one that never started."""
+    return Result(entry=entry, outcome="interrupted", failed=1, reason=why)
+
+
+def closing(suite: str, results: Sequence[Result]) -> str:
+    """The run's closing line: test counts; an interrupted run says so and counts entries apart."""
+    passed = sum(r.passed for r in results)
+    skipped = sum(r.skipped for r in results)
+    stopped = [r for r in results if r.outcome == "interrupted"]
+    if not stopped:
+        failed = sum(r.failed for r in results)
+        return f"{suite}: {passed} passed, {failed} failed, {skipped} skipped"
+    # Entries the interrupt ended, or never started, are neither passed nor failed tests.
+    failed = sum(r.failed for r in results if r.outcome != "interrupted")
+    finished = len(results) - len(stopped)
+    return (f"{suite}: interrupted; {finished} of {len(results)} entries finished "
+            f"({len(stopped)} stopped or never run); tests: {passed} passed, {failed} failed, "
+            f"{skipped} skipped")

@@ -1,0 +1,89 @@
+"""`ci/` has no import circle: every import of every module, read with `ast`, forms a DAG.
+
+Deferred imports inside functions and `TYPE_CHECKING` blocks count too: a circle hidden
+behind them still ties two modules into one.
+"""
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+from _ci import REPO
+
+NUM_GPUS = 0
+
+
+def _module(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of `ci` it imports (anywhere in its body)."""
+    modules = {_module(p, root): p for p in sorted((root / "ci").rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            for target in targets:
+                if target in modules and target != name:
+                    found.add(target)
+        graph[name] = found
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle, as the list of modules around it; None when there is none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_ci_has_no_import_cycle():
+    graph = import_graph(REPO)
+    assert "ci.session" in graph and "ci.runner" in graph["ci.session"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle or ())
+
+
+def test_the_check_finds_a_circle(tmp_path):
+    (tmp_path / "ci").mkdir()
+    (tmp_path / "ci" / "__init__.py").write_text("")
+    (tmp_path / "ci" / "a.py").write_text("from ci.b import x\n")
+    (tmp_path / "ci" / "b.py").write_text("def f():\n    from . import c\n")
+    (tmp_path / "ci" / "c.py").write_text("from typing import TYPE_CHECKING\n"
+                                          "if TYPE_CHECKING:\n    import ci.a\n")
+    assert find_cycle(import_graph(tmp_path)) == ["ci.a", "ci.b", "ci.c", "ci.a"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))

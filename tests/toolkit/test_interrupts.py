@@ -1,0 +1,176 @@
+"""Interrupts and runner death: a signal is never lost, and entries never outlive their runner.
+
+Processes are found by the pids and process groups the entries write down, never by name.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _ci import REPO, code, write
+
+from ci.proc import alive, group_members
+
+NUM_GPUS = 0
+
+# Each entry notes its pid (= its process group: the runner starts it as a group leader)
+# and starts a child in the same group, then sleeps far past any test's patience.
+LONG = """
+    import os, subprocess, sys, time, pytest
+    NUM_GPUS = 0
+    def test_long():
+        child = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(600)"])
+        out = os.path.join(os.environ["PIDS"], f"{os.getpid()}")
+        with open(out + ".tmp", "w") as fh:
+            fh.write(f"{os.getpid()} {os.getpgid(0)} {child.pid}")
+        os.replace(out + ".tmp", out)
+        time.sleep(600)
+"""
+
+
+def _caught(pid: int) -> int:
+    """The runner's caught-signal mask (SigCgt), 0 when it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+def _handles_signals(pid: int) -> bool:
+    mask = _caught(pid)
+    return bool(mask >> (signal.SIGINT - 1) & 1 and mask >> (signal.SIGTERM - 1) & 1)
+
+
+def _recorded(pids: Path) -> list[tuple[int, int, int]]:
+    return [tuple(map(int, p.read_text().split())) for p in pids.iterdir()
+            if not p.name.endswith(".tmp")]
+
+
+def _left(records: list[tuple[int, int, int]]) -> list[int]:
+    """Processes still alive among those the entries recorded, or in their groups."""
+    left = set()
+    for pid, pgid, child in records:
+        left |= {p for p in (pid, child) if alive(p)}
+        left |= set(group_members(pgid))
+    return sorted(left)
+
+
+def _wait_gone(records: list[tuple[int, int, int]], timeout: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := _left(records)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def _start(root: Path, pids: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PIDS": str(pids)}
+    env.pop("GITHUB_ACTIONS", None)
+    return subprocess.Popen([sys.executable, "-m", "ci", "run", "--suite", "cpu_unit", "--root",
+                             str(root), "-j", "2"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    return write(tmp_path / "repo", {f"tests/test_long_{i}.py": code(LONG) for i in range(3)})
+
+
+def test_interrupts_at_random_moments_under_load_end_every_run(checkout, tmp_path):
+    """Many runs at once (two entries each, on two cores), each signalled once or twice at a
+    random moment: while planning, while entries start, while they run, while stopping."""
+    rng = random.Random(os.environ.get("SLIME_CI_TEST_SEED", "11"))
+    rounds, at_once = 4, 4
+    for round_no in range(rounds):
+        runs = []
+        for i in range(at_once):
+            pids = tmp_path / f"pids-{round_no}-{i}"
+            pids.mkdir()
+            runs.append((_start(checkout, pids), pids, rng.choice((signal.SIGINT, signal.SIGTERM)),
+                         rng.uniform(0.0, 4.0), rng.random() < 0.3))
+        for proc, *_ in runs:
+            # Signals sent before Python has installed any handler would meet the kernel's
+            # default for SIGTERM (death, not exit 130): wait until the runner catches both.
+            deadline = time.monotonic() + 30
+            while not _handles_signals(proc.pid) and proc.poll() is None:
+                assert time.monotonic() < deadline, "the runner never installed its handlers"
+                time.sleep(0.005)
+        start = time.monotonic()
+        pending = sorted(runs, key=lambda r: r[3])
+        for proc, _, sig, delay, twice in pending:
+            time.sleep(max(0.0, start + delay - time.monotonic()))
+            proc.send_signal(sig)
+            if twice:
+                time.sleep(rng.uniform(0.0, 0.5))
+                proc.send_signal(sig)
+        for proc, pids, sig, delay, _twice in runs:
+            try:
+                out, _ = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, _ = proc.communicate()
+                pytest.fail(f"run not ended 60 s after {sig.name} at {delay:.2f}s:\n{out[-3000:]}")
+            assert proc.returncode == 130, f"{sig.name} at {delay:.2f}s:\n{out[-3000:]}"
+            assert _wait_gone(_recorded(pids)) == [], f"{sig.name} at {delay:.2f}s left processes"
+
+
+def test_interrupted_closing_line_counts_entries_apart(checkout, tmp_path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    proc = _start(checkout, pids)
+    deadline = time.monotonic() + 60
+    while len(_recorded(pids)) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None, "entries never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    closing = [line for line in out.splitlines()
+               if line.startswith("cpu_unit: ") and "skipped" in line]
+    assert closing == ["cpu_unit: interrupted; 0 of 3 entries finished (3 stopped or never run); "
+                       "tests: 0 passed, 0 failed, 0 skipped"], out
+
+
+def test_sigkill_of_the_runner_leaves_nothing_running(tmp_path):
+    """Entries die with the runner, and so do the groups an entry started through U."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    root = write(tmp_path / "repo", {"tests/test_u.py": code(f"""
+        import os, pytest
+        from slime.utils.external_utils import command_utils as U
+        NUM_GPUS = 0
+        def test_holds_a_group_of_its_own():
+            out = {str(pids)!r}
+            open(os.path.join(out, "entry"), "w").write(f"{{os.getpid()}} {{os.getpgid(0)}}")
+            # A group of its own, as U's commands and private Ray heads are.
+            U.exec_command(f"echo $$ > {{out}}/u.tmp && mv {{out}}/u.tmp {{out}}/u && sleep 600")
+    """)})
+    proc = _start(root, pids)
+    deadline = time.monotonic() + 60
+    while not ((pids / "entry").exists() and (pids / "u").exists()):
+        assert time.monotonic() < deadline and proc.poll() is None, "the entry never started"
+        time.sleep(0.05)
+    entry, entry_group = map(int, (pids / "entry").read_text().split())
+    u_group = int((pids / "u").read_text())
+    assert entry == entry_group and u_group != entry_group
+    assert group_members(u_group), "U's group is not running"
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 15
+    while (alive(entry) or group_members(entry_group) or group_members(u_group)) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(entry), "the entry outlived its runner"
+    assert group_members(entry_group) == [], "processes of the entry's group outlived the runner"
+    assert group_members(u_group) == [], "the group the entry started through U outlived it"
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
