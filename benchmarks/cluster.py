@@ -24,6 +24,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,13 +97,15 @@ def run_matrix(root: Path, record: Path, extra: list[str]) -> tuple[float, int, 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=0.3, help="seconds of sleep per real minute")
+    parser.add_argument("--keep", action="store_true", help="keep the checkout (logs, timelines)")
     args = parser.parse_args()
     jobs = lock_bench.make_matrix(args.scale)
     work = sum(j.gpus * j.seconds for j in jobs)
     longest = max(j.seconds for j in jobs)
     print(f"matrix: {len(jobs)} entries, GPUs {sorted({j.gpus for j in jobs})}, {work:.0f} GPU-seconds, "
           f"longest {longest:.1f}s; {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
-    with tempfile.TemporaryDirectory(prefix="cluster-bench-") as tmp:
+    tmp = tempfile.mkdtemp(prefix="cluster-bench-")
+    try:
         root = Path(tmp) / "repo"
         durations = write_checkout(root, jobs)
         (root / "durations.json").write_text(json.dumps(durations))
@@ -125,6 +128,11 @@ def main() -> int:
         print(f"Ray cluster (2 x 8 GPUs): makespan {ray_span:6.1f}s  bound {ray_bound:6.1f}s  "
               f"ratio {ray_span / ray_bound:.3f}  (exit {ray_rc})\n{textwrap.indent(ray_tail, '    ')}")
         print(f"cluster processes left after stop: {len(left)}")
+    finally:
+        if args.keep:
+            print(f"kept: {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
     print(f"makespan / lower bound: one box {box / box_bound:.3f}, cluster {ray_span / ray_bound:.3f} "
           f"(goal on the cluster <= 1.10); load now {os.getloadavg()[0]:.2f}")
     return 0

@@ -211,12 +211,8 @@ class RayBackend(Backend):
         if entry.num_gpus:
             pg = placement_group([{"GPU": entry.num_gpus}], strategy="STRICT_PACK",
                                  name=f"slime-ci-{self.run_token}-{name}")
-            ready = pg.ready()
-            while not ray.wait([ready], timeout=0.5)[0]:
-                if stopping.is_set():
-                    remove_placement_group(pg)
-                    return RemoteAttempt(returncode=None, seconds=0.0, timed_out=False,
-                                         interrupted=True, queued_at=queued_at, ended_at=time.time())
+            # The task goes in at once, queued behind its placement group inside Ray: when
+            # the group is placed the task starts, without a round trip through this driver.
             options = {"num_gpus": entry.num_gpus, "num_cpus": 0, "scheduling_strategy":
                        PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)}
         else:
@@ -225,6 +221,8 @@ class RayBackend(Backend):
                                  name=f"slime-ci:{entry.id}"[:200]).remote(job)
         with self._lock:
             self._inflight[name] = gen
+        if stopping.is_set():  # stopped while this one was being submitted: cancel_all missed it
+            ray.cancel(gen)
         node_id, node, devices = "", "", ()
         started_at: float | None = None
         result = RemoteAttempt(returncode=None, seconds=0.0, timed_out=False, interrupted=False,
