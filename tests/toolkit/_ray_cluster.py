@@ -29,8 +29,6 @@ HEALTH_ENV = {
     "RAY_health_check_period_ms": "500",
     "RAY_health_check_timeout_ms": "1000",
     "RAY_health_check_failure_threshold": "3",
-    # A loaded CI machine starts raylets slowly; the default wait gives up too early.
-    "RAY_raylet_start_wait_time_s": "180",
 }
 
 
@@ -93,15 +91,28 @@ class LocalCluster:
         return RayNode(name=name, proc=proc, log=log, temp_dir=temp)
 
     def start(self, workers: int, gpus: int, cpus: int = 2, timeout: float = 240) -> None:
-        self.head = self._start("head", ["--head", "--port", str(self.base), "--include-dashboard",
-                                         "false", "--ray-client-server-port", str(self.base + 1),
-                                         "--num-gpus", "0", "--num-cpus", "0"], 0)
-        self._wait(1, timeout)
+        """Head, then one worker at a time: `ray start` gives a raylet 30 s to register (fixed in
+        Ray), which a loaded machine can miss; a node that missed it is started again."""
+        head_args = ["--head", "--port", str(self.base), "--include-dashboard", "false",
+                     "--ray-client-server-port", str(self.base + 1), "--num-gpus", "0", "--num-cpus", "0"]
+        self.head = self._start_retrying("head", head_args, 0, 1, timeout)
         for i in range(workers):
-            self.workers.append(self._start(f"w{i + 1}", ["--address", self.address, "--num-gpus",
-                                                          str(gpus), "--num-cpus", str(cpus)],
-                                            40 * (i + 1)))
-        self._wait(1 + workers, timeout)
+            args = ["--address", self.address, "--num-gpus", str(gpus), "--num-cpus", str(cpus)]
+            self.workers.append(self._start_retrying(f"w{i + 1}", args, 40 * (i + 1), 2 + i, timeout))
+
+    def _start_retrying(self, name: str, args: list[str], offset: int, nodes: int,
+                        timeout: float, tries: int = 3) -> RayNode:
+        for attempt in range(1, tries + 1):
+            node = self._start(name, args, offset)
+            try:
+                self._wait(nodes, timeout, also=node)
+                return node
+            except RuntimeError:
+                with_suppress_kill(node.pid, signal.SIGKILL)
+                node.proc.wait()
+                if attempt == tries:
+                    raise
+        raise AssertionError("unreachable")
 
     def alive_nodes(self) -> int:
         proc = subprocess.run(
@@ -114,11 +125,11 @@ class LocalCluster:
         except (ValueError, IndexError):
             return 0
 
-    def _wait(self, count: int, timeout: float) -> None:
+    def _wait(self, count: int, timeout: float, also: RayNode | None = None) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for node in [self.head, *self.workers]:
-                if node is not None and node.proc.poll() is not None:
+            for node in {id(n): n for n in [self.head, *self.workers, also] if n is not None}.values():
+                if node.proc.poll() is not None:
                     raise RuntimeError(f"{node.name} exited: {node.log.read_text()[-2000:]}")
             if self.alive_nodes() >= count:
                 return
