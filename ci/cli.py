@@ -44,12 +44,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "run":
             PROCESS.install()  # before anything else: see ci/interrupts.py
         module = importlib.import_module(SUBCOMMANDS[name][0])
-        if name == "gpu-status":
-            return int(module.status_main(rest))
-        return int(module.main(rest))
+        entry = module.status_main if name == "gpu-status" else module.main
+        code = int(entry(rest))
     except CIError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        code = exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        code = EXIT_INTERRUPTED
+    if name == "run":
+        PROCESS.close()
+        code = PROCESS.exit_code(code)
+    return code

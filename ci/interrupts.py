@@ -1,10 +1,12 @@
 """SIGINT and SIGTERM for a run: never lost, never raised where they can do harm.
 
-Two modes. While a run is being planned, a signal raises KeyboardInterrupt (nothing
-has started; the command ends with 130). Once entries may run, a signal is only
-recorded: the run's main loop polls it, stops every running group and still writes
-its report. No KeyboardInterrupt is raised then, so none can land inside a lock, a
-`waitid` retry, a worker hand-off or the clean-up itself and leave the run stuck.
+A signal is only recorded. While a run is being planned, the session looks at the
+record between steps (`check`) and ends the command with 130 before anything starts;
+once entries may run, the run's main loop polls it, stops every running group and
+still writes its report. No KeyboardInterrupt is ever raised by the signal itself, so
+none can land inside a lock, a `waitid` retry, a worker hand-off, the clean-up, or
+the `exec` that builds a dataclass during an import (CPython then marks the
+interrupt unhandled, even once caught, and kills the process with SIGINT at exit).
 
 Handlers are installed explicitly for both signals, whatever the process inherited:
 a process started in the background by a non-interactive shell inherits SIGINT as
@@ -28,17 +30,12 @@ class Interrupts:
 
     def __init__(self) -> None:
         self.signum: int | None = None  # the first signal received
-        self.deferring = False
         self._previous: dict[int, object] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        # An attribute write and a read: safe whatever the main thread was doing.
-        first = self.signum is None
-        if first:
+        # An attribute write: safe whatever the main thread was doing when it came.
+        if self.signum is None:
             self.signum = signum
-        # Raised once: a second signal must not break into the unwinding of the first.
-        if first and not self.deferring:
-            raise KeyboardInterrupt
 
     def install(self) -> bool:
         """Take SIGINT and SIGTERM (main thread only; returns False elsewhere). Idempotent."""
@@ -50,17 +47,29 @@ class Interrupts:
             self._previous[sig] = signal.signal(sig, self._handle)
         return True
 
-    def defer(self) -> None:
-        """From now on a signal is recorded, not raised."""
-        self.deferring = True
-
     @property
     def received(self) -> bool:
         return self.signum is not None
 
+    def check(self) -> None:
+        """Raise KeyboardInterrupt here, at a step of our choosing, if a signal came."""
+        if self.received:
+            raise KeyboardInterrupt
+
     def exit_code(self, code: int) -> int:
         """`code`, or 130 when the run was interrupted."""
         return EXIT_INTERRUPTED if self.received else code
+
+    def close(self) -> None:
+        """The run is over and its exit code stands: ignore SIGINT/SIGTERM from here on.
+
+        Python puts the default handlers back while it shuts down, and a signal then
+        (a second Ctrl-C, a supervisor's follow-up SIGTERM) would kill the process and
+        replace the exit code the run decided with death by signal.
+        """
+        if self._previous and threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
 
     def restore(self) -> None:
         """Give the signals back to whoever had them (a library caller, a test)."""

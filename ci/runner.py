@@ -3,6 +3,11 @@
 Why one process group per file: import-time stubs in one test file must never
 leak into another, and a timeout must kill everything the file started — the
 original CI's `pkill -9 <name>` clean-up killed other people's processes instead.
+
+What an entry's process is (its command, environment, abort) is the backend's
+(`ci.backends`, chosen once per run); groups are started, waited for and stopped by
+`ci.proc`, whose guard kills them should the runner itself die; signals reach the
+run through `ci.interrupts`; outcomes are judged by `ci.results`.
 """
 
 from __future__ import annotations
@@ -419,9 +424,7 @@ class Runner:
         own = interrupts is None
         signals = Interrupts() if interrupts is None else interrupts
         if own:
-            signals.install()
-        # From here on a signal is only recorded; this thread acts on it below.
-        signals.defer()
+            signals.install()  # a signal is only recorded; this thread acts on it below
         try:
             self._supervise(workers, signals)
         finally:

@@ -199,17 +199,19 @@ def _bool_env(env: Mapping[str, str], name: str) -> bool:
 
 
 def main(argv: Sequence[str]) -> int:
-    # SIGINT/SIGTERM raise KeyboardInterrupt while planning (exit 130 through the CLI),
-    # and are only recorded once entries may run (see ci/interrupts.py).
+    # SIGINT/SIGTERM are recorded; while planning, each step ends the command (exit 130
+    # through the CLI) if one came; once entries may run, the runner acts on it.
     interrupts = PROCESS
     interrupts.install()
     opts = parse(argv)
+    interrupts.check()
     args, suite, root = opts.args, opts.suite, opts.root
     log = Log.from_env()
     cache = root / ".ci-cache"
     store = DurationStore(args.durations or root / DURATIONS_FILE)
     durations = store.load()
     entries = select(opts, durations)
+    interrupts.check()
     if not entries:
         log.line(f"{suite.name}: nothing selected; nothing to run")
         return EXIT_OK
@@ -238,6 +240,7 @@ def main(argv: Sequence[str]) -> int:
         _print_plan(opts, entries, cfg, log)
         return EXIT_OK
     backend.check()  # its preconditions: one line and exit 2 before anything starts
+    interrupts.check()
     try:
         pattern = backend.lock_pattern if gpu_entries else None
         if pattern is not None:
