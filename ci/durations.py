@@ -7,6 +7,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+# Where a checkout keeps measured durations (relative to its root); CI caches this file.
+DURATIONS_FILE = ".ci-cache/durations.json"
+
 
 class DurationStore:
     """Measured seconds per entry id, kept between runs so plans can order and shard by them."""

@@ -15,10 +15,10 @@ from typing import Literal
 
 from ci.plan import PlannedEntry
 
-Outcome = Literal["passed", "failed", "timeout", "empty", "deselected", "flaky", "interrupted"]
+Outcome = Literal["passed", "failed", "timeout", "empty", "deselected", "flaky", "interrupted", "lost"]
 OK_OUTCOMES: frozenset[str] = frozenset({"passed", "deselected", "flaky"})
 # Outcomes whose duration says nothing about the entry's next run.
-UNMEASURED: frozenset[str] = frozenset({"interrupted", "deselected", "timeout"})
+UNMEASURED: frozenset[str] = frozenset({"interrupted", "deselected", "timeout", "lost"})
 PYTEST_NO_TESTS = 5  # pytest's exit code when it collected (or selected) nothing
 NOT_RUN = "did not run: interrupted"
 
@@ -40,6 +40,13 @@ class Result:
     output_tail: str = ""
     log_path: Path | None = None
     junit_path: Path | None = None
+    # Wall-clock (epoch seconds) for the run timeline: when the entry began waiting for
+    # its GPUs (None: it needed none), when it got them and started, when it ended.
+    queued_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    node: str = ""  # where it ran: the hostname, or the cluster node
+    earlier: tuple[Result, ...] = ()  # attempts before this one (retries), oldest first
 
     @property
     def ok(self) -> bool:
@@ -54,6 +61,23 @@ class Attempt:
     seconds: float
     timed_out: bool
     interrupted: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoteAttempt:
+    """One attempt of an entry on another machine (a cluster node), as the driver saw it."""
+
+    returncode: int | None
+    seconds: float
+    timed_out: bool
+    interrupted: bool
+    queued_at: float
+    ended_at: float
+    started_at: float | None = None
+    node: str = ""
+    devices: tuple[int, ...] = ()
+    lost: str = ""  # the node died under the entry: why, naming it (the runner retries once)
+    error: str = ""  # the remote side failed for another reason
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,6 +22,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -89,6 +90,7 @@ class RunConfig:
     backend: Backend = field(default_factory=LocalBackend)
     keep_outputs: bool = False
     prefork: Policy = FRESH_ONLY  # CPU suites: fork pytest files from pre-imported workers
+    node: str = field(default_factory=socket.gethostname)  # names this machine in the timeline
 
 
 def base_argv(entry: PlannedEntry, cfg: RunConfig, junit: Path) -> list[str]:
@@ -371,15 +373,20 @@ class Runner:
         log_path = logs / f"{name}{suffix}.log"
         junit = junits / f"{name}{suffix}.xml"
         junit.unlink(missing_ok=True)
+        if self.cfg.backend.remote is not None:
+            return self._remote_attempt(entry, name + suffix, log_path, junit)
         out_dir = self.cfg.work_dir / "out" / name
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp_dir = Path(tempfile.mkdtemp(prefix=f"e{index:03d}-", dir=self._tmp_root()))
         gpus = nullcontext(None) if self.active.stopping.is_set() else self._gpus(entry)
+        queued_at = time.time() if entry.num_gpus and self.cfg.acquire is not None else None
         try:
             with gpus as lease:
                 devices = tuple(lease.devices) if lease is not None else ()
+                started_at = time.time()
                 if self.active.stopping.is_set():
-                    return interrupted_result(entry)
+                    return replace(interrupted_result(entry), queued_at=queued_at, ended_at=started_at,
+                                   node=self.cfg.node)
                 env = entry_env(entry, self.cfg, devices=devices, out_dir=out_dir, tmp_dir=tmp_dir)
                 launch = self.cfg.backend.launch(entry, tuple(base_argv(entry, self.cfg, junit)),
                                                  env, devices)
@@ -398,13 +405,48 @@ class Runner:
                     with self._print_lock:
                         self._running.pop(entry.id, None)
         except Abandoned:  # the run was stopped while this entry waited for its GPUs
-            return interrupted_result(entry)
+            return replace(interrupted_result(entry), queued_at=queued_at, ended_at=time.time(),
+                           node=self.cfg.node)
         result = replace(judge(entry, attempt, junit=junit, log=log_path, filtering=self.cfg.filtering),
-                         devices=devices)
+                         devices=devices, queued_at=queued_at, started_at=started_at,
+                         ended_at=time.time(), node=self.cfg.node)
         shutil.rmtree(tmp_dir, ignore_errors=True)
         if result.ok and not self.cfg.keep_outputs:
             shutil.rmtree(out_dir, ignore_errors=True)
         return result
+
+    def _remote_attempt(self, entry: PlannedEntry, name: str, log_path: Path, junit: Path) -> Result:
+        """One attempt on a cluster: the backend places and runs it; output streams back live."""
+        remote = self.cfg.backend.remote
+        assert remote is not None
+        with self._print_lock:
+            self._waiting[entry.id] = time.monotonic()
+
+        def started() -> None:
+            with self._print_lock:
+                self._waiting.pop(entry.id, None)
+                self._running[entry.id] = time.monotonic()
+
+        def output(text: str) -> None:
+            for line in text.splitlines():
+                self.log.line(f"[{entry.id}] {line}")
+
+        try:
+            ra = remote.run(entry, name=name, log_path=log_path, junit=junit,
+                            stopping=self.active.stopping, on_start=started, on_output=output)
+        finally:
+            with self._print_lock:
+                self._waiting.pop(entry.id, None)
+                self._running.pop(entry.id, None)
+        attempt = Attempt(returncode=ra.returncode, seconds=ra.seconds, timed_out=ra.timed_out,
+                          interrupted=ra.interrupted or self.active.stopping.is_set())
+        result = judge(entry, attempt, junit=junit, log=log_path, filtering=self.cfg.filtering)
+        if ra.lost and not attempt.interrupted:
+            result = replace(result, outcome="lost", failed=max(1, result.failed), reason=ra.lost)
+        elif ra.error and not attempt.interrupted:
+            result = replace(result, outcome="failed", failed=max(1, result.failed), reason=ra.error)
+        return replace(result, devices=ra.devices, node=ra.node, queued_at=ra.queued_at,
+                       started_at=ra.started_at, ended_at=ra.ended_at)
 
     def run_entry(self, entry: PlannedEntry, index: int) -> Result:
         """Run one entry with its retries (and, on request, again and again until it fails).
@@ -425,17 +467,27 @@ class Runner:
     def _once(self, entry: PlannedEntry, index: int) -> Result:
         """One pass: the entry, retried up to `retries` times; passing on a retry is flaky."""
         attempts = 0
+        earlier: list[Result] = []
+        lost = 0  # a lost node is the cluster's fault, not the entry's: one retry elsewhere, always
         while True:
             attempts += 1
             with self._cores.hold(entry.cores, self.active.stopping):
                 result = self._attempt(entry, index, attempts)
-            if result.ok or result.outcome == "interrupted" or attempts > self.cfg.retries:
+            if result.outcome == "lost" and lost == 0:
+                lost += 1
+                earlier.append(result)
+                self.log.line(f"       LOST {entry.id}: {result.reason}; retrying it on another node")
+                continue
+            if result.ok or result.outcome == "interrupted" or attempts > self.cfg.retries + lost:
                 break
+            earlier.append(result)
             self.log.line(f"       retry {attempts}/{self.cfg.retries}: {entry.id} ({result.reason})")
         if result.ok and attempts > 1:
-            result = replace(result, outcome="flaky",
-                             reason=f"failed {attempts - 1} time(s), then passed")
-        return replace(result, attempts=attempts)
+            why = "; ".join(r.reason for r in earlier if r.outcome == "lost")
+            result = replace(result, outcome="flaky", reason=(
+                f"{why}; passed on {result.node}" if why and len(earlier) == 1
+                else f"failed {attempts - 1} time(s), then passed"))
+        return replace(result, attempts=attempts, earlier=tuple(earlier))
 
     def _report_progress(self, result: Result) -> None:
         with self._print_lock:
@@ -510,6 +562,9 @@ class Runner:
                 self._beat()
         if signals.received:
             self.log.line("interrupted: stopping running entries…")
+            self.active.stopping.set()
+            if self.cfg.backend.remote is not None:
+                self.cfg.backend.remote.cancel_all()  # every remote entry, wherever it runs
             self.active.terminate_all(self.cfg.grace)
             deadline = time.monotonic() + self.cfg.grace + 5
             for w in started:

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import NoReturn
 
 from ci import plan as planner
+from ci import timeline
 from ci.backends import select_backend
+from ci.backends.ray import ADDRESS_ENV
 from ci.discover import discover
 from ci.docker import ENTRY_FLAG_DEFAULTS
-from ci.durations import DurationStore
+from ci.durations import DURATIONS_FILE, DurationStore
 from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError
 from ci.gpu_lock import DEFAULT_PATTERN as DEFAULT_LOCK_PATTERN
 from ci.gpu_lock import DEFAULT_TIMEOUT as DEFAULT_LOCK_TIMEOUT
@@ -84,11 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="changed suite: also tests that import changed modules")
     p.add_argument("--junit", type=Path, help="merged JUnit file (default: .ci-cache/junit/<suite>.xml)")
     p.add_argument("--durations", type=Path,
-                   help="durations store (default: .ci-cache/durations.json)")
+                   help=f"durations store (default: {DURATIONS_FILE})")
     p.add_argument("--keep-outputs", action="store_true", help="keep output dirs of passing entries")
     p.add_argument("--no-prefork", action="store_true",
                    help="CPU suites: a fresh interpreter per file instead of forking each file "
                         "from a worker that imported pytest/numpy/torch once")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="GPU suites: run each entry as a task on this Ray cluster, its GPUs on one "
+                        f"node (default: {ADDRESS_ENV}; unset: this machine)")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: .)")
     return p
 
@@ -124,6 +129,10 @@ def parse(argv: Sequence[str]) -> Options:
         raise UsageError("--lock-timeout must be positive")
     if args.lock_path_pattern is not None and "{gpu_id}" not in args.lock_path_pattern:
         raise UsageError("--lock-path-pattern must contain {gpu_id}")
+    if args.ray_address is None:
+        args.ray_address = os.environ.get(ADDRESS_ENV) or None
+    if args.ray_address is not None and not suite.needs_gpus:
+        raise UsageError(f"--ray-address runs GPU suites on a cluster; {suite.name} runs on this machine")
     if unknown and not suite.takes_pytest_args:
         raise UsageError(f"unknown option(s) for GPU suite {suite.name}: {' '.join(unknown)}")
     return Options(suite=suite, args=args, pytest_args=tuple(unknown), root=root, registry=registry)
@@ -208,7 +217,7 @@ def main(argv: Sequence[str]) -> int:
     args, suite, root = opts.args, opts.suite, opts.root
     log = Log.from_env()
     cache = root / ".ci-cache"
-    store = DurationStore(args.durations or cache / "durations.json")
+    store = DurationStore(args.durations or root / DURATIONS_FILE)
     durations = store.load()
     entries = select(opts, durations)
     interrupts.check()
@@ -216,14 +225,19 @@ def main(argv: Sequence[str]) -> int:
         log.line(f"{suite.name}: nothing selected; nothing to run")
         return EXIT_OK
     gpu_entries = any(e.num_gpus for e in entries)
-    gpus = _gpu_budget(opts, entries) if suite.needs_gpus or gpu_entries else 0
+    # On a cluster, Ray knows the GPUs: the backend checks entries against its nodes.
+    gpus = (_gpu_budget(opts, entries) if (suite.needs_gpus or gpu_entries) and not args.ray_address
+            else 0)
     jobs = args.jobs or (min(len(entries), 64) if gpu_entries else (os.cpu_count() or 1))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     work_dir = cache / "runs" / f"{suite.name}-{stamp}-{os.getpid()}"
     env = {**TEST_FLAGS, **os.environ}
     backend = select_backend(suite, gpus=gpus, emulate_gpus=args.emulate_gpus,
                              no_docker=args.no_docker, lock_path_pattern=args.lock_path_pattern,
-                             image=args.image, pull=args.pull, root=str(root), note=log.line)
+                             image=args.image, pull=args.pull, root=str(root), note=log.line,
+                             ray_address=args.ray_address, env=env, jobs=jobs,
+                             lock_timeout=args.lock_timeout,
+                             largest_entry=max(e.num_gpus for e in entries))
     cfg = RunConfig(
         root=root, work_dir=work_dir, jobs=jobs, base_env=env,
         pytest_args=(*(("-k", args.keyword) if args.keyword else ()), *opts.pytest_args),
@@ -247,11 +261,14 @@ def main(argv: Sequence[str]) -> int:
                     if cfg.infinite else ""))
         start = time.monotonic()
         results = Runner(cfg, log).run(entries, interrupts)
+        wall = time.monotonic() - start
+        rows = backend.gpu_rows(cfg.node) if gpu_entries else []
     finally:
         backend.close()
-    wall = time.monotonic() - start
     code = _report(suite.name, results, wall, args.junit or cache / "junit" / f"{suite.name}.xml",
                    store, log)
+    if gpu_entries:
+        _timeline(suite.name, results, rows, work_dir, log)
     return interrupts.exit_code(code)
 
 
@@ -263,6 +280,17 @@ def _prefork_policy(opts: Options) -> Policy:
            else "--no-prefork" if opts.args.no_prefork else "")
     preload = tuple(dict.fromkeys((*BASE_PRELOAD, *suite.preload)))
     return Policy(preload=() if off else preload, off=off)
+
+
+def _timeline(name: str, results: Sequence[Result], gpu_rows: Sequence[str], work_dir: Path,
+              log: Log) -> None:
+    """Write the run's timeline page, chart it in the step summary, and say where it is."""
+    tl = timeline.build(results, title=f"{name}: GPU timeline", gpu_rows=gpu_rows)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    page = work_dir / "timeline.html"
+    page.write_text(timeline.html(tl), encoding="utf-8")
+    log.summary(timeline.summary_markdown(tl, str(page)))
+    log.line(f"timeline: {page}")
 
 
 def _acquirer(gpus: int, pattern: str, timeout: float) -> Acquire:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias
 
+from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
 from ci.registry import load_registry
 from ci.suites import JOB_MINUTES
@@ -41,6 +42,9 @@ ACTIONLINT_PATH = ".github/actionlint.yaml"
 # Actions pinned to full commit SHAs (a tag can be moved; a commit cannot).
 CHECKOUT = ("actions/checkout", "08c6903cd8c0fde910a37f88322edcfb5dd907a8", "v5.0.0")
 SETUP_PYTHON = ("actions/setup-python", "e797f83bcb11b83ae66e0230d6156d7c80228e7c", "v6.0.0")
+CACHE_RESTORE = ("actions/cache/restore", "27d5ce7f107fe9357f9df03efb73ab90386fccae", "v5.0.5")
+CACHE_SAVE = ("actions/cache/save", "27d5ce7f107fe9357f9df03efb73ab90386fccae", "v5.0.5")
+DURATIONS_KEY = "slime-ci-durations"
 PYTHON_VERSION = "3.11"
 NOX_VERSION = "2026.10.20"
 # Hosted runners resolve the pinned torch to its CPU wheel from this index (see pyproject).
@@ -191,6 +195,45 @@ def concurrency_group(job: Job) -> Folded:
     ))
 
 
+# Measured durations.
+#
+# `--shard I/K` and the longest-first order read .ci-cache/durations.json, but a
+# hosted runner starts empty. Each job restores the file its own job last saved on
+# main (the newest cache under the job's key prefix; the primary key never exists,
+# so the prefix always decides), and a run on main saves it again under a key of
+# its own (cache entries are immutable). Only a push to main saves: pull requests
+# read main's cache and can never write one that main or another PR would read.
+# Failed runs save too: the durations they measured are still true.
+def durations_prefix(job: Job) -> str:
+    """The cache-key prefix of a job's durations (the trailing '-' keeps cpu_unit off cpu_unit_x)."""
+    return f"{DURATIONS_KEY}-{job.id}-"
+
+
+def _restore_durations(job: Job) -> dict[str, Node]:
+    return {"name": "Restore measured durations (last run on main)", "uses": _uses(CACHE_RESTORE),
+            "with": {"path": DURATIONS_FILE,
+                     "key": durations_prefix(job) + _expr("github.run_id"),
+                     "restore-keys": durations_prefix(job)}}
+
+
+def _save_durations(job: Job) -> dict[str, Node]:
+    shard = _expr("matrix.shard") + "-" if job.shards > 1 else ""
+    return {"name": "Save measured durations", "if": Folded((
+                "!cancelled()",
+                "&& github.event_name == 'push'",
+                f"&& github.ref == 'refs/heads/{BASE_BRANCH}'",
+                f"&& hashFiles('{DURATIONS_FILE}') != ''")),
+            "uses": _uses(CACHE_SAVE),
+            "with": {"path": DURATIONS_FILE,
+                     "key": durations_prefix(job) + shard
+                     + _expr("github.run_id") + "-" + _expr("github.run_attempt")}}
+
+
+def records_durations(job: Job) -> bool:
+    """Jobs that run suites (every job but the workflow's own lint) keep durations."""
+    return job.id != "lint"
+
+
 def _steps(job: Job) -> list[Node]:
     checkout: dict[str, Node] = {"persist-credentials": False}
     if job.full_history:
@@ -201,6 +244,8 @@ def _steps(job: Job) -> list[Node]:
          "with": {"python-version": PYTHON_VERSION}},
         {"name": "Install nox", "run": f"python -m pip install nox=={NOX_VERSION}"},
     ]
+    if records_durations(job):
+        steps.append(_restore_durations(job))
     env: dict[str, Node] = {}
     if job.self_hosted:
         # The dispatch input reaches the tests only through this variable; on a PR it is "0".
@@ -219,6 +264,8 @@ def _steps(job: Job) -> list[Node]:
         step["env"] = env
     step["run"] = run
     steps.append(step)
+    if records_durations(job):
+        steps.append(_save_durations(job))
     return steps
 
 

@@ -19,6 +19,9 @@ Modules: the interface in base.py (`Backend`, `EntryEnv`, `Launch`), then one pe
     local.py      this environment (CPU suites, `--no-docker`)
     docker.py     the framework image, with the GPU flags (GPU suites by default)
     emulated.py   logical GPUs under private locks, ranks on the CPU (`--emulate-gpus`)
+    ray.py        a Ray cluster (`--ray-address`): each entry a task on one node, its GPUs
+                  placed by Ray; the node side is ray_task.py. Entries run elsewhere, so it
+                  runs each attempt itself (`remote`) and takes the node's locks there
 
 `select_backend` below is the only place that turns a suite and the command line into
 a backend. A new backend (a Ray cluster, say) is one more module with a `Backend`
@@ -29,6 +32,8 @@ backend that takes GPUs some other way than host lock files returns `None` from
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ci.backends.base import Backend, EntryEnv, Launch, Note
 from ci.suites import Suite
 
@@ -37,8 +42,16 @@ __all__ = ["Backend", "EntryEnv", "Launch", "Note", "select_backend"]
 
 def select_backend(suite: Suite, *, gpus: int, emulate_gpus: bool, no_docker: bool,
                    lock_path_pattern: str | None, image: str | None, pull: str | None,
-                   root: str, note: Note) -> Backend:
-    """The one backend of a run: emulated GPUs, Docker (GPU suites), or this environment."""
+                   root: str, note: Note, ray_address: str | None = None,
+                   env: Mapping[str, str] | None = None, jobs: int = 1,
+                   lock_timeout: float = 86400.0, largest_entry: int = 0) -> Backend:
+    """The one backend of a run: a Ray cluster, emulated GPUs, Docker (GPU suites), or here."""
+    if ray_address:
+        from ci.backends.ray import RayBackend
+
+        return RayBackend(address=ray_address, root=root, env=env or {}, jobs=jobs,
+                          emulate_gpus=emulate_gpus, lock_path_pattern=lock_path_pattern,
+                          lock_timeout=lock_timeout, largest_entry=largest_entry)
     if emulate_gpus:
         from ci.backends.emulated import EmulatedBackend
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from pathlib import Path
+from typing import ClassVar, Protocol
 
 from ci.plan import PlannedEntry
+from ci.results import RemoteAttempt
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +48,16 @@ class Launch:
     handle: str | None = None  # what `abort` needs, e.g. a container name
 
 
+class Remote(Protocol):
+    """Runs attempts elsewhere (a cluster): placement, GPUs and the process live on a node."""
+
+    def run(self, entry: PlannedEntry, *, name: str, log_path: Path, junit: Path,
+            stopping: threading.Event, on_start: Callable[[], None],
+            on_output: Callable[[str], None]) -> RemoteAttempt: ...
+
+    def cancel_all(self) -> None: ...
+
+
 class Backend(abc.ABC):
     """How the entries of a run execute; see the module docstring for the contract."""
 
@@ -80,6 +93,15 @@ class Backend(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the backend made for this run."""
+
+    def gpu_rows(self, host: str) -> list[str]:
+        """The run's GPUs as the timeline names them, `node:gpu`; here, this host's."""
+        return [f"{host}:{i}" for i in range(self.gpus)]
+
+    @property
+    def remote(self) -> Remote | None:
+        """A backend that runs entries on other machines runs each attempt itself; None: here."""
+        return None
 
 
 Note = Callable[[str], None]

@@ -48,6 +48,11 @@ def _workflow() -> dict[str, Any]:
     return parsed
 
 
+def _nox_step(job: dict[str, Any]) -> dict[str, Any]:
+    (step,) = [s for s in job["steps"] if s.get("run", "").startswith("nox -s ")]
+    return step
+
+
 def _ci(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ci", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=60, check=False)
@@ -84,7 +89,7 @@ def test_one_job_per_session_each_running_nox() -> None:
     jobs = _workflow()["jobs"]
     assert list(jobs) == [s.name for s in SUITES] + ["lint", "gpu_smoke"]
     for job_id, job in jobs.items():
-        last = job["steps"][-1]
+        last = _nox_step(job)
         assert last["run"] == f"nox -s {job_id}"
         assert job["steps"][2]["run"].startswith("python -m pip install nox==")
         gpu = job_id not in {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke"}
@@ -121,11 +126,55 @@ def test_sharded_suite_becomes_a_matrix_passing_shard_through_the_environment() 
     wf = yaml.safe_load(render(table(suites))[WORKFLOW_PATH])
     ckpt = wf["jobs"]["ckpt"]
     assert ckpt["strategy"] == {"fail-fast": False, "matrix": {"shard": [1, 2, 3]}}
-    step = ckpt["steps"][-1]
+    step = _nox_step(ckpt)
     assert step["env"]["SHARD"] == "${{ matrix.shard }}"
     assert step["run"] == 'nox -s ckpt -- --shard "$SHARD/3"'
     assert "${{ matrix.shard }}" in ckpt["name"]
     assert "strategy" not in wf["jobs"]["megatron"]
+
+
+# --- measured durations carried between runs --------------------------------------------------
+
+def _cache_steps(job: dict[str, Any]) -> tuple[int, dict[str, Any], int, dict[str, Any]]:
+    steps = job["steps"]
+    (restore,) = [i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache/restore@")]
+    (save,) = [i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache/save@")]
+    return restore, steps[restore], save, steps[save]
+
+
+def test_suite_jobs_restore_durations_from_main_before_the_run_and_save_after_it_on_main() -> None:
+    jobs = _workflow()["jobs"]
+    assert not any("actions/cache" in s.get("uses", "") for s in jobs["lint"]["steps"])
+    keys = set()
+    for job_id, job in jobs.items():
+        if job_id == "lint":
+            continue
+        restore_at, restore, save_at, save = _cache_steps(job)
+        nox_at = job["steps"].index(_nox_step(job))
+        assert restore_at < nox_at < save_at
+        prefix = f"slime-ci-durations-{job_id}-"
+        assert restore["with"] == {"path": ".ci-cache/durations.json", "restore-keys": prefix,
+                                   "key": prefix + "${{ github.run_id }}"}
+        assert save["with"]["path"] == ".ci-cache/durations.json"
+        # A key per run and attempt: cache entries are immutable, and the restore's prefix finds it.
+        assert save["with"]["key"] == prefix + "${{ github.run_id }}-${{ github.run_attempt }}"
+        # Only a push to main writes; a failed run still saves what it measured.
+        assert save["if"] == ("!cancelled() && github.event_name == 'push' && "
+                              "github.ref == 'refs/heads/main' && "
+                              "hashFiles('.ci-cache/durations.json') != ''")
+        keys.add(prefix)
+    # No job's prefix is a prefix of another's: each job reads only its own durations.
+    assert not any(a != b and b.startswith(a) for a in keys for b in keys)
+
+
+def test_a_sharded_job_saves_one_durations_cache_per_shard() -> None:
+    suites = tuple(Suite(name=s.name, tier=s.tier, purpose=s.purpose, profile=s.profile, label=s.label,
+                         shards=4 if s.name == "cpu_unit" else 1) for s in SUITES)
+    job = yaml.safe_load(render(table(suites))[WORKFLOW_PATH])["jobs"]["cpu_unit"]
+    _, restore, _, save = _cache_steps(job)
+    assert save["with"]["key"] == ("slime-ci-durations-cpu_unit-${{ matrix.shard }}-"
+                                   "${{ github.run_id }}-${{ github.run_attempt }}")
+    assert save["with"]["key"].startswith(restore["with"]["restore-keys"])
 
 
 # --- security properties -----------------------------------------------------------------------
@@ -146,9 +195,10 @@ def test_least_privilege_and_no_credentials_left_on_disk() -> None:
 def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> None:
     text = _files()[WORKFLOW_PATH]
     uses = re.findall(r"uses: (\S+)(.*)", text)
-    assert len(uses) == 2 * len(table())
+    # checkout and setup-python everywhere; cache restore and save in every job but lint.
+    assert len(uses) == 4 * len(table()) - 2
     for ref, rest in uses:
-        assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", ref), ref
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40}", ref), ref
         assert re.fullmatch(r"  # v\d+\.\d+\.\d+", rest), rest
 
 

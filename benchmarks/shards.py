@@ -1,0 +1,95 @@
+"""CI shards with and without recorded durations, side by side in one run.
+
+The cpu_unit suite split K ways (`--shard I/K`) by the plan's LPT:
+
+  without: a fresh runner, no durations file: every file weighs the same.
+  with:    the durations a first real run of the suite recorded (what the
+           workflow restores from the last run on main).
+
+Each split is then judged against what a second real run of the suite measured
+(not the run it was planned from, so "with" is not graded on its own data):
+the load of a shard is the sum of its files' measured seconds, and the figure is
+slowest ÷ mean shard (1.00 is perfect; the goal with durations is <= 1.15).
+
+    python benchmarks/shards.py [--shards 4] [-j N]
+
+Run it where the `cpu` profile is installed (the cpu_unit venv, or the dev venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ci.discover import discover  # noqa: E402
+from ci.plan import PlannedEntry, resolve, shard  # noqa: E402
+from ci.suites import by_name  # noqa: E402
+
+
+def measure(store: Path, jobs: int | None) -> tuple[dict[str, float], float, int]:
+    """One real run of cpu_unit recording into `store`; its durations, wall seconds, exit code."""
+    argv = [sys.executable, "-m", "ci", "run", "--suite", "cpu_unit", "--durations", str(store)]
+    if jobs:
+        argv += ["-j", str(jobs)]
+    start = time.monotonic()
+    proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    wall = time.monotonic() - start
+    return json.loads(store.read_text(encoding="utf-8")), wall, proc.returncode
+
+
+def loads(entries: list[PlannedEntry], count: int, plan_with: dict[str, float],
+          truth: dict[str, float]) -> list[float]:
+    """Measured seconds per shard when the suite is split by `plan_with`."""
+    out = []
+    for index in range(1, count + 1):
+        mine = shard(entries, index, count, plan_with)
+        out.append(sum(truth.get(e.id, 0.0) for e in mine))
+    return out
+
+
+def ratio(shard_loads: list[float]) -> float:
+    return max(shard_loads) / statistics.mean(shard_loads)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shards", type=int, default=4, help="K of --shard I/K (default 4)")
+    parser.add_argument("-j", "--jobs", type=int, help="the runner's -j for the two measuring runs")
+    args = parser.parse_args()
+    entries = resolve(by_name()["cpu_unit"], discover(ROOT))
+    print(f"cpu_unit: {len(entries)} files, split {args.shards} ways; {os.cpu_count()} cores, "
+          f"load {os.getloadavg()[0]:.2f}")
+    with tempfile.TemporaryDirectory() as tmp:
+        recorded, wall1, rc1 = measure(Path(tmp) / "recorded.json", args.jobs)
+        print(f"  run 1 (recorded, the plan's input): {wall1:.1f}s, exit {rc1}, {len(recorded)} files")
+        truth, wall2, rc2 = measure(Path(tmp) / "truth.json", args.jobs)
+        print(f"  run 2 (measured, the judge):        {wall2:.1f}s, exit {rc2}, {len(truth)} files")
+    missing = [e.id for e in entries if e.id not in truth]
+    if missing:
+        print(f"  warning: {len(missing)} files have no measurement (counted as 0 s): {missing[:3]}")
+    drift = statistics.median(abs(recorded[k] - truth[k]) / max(truth[k], 0.01)
+                              for k in truth if k in recorded)
+    print(f"  per-file drift between the two runs: median {drift:.0%}")
+    rows = [("without durations (fresh runner)", loads(entries, args.shards, {}, truth)),
+            ("with recorded durations (run 1)", loads(entries, args.shards, recorded, truth))]
+    for name, shard_loads in rows:
+        shown = " ".join(f"{x:6.1f}" for x in shard_loads)
+        print(f"{name:<34} shards [s]: {shown}   slowest/mean {ratio(shard_loads):.2f}")
+    print(f"ratio with durations: {ratio(rows[1][1]):.2f} (goal <= 1.15); "
+          f"without: {ratio(rows[0][1]):.2f}; load now {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

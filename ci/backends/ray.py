@@ -1,0 +1,276 @@
+"""Run a GPU suite on a Ray cluster (`--ray-address ADDR` or SLIME_CI_RAY_ADDRESS).
+
+Each entry becomes one Ray streaming task that needs the entry's NUM_GPUS on one
+node: a placement group of one bundle with STRICT_PACK (a bundle never spans
+nodes), the task scheduled into it, Ray setting CUDA_VISIBLE_DEVICES. The task
+(`ci.backends.ray_task`) runs the same argv as a local run in the node's checkout — the
+driver's checkout path, which must exist on every node (a shared filesystem, or
+the same path cloned on each) — and streams its output back. Ray is the
+scheduler here; this module only turns Ray's answers into the runner's results.
+
+A node that dies mid-entry ends the task with a Ray error; the entry is then
+reported `lost` (naming the node) and the runner retries it once, elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ci.backends.base import Backend, EntryEnv, Launch
+from ci.backends.ray_task import NodeJob, run_on_node
+from ci.errors import UsageError
+from ci.gpu_lock import DEFAULT_PATTERN
+from ci.plan import PlannedEntry
+from ci.results import RemoteAttempt
+from ci.timeline import gpu_row
+
+ADDRESS_ENV = "SLIME_CI_RAY_ADDRESS"
+# Emulated GPUs on a cluster: per node ({node}: its Ray id), never the real GPUs' files.
+EMULATED_NODE_LOCKS = "/tmp/slime-ci-emulated-locks-{node}/gpu_{gpu_id}.lock"
+GRACE = 5.0  # seconds between SIGTERM and SIGKILL of an entry's process group on its node
+# How long a task error may take to show up as a dead node in the GCS (its health checks).
+NODE_DEATH_WAIT = 60.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Node:
+    """A cluster node as the run names it."""
+
+    node_id: str
+    name: str
+    gpus: int
+    alive: bool
+
+
+def node_names(nodes: list[Mapping[str, Any]]) -> dict[str, str]:
+    """Node id -> name: the hostname, with the id's head when several nodes share a hostname."""
+    hosts: dict[str, int] = {}
+    for n in nodes:
+        host = str(n.get("NodeManagerHostname") or n.get("NodeManagerAddress") or "node")
+        hosts[host] = hosts.get(host, 0) + 1
+    out = {}
+    for n in nodes:
+        host = str(n.get("NodeManagerHostname") or n.get("NodeManagerAddress") or "node")
+        node_id = str(n["NodeID"])
+        out[node_id] = host if hosts[host] == 1 else f"{host}-{node_id[:6]}"
+    return out
+
+
+def reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail in seconds when nothing listens at host:port (Ray itself retries for minutes)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in host:
+        return  # "auto", ray://…: Ray resolves those itself
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise UsageError(f"cannot join the Ray cluster at {address}: nothing answers there "
+                         f"({exc.strerror or exc}); start one with `ray start --head`, "
+                         f"or drop --ray-address / {ADDRESS_ENV}") from None
+
+
+class RayBackend(Backend):
+    """Entries as Ray tasks on a cluster; the runner hands each attempt to `run`."""
+
+    name = "ray"
+
+    def __init__(self, *, address: str, root: str, env: Mapping[str, str], jobs: int,
+                 emulate_gpus: bool, lock_path_pattern: str | None, lock_timeout: float,
+                 largest_entry: int) -> None:
+        super().__init__(gpus=0)  # known once connected: the cluster's, node by node
+        self.address = address
+        self.root = root
+        self.env = dict(env)
+        self.jobs = jobs
+        self._emulated = emulate_gpus
+        # Each node's own lock files; logical GPUs of several nodes on one box must not share them.
+        self.node_lock_pattern = lock_path_pattern or (EMULATED_NODE_LOCKS if emulate_gpus
+                                                       else DEFAULT_PATTERN)
+        self.lock_timeout = lock_timeout
+        self.largest_entry = largest_entry
+        self.run_token = uuid.uuid4().hex[:10]
+        self._lock = threading.Lock()
+        self._inflight: dict[str, Any] = {}  # attempt name -> streaming generator
+        self._names: dict[str, str] = {}
+        self._task: Any = None
+        self._connected = False
+
+    def check(self) -> None:
+        """Join the cluster as a driver, and refuse entries no node can hold (one line, exit 2)."""
+        self.connect()
+        nodes = [n for n in self.nodes() if n.alive]
+        largest = max((n.gpus for n in nodes), default=0)
+        if self.largest_entry > largest:
+            raise UsageError(f"an entry needs {self.largest_entry} GPUs on one node; the largest node "
+                             f"of the cluster at {self.address} has {largest}")
+        self.gpus = sum(n.gpus for n in nodes)
+
+    def launch(self, entry: PlannedEntry, argv: tuple[str, ...], env: EntryEnv,
+               devices: tuple[int, ...]) -> Launch:
+        """What the node runs (for --dry-run): the local argv, with the entry's own variables."""
+        return Launch(argv=argv, env=dict(env.own))
+
+    def describe(self) -> str:
+        return f"Ray cluster at {self.address}, each entry a task on one node"
+
+    @property
+    def emulated(self) -> bool:
+        return self._emulated
+
+    @property
+    def remote(self) -> RayBackend:
+        return self
+
+    def gpu_rows(self, host: str) -> list[str]:
+        return [gpu_row(n.name, i) for n in self.nodes() for i in range(n.gpus)]
+
+    def connect(self) -> None:
+        """Join the cluster as a driver; a one-line UsageError when it cannot be reached."""
+        import ray
+
+        reachable(self.address)
+        try:
+            ray.init(address=self.address, log_to_driver=False, logging_level=logging.ERROR,
+                     configure_logging=False,
+                     # The workers import ci.backends.ray_task from the checkout the entries run in.
+                     runtime_env={"env_vars": {"PYTHONPATH": self.root}})
+        except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError…
+            raise UsageError(f"cannot join the Ray cluster at {self.address}: "
+                             f"{str(exc).splitlines()[0][:200]}; start one with `ray start --head`, "
+                             f"or drop --ray-address / {ADDRESS_ENV}") from None
+        self._connected = True
+        # A generator function: Ray streams each message it yields to this driver.
+        self._task = ray.remote(run_on_node)
+
+    def close(self) -> None:
+        import ray
+
+        if self._connected:
+            ray.shutdown()
+            self._connected = False
+
+    def nodes(self) -> list[Node]:
+        """Every node the cluster knows, alive or not, named as the run names them."""
+        import ray
+
+        raw = ray.nodes()  # type: ignore[no-untyped-call]
+        names = node_names(raw)
+        with self._lock:
+            self._names.update(names)
+        return [Node(node_id=str(n["NodeID"]), name=names[str(n["NodeID"])],
+                     gpus=int(n.get("Resources", {}).get("GPU", 0)), alive=bool(n.get("Alive")))
+                for n in raw]
+
+    def _name(self, node_id: str) -> str:
+        with self._lock:
+            known = self._names.get(node_id)
+        if known is None:
+            self.nodes()
+            with self._lock:
+                known = self._names.get(node_id, node_id[:8])
+        return known
+
+    def _alive(self, node_id: str) -> bool:
+        return any(n.node_id == node_id and n.alive for n in self.nodes())
+
+    def cancel_all(self) -> None:
+        """Ctrl-C: cancel every remote entry (its task kills the entry's process group)."""
+        import ray
+
+        with self._lock:
+            running = list(self._inflight.values())
+        for gen in running:
+            try:
+                ray.cancel(gen)
+            except Exception:  # already finished or its node is gone; nothing to cancel
+                continue
+
+    def run(self, entry: PlannedEntry, *, name: str, log_path: Path, junit: Path,
+            stopping: threading.Event, on_start: Callable[[], None],
+            on_output: Callable[[str], None]) -> RemoteAttempt:
+        """Run one attempt of an entry on the cluster; blocks until it ends."""
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        job = NodeJob(entry=entry, root=self.root, env=self.env, jobs=self.jobs, pytest_args=(),
+                      emulate_gpus=self._emulated, lock_pattern=self.node_lock_pattern,
+                      lock_timeout=self.lock_timeout, grace=GRACE, run_token=self.run_token,
+                      attempt_name=name)
+        queued_at = time.time()
+        pg = None
+        options: dict[str, Any]
+        if entry.num_gpus:
+            pg = placement_group([{"GPU": entry.num_gpus}], strategy="STRICT_PACK",
+                                 name=f"slime-ci-{self.run_token}-{name}")
+            # The task goes in at once, queued behind its placement group inside Ray: when
+            # the group is placed the task starts, without a round trip through this driver.
+            options = {"num_gpus": entry.num_gpus, "num_cpus": 0, "scheduling_strategy":
+                       PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)}
+        else:
+            options = {"num_cpus": 1}
+        gen = self._task.options(**options, num_returns="streaming", max_retries=0,
+                                 name=f"slime-ci:{entry.id}"[:200]).remote(job)
+        with self._lock:
+            self._inflight[name] = gen
+        if stopping.is_set():  # stopped while this one was being submitted: cancel_all missed it
+            ray.cancel(gen)
+        node_id, node, devices = "", "", ()
+        started_at: float | None = None
+        result = RemoteAttempt(returncode=None, seconds=0.0, timed_out=False, interrupted=False,
+                               queued_at=queued_at, ended_at=queued_at)
+        try:
+            with log_path.open("wb") as log:
+                try:
+                    for ref in gen:
+                        msg = ray.get(ref)
+                        if msg[0] == "log":
+                            log.write(str(msg[1]).encode())
+                            log.flush()
+                            on_output(str(msg[1]))
+                        elif msg[0] == "start":
+                            node_id, devices = str(msg[1]), tuple(msg[3])
+                            node = self._name(node_id)
+                            started_at = time.time()
+                            on_start()
+                        elif msg[0] == "end":
+                            if msg[4]:
+                                junit.write_text(str(msg[4]), encoding="utf-8")
+                            result = replace(result, returncode=int(msg[1]), timed_out=bool(msg[2]),
+                                             seconds=float(msg[3]))
+                except ray.exceptions.TaskCancelledError:
+                    result = replace(result, interrupted=True)
+                except ray.exceptions.RayError as exc:
+                    if stopping.is_set():
+                        result = replace(result, interrupted=True)
+                    else:
+                        lost = self._lost_node(node_id)
+                        why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+                        log.write(f"\n[slime-ci] {lost or 'the Ray task failed'}: {why}\n".encode())
+                        result = replace(result, lost=lost, error="" if lost else why,
+                                         seconds=time.time() - (started_at or queued_at))
+        finally:
+            with self._lock:
+                self._inflight.pop(name, None)
+            if pg is not None:
+                remove_placement_group(pg)
+        return replace(result, node=node, devices=devices, started_at=started_at, ended_at=time.time())
+
+    def _lost_node(self, node_id: str) -> str:
+        """The lost node's description when the error came from a node that died, else ''."""
+        if not node_id:
+            return "lost before it started (its node died or the task could not be placed)"
+        deadline = time.monotonic() + NODE_DEATH_WAIT
+        while time.monotonic() < deadline:
+            if not self._alive(node_id):
+                return f"node {self._name(node_id)} lost mid-entry"
+            time.sleep(0.5)
+        return ""
