@@ -37,6 +37,10 @@ OWNER_VAR = "SLIME_CI_RAY_OWNER"
 # <temp>/ray-XXXXXXXX/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store: 77 bytes
 # below the parent directory, which therefore gets at most 30.
 _MAX_TEMP_DIR_LEN = 30
+# Ray turns a node address of 127.0.0.1 into the machine's outward address (so that other
+# nodes could reach it) unless clusters are disabled; a private one-node head must keep all
+# of its traffic on loopback. Every process of the head, its jobs included, inherits this.
+SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 _STARTED = "Ray runtime started."
 
 
@@ -313,6 +317,7 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
         OWNER_VAR: token,
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
+        **SINGLE_NODE_ENV,
     }
     log_path = temp_dir / "head.log"
     argv = ray_start_argv(ray_executable(), ports=ports, temp_dir=str(temp_dir), num_gpus=num_gpus)
