@@ -63,6 +63,12 @@ MEGATRON_ENTRIES: tuple[Entry, ...] = (
     Entry(path="tests/e2e/test_tiny_train.py", timeout=600),
 )
 
+# Rollout-engine layouts. The 0-GPU YAML checks run here too, as in the original
+# (they also run in cpu_unit, which takes every NUM_GPUS = 0 file under tests/).
+SGLANG_CONFIG_ENTRIES: tuple[Entry, ...] = (
+    Entry(path="tests/test_sglang_config.py", cpu_only=True, timeout=120),
+)
+
 SUITES: tuple[Suite, ...] = (
     Suite(
         name="cpu_unit",
@@ -96,6 +102,7 @@ SUITES: tuple[Suite, ...] = (
         profile="e2e",
         label="run-ci-sglang-config",
         image=FRAMEWORK_IMAGE,
+        entries=SGLANG_CONFIG_ENTRIES,
     ),
     Suite(
         name="megatron",
