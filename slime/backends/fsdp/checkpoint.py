@@ -269,13 +269,15 @@ def load(
     if found is None:
         return None
     directory = step_dir(root, found)
-    extra_path = directory / f"extra_rank{_rank()}.pt"
-    if not extra_path.exists():
-        raise CheckpointError(f"{extra_path} is missing: the checkpoint was saved with fewer ranks; "
-                              "load it with the world size it was saved with")
-    extra = torch.load(extra_path, weights_only=False)
     world = dist.get_world_size() if dist.is_initialized() else 1
-    if extra["world_size"] != world:
+    # RNG streams are per rank: restoring them needs this rank's own file and the
+    # saved world size. Weights alone (a converted model, a reference) reshard freely.
+    extra_path = directory / f"extra_rank{_rank() if load_rng else 0}.pt"
+    if not extra_path.exists():
+        raise CheckpointError(f"{extra_path} is missing: the checkpoint was saved by fewer ranks; resume "
+                              "with the world size it was saved with, or load weights only")
+    extra = torch.load(extra_path, weights_only=False)
+    if load_rng and extra["world_size"] != world:
         raise CheckpointError(f"{directory} was saved by {extra['world_size']} ranks, this run has {world}; "
                               "RNG and data positions are per rank, so resume with the same world size")
     content: dict[str, Any] = {"model": get_model_state_dict(model)}
