@@ -1,0 +1,1 @@
+"""Backends: the trainer (`fsdp`) and the rollout engines."""
