@@ -1,1 +1,1 @@
-"""Backends: the trainer (`fsdp`) and the rollout engines."""
+"""Backends of the training path: rollout engines (`engine`) and the FSDP2 trainer (`fsdp`)."""
