@@ -70,6 +70,7 @@ def setup(args: argparse.Namespace, env: Mapping[str, str]) -> Run:
 
     out = Path(args.output_dir or env.get("SLIME_CI_OUTPUT_DIR") or "outputs")
     out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.jsonl").unlink(missing_ok=True)  # one run's steps, not an earlier run's too
     run = Run(args=args, out=out)
     ray.init(address=env.get("RAY_ADDRESS") or "auto", log_to_driver=True)
     pg = create_placement_group(args.num_gpus)

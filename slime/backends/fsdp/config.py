@@ -37,8 +37,11 @@ class TrainerConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainerConfig:
         """Pick this record's fields out of the parsed command line."""
-        names = cls.__dataclass_fields__
-        return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+        names = set(cls.__dataclass_fields__) - {"model_path", "max_tokens_per_micro_batch", "temperature"}
+        picked = {n: getattr(args, n) for n in names if hasattr(args, n)}
+        if getattr(args, "max_tokens_per_gpu", None):
+            picked["max_tokens_per_micro_batch"] = args.max_tokens_per_gpu
+        return cls(model_path=args.hf_checkpoint, **picked)
 
     @property
     def needs_ref(self) -> bool:

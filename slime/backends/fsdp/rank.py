@@ -47,6 +47,9 @@ class TrainRank:
         backend = "nccl" if device == "cuda" else "gloo"
         if device == "cuda":
             torch.cuda.set_device(0)  # Ray exposes the bundle's GPU as device 0
+        else:
+            # Ranks and engines share a few cores: intra-op threads only fight each other.
+            torch.set_num_threads(1)
         if not dist.is_initialized():  # tests hand in a group they made themselves
             dist.init_process_group(
                 backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
