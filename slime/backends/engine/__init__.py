@@ -20,9 +20,14 @@ Python API
 - `EngineRouter(urls_or_clients)`: `generate(...)` on the engine with the fewest requests in
   flight (ties: round robin); `update_weights_from_disk/tensor`, `release/resume_memory_occupation`,
   `flush_cache`, `health` on every engine; `weight_versions() -> {url: version}`.
-- `EngineActor` (Ray): `create_engine_actor(model_path, *, num_gpus, seed, placement_group=None,
-  bundle_index=None, ...)` returns a handle with `start() -> url`, `info() -> dict`, `stop()`.
-- `launch_sglang_server(model_path, *, port, ...) -> SGLangServer` (`.url`, `.stop()`).
+- `EngineActor` (Ray): `create_engine_actor(model_path, *, num_gpus=1, seed=0,
+  placement_group=None, bundle_index=None, device=None, weight_version="0", max_batch_size=64,
+  host="127.0.0.1", runtime_env=None)` returns a handle (`num_cpus=0`) with `start() -> url`,
+  `info() -> dict` (server info + `url`, `cuda_visible_devices`), `stop()`. `engine_device(env)`
+  decides cpu/cuda from `SLIME_CI_DEVICE` / `SLIME_CI_EMULATE_GPUS`.
+- `launch_sglang_server(model_path, *, port, host="127.0.0.1", extra_args=(), env=None,
+  log_path, timeout=600) -> SGLangServer` (`.url`, `.process`, `.stop()`); untested here.
+- The CPU engine sets `torch.set_num_threads(cpu_threads)` (default 1) in its process.
 
 HTTP API (JSON bodies; errors are HTTP 400 `{"success": false, "message": ..., "error":
 {"message": ..., "code": 400}}`, unknown paths 404)
@@ -63,7 +68,13 @@ HTTP API (JSON bodies; errors are HTTP 400 `{"success": false, "message": ..., "
   "batches_run", "cuda_memory_allocated", "model_path"}`.
 """
 
+from slime.backends.engine.actor import EngineActor, create_engine_actor, engine_device
 from slime.backends.engine.client import EngineClient, EngineError, EngineRequestError, EngineUnavailable
+from slime.backends.engine.router import EngineRouter
 from slime.backends.engine.server import EngineServer
+from slime.backends.engine.sglang_backend import SGLangServer, launch_sglang_server
 
-__all__ = ["EngineClient", "EngineError", "EngineRequestError", "EngineServer", "EngineUnavailable"]
+__all__ = [
+    "EngineActor", "EngineClient", "EngineError", "EngineRequestError", "EngineRouter", "EngineServer",
+    "EngineUnavailable", "SGLangServer", "create_engine_actor", "engine_device", "launch_sglang_server",
+]

@@ -48,8 +48,13 @@ class Engine:
 
     def __init__(self, model_path: str | Path, *, device: str = "cpu", seed: int = 0,
                  weight_version: str = "0", max_batch_size: int = 64,
-                 gpu_ids: Sequence[int] = ()) -> None:
+                 gpu_ids: Sequence[int] = (), cpu_threads: int | None = 1) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if torch.device(device).type == "cpu" and cpu_threads is not None:
+            # Process-wide: a tiny model gains nothing from intra-op threads, and engines and
+            # trainer ranks sharing a few busy cores slow each other down many times over.
+            torch.set_num_threads(cpu_threads)
 
         self.model_path = str(model_path)
         self.device = torch.device(device)

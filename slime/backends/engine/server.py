@@ -56,7 +56,8 @@ class EngineServer:
 
     def __init__(self, model_path: str | Path, *, device: str = "cpu", seed: int = 0,
                  host: str = "127.0.0.1", port: int = 0, weight_version: str = "0",
-                 max_batch_size: int = 64, gpu_ids: Sequence[int] = ()) -> None:
+                 max_batch_size: int = 64, gpu_ids: Sequence[int] = (),
+                 cpu_threads: int | None = 1) -> None:
         self.model_path = str(model_path)
         self.device = device
         self.seed = seed
@@ -65,6 +66,7 @@ class EngineServer:
         self.weight_version = weight_version
         self.max_batch_size = max_batch_size
         self.gpu_ids = tuple(gpu_ids)
+        self.cpu_threads = cpu_threads
         self.engine: Engine | None = None
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -83,7 +85,7 @@ class EngineServer:
             return self.url
         self.engine = Engine(self.model_path, device=self.device, seed=self.seed,
                              weight_version=self.weight_version, max_batch_size=self.max_batch_size,
-                             gpu_ids=self.gpu_ids)
+                             gpu_ids=self.gpu_ids, cpu_threads=self.cpu_threads)
         handler = type("Handler", (_Handler,), {"engine": self.engine})
         try:
             self._httpd = ThreadingHTTPServer((self.host, self.port), handler)
@@ -93,7 +95,7 @@ class EngineServer:
             raise
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="engine-http",
-                                        kwargs={"poll_interval": 0.2}, daemon=True)
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
         return self.url
 
