@@ -289,10 +289,27 @@ def run_async(run: Run) -> None:
             _finish_row(run, row, batch, step, rollout_id, start, lag)
 
 
+def record_actors(run: Run) -> None:
+    """Write `actors.json`: every actor the cluster ran for this job, as Ray's state API lists them.
+
+    Entries read it to prove what ran (e.g. no engine while replaying saved rollouts) from
+    the cluster's own records rather than from the loop's word.
+    """
+    try:
+        from ray.util.state import list_actors
+
+        actors = [{"class_name": a.class_name, "state": a.state, "pid": a.pid}
+                  for a in list_actors(limit=1000, raise_on_missing_output=False)]
+    except Exception as exc:  # the state API is best effort; say why it is missing
+        actors = [{"error": str(exc)}]
+    (run.out / "actors.json").write_text(json.dumps(actors, indent=1))
+
+
 def shutdown(run: Run) -> None:
     """End actors, leave the cluster."""
     import ray
 
+    record_actors(run)
     for part in (run.trainer, run.engines):
         if part is not None:
             try:
