@@ -11,8 +11,8 @@ import sys
 import _rl
 
 NUM_GPUS = 2
-ROLLOUTS = 20
-WINDOW = 4
+ROLLOUTS = 30
+WINDOW = 5
 MARGIN = 0.1  # mean reward of the last two rollouts over the first two
 
 
