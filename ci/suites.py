@@ -57,10 +57,18 @@ def _env(**values: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(values.items()))
 
 
-# The megatron matrix. Each entry trains for real; the tiny-model entry is the honest
-# smoke that runs anywhere (CUDA when present, CPU ranks under --emulate-gpus).
+# The megatron matrix: the RL loop (train.py / train_async.py) end to end on a tiny model,
+# on CUDA when present and on CPU ranks under --emulate-gpus. Each entry names the feature
+# it proves; each fails when that feature breaks.
 MEGATRON_ENTRIES: tuple[Entry, ...] = (
-    Entry(path="tests/e2e/test_tiny_train.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_grpo_colocated.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_ppo_critic.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_debug_replay.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_async.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_fanout_filter.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_refit_disk.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_sleep_wake.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_reinforce_tensor_refit.py", timeout=600),
 )
 
 # Rollout-engine layouts. The 0-GPU YAML checks run here too, as in the original

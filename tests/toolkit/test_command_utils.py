@@ -158,10 +158,10 @@ def test_ray_start_argv_uses_every_port_and_own_temp_dir():
 
 
 def test_wandb_args_only_with_a_key():
-    assert U.get_default_wandb_args("tests/e2e/test_tiny_train.py", env={}) == []
-    args = U.get_default_wandb_args("tests/e2e/test_tiny_train.py", "ci", env={
+    assert U.get_default_wandb_args("tests/e2e/test_rl_grpo_colocated.py", env={}) == []
+    args = U.get_default_wandb_args("tests/e2e/test_rl_grpo_colocated.py", "ci", env={
         "WANDB_API_KEY": "secret", "GITHUB_COMMIT_NAME": "abc123"})
-    assert args == ["--use-wandb", "--wandb-project", "slime-tiny_train", "--wandb-group", "ci-abc123"]
+    assert args == ["--use-wandb", "--wandb-project", "slime-rl_grpo_colocated", "--wandb-group", "ci-abc123"]
     assert "secret" not in args
 
 
