@@ -77,6 +77,18 @@ SGLANG_CONFIG_ENTRIES: tuple[Entry, ...] = (
     Entry(path="tests/test_sglang_config.py", cpu_only=True, timeout=120),
 )
 
+# Checkpoint save/load: one file, five optimizer-location combinations, as in the original.
+CKPT_ENTRIES: tuple[Entry, ...] = tuple(
+    Entry(path="tests/e2e/test_tiny_ckpt.py", test_args=args, timeout=600)
+    for args in (
+        ("--save-optimizer", "gpu", "--load-optimizer", "gpu"),
+        ("--save-optimizer", "gpu", "--load-optimizer", "cpu"),
+        ("--save-optimizer", "cpu", "--load-optimizer", "cpu"),
+        ("--save-optimizer", "cpu", "--load-optimizer", "gpu"),
+        ("--async-save",),
+    )
+)
+
 SUITES: tuple[Suite, ...] = (
     Suite(
         name="cpu_unit",
@@ -137,6 +149,7 @@ SUITES: tuple[Suite, ...] = (
         profile="e2e",
         label="run-ci-ckpt",
         image=FRAMEWORK_IMAGE,
+        entries=CKPT_ENTRIES,
     ),
     Suite(
         name="image",

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from slime import invariants as inv
+from slime import resume as ckpt
 from slime.rollout.batch import TrainBatch, batch_from_groups, load_batch, save_batch
 from slime.rollout.filter import dynamic_filter, trim_to_multiple
 from slime.rollout.generate import RolloutSpec, generate_groups
@@ -102,6 +103,9 @@ def setup(args: argparse.Namespace, env: Mapping[str, str]) -> Run:
     }, indent=1, default=str))
     if not args.debug_rollout_only:
         run.trainer = TrainGroup(pg, layout, TrainerConfig.from_args(args), env=env)
+        ckpt.resume(run)
+        if args.load is not None and run.engines is not None:
+            refit(run, -1)  # engines came up with --hf-checkpoint: serve the resumed weights
     return run
 
 
@@ -258,6 +262,7 @@ def run_sync(run: Run) -> None:
         if run.engines is not None:
             row.update(refit(run, step))
         _finish_row(run, row, batch, step, rollout_id, start, lag)
+        ckpt.maybe_save(run, rollout_id)
 
 
 def run_async(run: Run) -> None:
@@ -287,6 +292,7 @@ def run_async(run: Run) -> None:
             _check(run, row, step, on_policy=lag == 0)
             row.update(refit(run, step))
             _finish_row(run, row, batch, step, rollout_id, start, lag)
+            ckpt.maybe_save(run, rollout_id, in_flight=int(step + 1 < len(ids)))
 
 
 def record_actors(run: Run) -> None:
@@ -310,6 +316,10 @@ def shutdown(run: Run) -> None:
     import ray
 
     record_actors(run)
+    try:
+        ckpt.finish(run)
+    except Exception as exc:
+        print(f"shutdown: the last checkpoint did not complete: {exc}", flush=True)
     for part in (run.trainer, run.engines):
         if part is not None:
             try:

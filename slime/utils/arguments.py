@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--load-debug-rollout-data", default=None, help="path with {rollout_id}")
     g.add_argument("--start-rollout-id", type=int, default=0)
     add_training_path_arguments(p)
+    add_checkpoint_arguments(p)
     return p
 
 
@@ -124,6 +125,42 @@ def add_training_path_arguments(p: argparse.ArgumentParser) -> None:
                    help="prove engines release memory while the trainer steps (colocated)")
 
 
+def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of trainer checkpoints (torch.distributed.checkpoint) and of the precision replay."""
+    g = p.add_argument_group("checkpoint")
+    g.add_argument("--save", default=None, help="directory to save trainer checkpoints into")
+    g.add_argument("--save-interval", type=int, default=None,
+                   help="save every K rollouts (the last rollout is always saved)")
+    g.add_argument("--load", default=None, help="resume from the latest complete checkpoint here")
+    g.add_argument("--ckpt-step", type=int, default=None, help="with --load: this step, not the latest")
+    g.add_argument("--save-optimizer", choices=("gpu", "cpu"), default="gpu",
+                   help="stage optimizer state on the device or in CPU memory while saving")
+    g.add_argument("--load-optimizer", choices=("gpu", "cpu"), default="gpu",
+                   help="read optimizer state into device buffers or CPU memory, then move it across")
+    g.add_argument("--async-save", action="store_true",
+                   help="write checkpoints in the background while training continues")
+
+
+def check_checkpoint_flags(args: argparse.Namespace) -> None:
+    """Checkpoint flags that only make sense together."""
+    if args.save_interval is not None and (args.save is None or args.save_interval < 1):
+        _fail("--save-interval needs --save DIR and a value >= 1")
+    if args.ckpt_step is not None and args.load is None:
+        _fail("--ckpt-step picks a step of --load DIR: add --load")
+    if args.async_save and args.save is None:
+        _fail("--async-save needs --save DIR")
+    if args.ckpt_step is not None:
+        from slime.backends.fsdp.checkpoint import CheckpointError, resolve_step
+
+        try:
+            resolve_step(args.load, args.ckpt_step)
+        except CheckpointError as e:
+            _fail(f"--ckpt-step: {e}")
+    if (args.save or args.load) and args.use_critic:
+        _fail("trainer checkpoints hold the policy and its optimizer; the critic is not saved yet, "
+              "so --save/--load cannot go with --use-critic")
+
+
 def check_training_path(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namespace:
     """Fill the placement defaults of `train.py` and check what the loop needs; then `validate_args`."""
     if args.num_gpus is None:
@@ -166,6 +203,7 @@ def check_training_path(args: argparse.Namespace, env: Mapping[str, str]) -> arg
         _fail("--rollout-temperature must be 1.0 for train.py (log-probs are compared untempered)")
     if args.ci_sleep_check and not args.colocate:
         _fail("--ci-sleep-check needs --colocate (engines sleep only when they share GPUs)")
+    check_checkpoint_flags(args)
     return validate_args(args)
 
 

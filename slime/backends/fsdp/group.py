@@ -77,6 +77,23 @@ class TrainGroup:
         state: dict[str, Any] = self._all("full_state_dict")[0]
         return state
 
+    def save_checkpoint(self, root: str, rollout_id: int, data_cursor: int, *, save_optimizer: str,
+                        async_save: bool) -> None:
+        """Save on every rank (returns before the write ends with async_save)."""
+        import ray
+
+        ray.get([a.save_checkpoint.remote(root, rollout_id, data_cursor, save_optimizer=save_optimizer,
+                                          async_save=async_save) for a in self.actors])
+
+    def wait_checkpoint(self) -> None:
+        """Wait for a background save on every rank."""
+        self._all("wait_checkpoint")
+
+    def load_checkpoint(self, root: str, step: int | None, load_optimizer: str) -> dict[str, int] | None:
+        """Restore every rank; the saved train state (equal on all ranks), or None."""
+        states = self._all("load_checkpoint", root, step, load_optimizer)
+        return states[0]  # type: ignore[no-any-return]
+
     def version(self) -> int:
         """Optimiser steps taken (equal on every rank)."""
         versions = set(self._all("get_version"))

@@ -62,6 +62,7 @@ class TrainRank:
         self.ref = None
         if config.needs_ref:
             self.ref = load_causal_lm(config.model_path, device).eval().requires_grad_(False)
+        self._checkpointer: Any = None
         self.critic = None
         self.critic_optimizer = None
         if config.use_critic:
@@ -246,6 +247,38 @@ class TrainRank:
         shutil.rmtree(out, ignore_errors=True)
         tmp.replace(out)  # a reader never sees a half-written version
         return str(out)
+
+    # -- checkpoints (slime.backends.fsdp.checkpoint) ----------------------------------------
+
+    def save_checkpoint(self, root: str, rollout_id: int, data_cursor: int, *, save_optimizer: str,
+                        async_save: bool) -> None:
+        """Every rank writes its shards of the policy and optimizer for the step just taken."""
+        from slime.backends.fsdp import checkpoint as ck
+
+        if self._checkpointer is None:  # made on all ranks at once: async makes a process group
+            self._checkpointer = ck.Checkpointer(root, save_optimizer=save_optimizer,  # type: ignore[arg-type]
+                                                 async_save=async_save)
+        state = ck.TrainState(step=self.version, rollout_id=rollout_id, data_cursor=data_cursor,
+                              weight_version=self.version)
+        self._checkpointer.save(state, self.policy, self.optimizer)
+
+    def wait_checkpoint(self) -> None:
+        """Block until a background save is written and marked latest."""
+        if self._checkpointer is not None:
+            self._checkpointer.wait()
+
+    def load_checkpoint(self, root: str, step: int | None, load_optimizer: str) -> dict[str, int] | None:
+        """Restore policy, optimizer and RNG; returns the saved train state (None: nothing saved)."""
+        import dataclasses
+
+        from slime.backends.fsdp import checkpoint as ck
+
+        state = ck.load(root, self.policy, self.optimizer, step=step,
+                        load_optimizer=load_optimizer)  # type: ignore[arg-type]
+        if state is None:
+            return None
+        self.version = state.weight_version
+        return dataclasses.asdict(state)
 
     def get_version(self) -> int:
         """How many optimiser steps this rank has taken."""
