@@ -89,6 +89,10 @@ CKPT_ENTRIES: tuple[Entry, ...] = tuple(
     )
 )
 
+PRECISION_ENTRIES: tuple[Entry, ...] = (
+    Entry(path="tests/e2e/test_tiny_parallel_check.py", timeout=900),
+)
+
 SUITES: tuple[Suite, ...] = (
     Suite(
         name="cpu_unit",
@@ -141,6 +145,7 @@ SUITES: tuple[Suite, ...] = (
         profile="e2e",
         label="run-ci-precision",
         image=FRAMEWORK_IMAGE,
+        entries=PRECISION_ENTRIES,
     ),
     Suite(
         name="ckpt",

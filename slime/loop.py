@@ -222,6 +222,8 @@ def _progress(row: Mapping[str, Any]) -> str:
 
 def _check(run: Run, row: Mapping[str, Any], step: int, *, on_policy: bool) -> None:
     args = run.args
+    if "ci/grad_norm_mismatch" in row:  # --ci-load-grad-norm: a replayed step left the tolerance
+        raise inv.InvariantViolation(f"grad-norm replay failed at {row['ci/grad_norm_mismatch']}")
     if not args.ci_test:
         return
     if step == 0:

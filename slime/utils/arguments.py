@@ -140,6 +140,15 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--async-save", action="store_true",
                    help="write checkpoints in the background while training continues")
 
+    g = p.add_argument_group("precision checks")
+    g.add_argument("--calculate-per-token-loss", action="store_true",
+                   help="normalise the loss by the tokens of the whole batch, not per sample")
+    g.add_argument("--ci-save-grad-norm", default=None, help="record per-step grad norms and losses here")
+    g.add_argument("--ci-load-grad-norm", default=None,
+                   help="compare per-step grad norms (1 %%) and losses with a recording; stop at a mismatch")
+    g.add_argument("--ci-wrong-normalisation", action="store_true",
+                   help="test only: each micro-batch normalised by its own tokens, summed (a known bug)")
+
 
 def check_checkpoint_flags(args: argparse.Namespace) -> None:
     """Checkpoint flags that only make sense together."""

@@ -33,6 +33,12 @@ class TrainerConfig:
     use_tis: bool = False
     tis_clip: float = 2.0
     seed: int = 1234
+    # Layout and normalisation (slime.backends.fsdp.parallel) and the grad-norm replay.
+    tensor_model_parallel_size: int = 1
+    calculate_per_token_loss: bool = False
+    ci_save_grad_norm: str | None = None
+    ci_load_grad_norm: str | None = None
+    ci_wrong_normalisation: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainerConfig:

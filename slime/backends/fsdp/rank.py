@@ -33,10 +33,6 @@ from slime.utils.ppo_utils import compute_approx_kl, compute_policy_loss, masked
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".index.json")
 
 
-def _full(t: Any) -> torch.Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
 class TrainRank:
     """Policy (sharded), frozen reference, optional critic (sharded), optimisers."""
 
@@ -56,7 +52,23 @@ class TrainRank:
                 world_size=world_size, timeout=datetime.timedelta(minutes=10),
             )
         torch.manual_seed(config.seed)
-        self.policy = shard_model(load_causal_lm(config.model_path, device), world_size=world_size)
+        from slime.backends.fsdp.grad_norm import GradNormRecorder
+        from slime.backends.fsdp.parallel import build_mesh, layout_for, parallelize
+
+        # dp × tp mesh: tensor-parallel ranks of one dp group take the same samples.
+        self.layout = layout_for(world_size, config.tensor_model_parallel_size)
+        policy = load_causal_lm(config.model_path, device)
+        if self.layout.tp > 1:
+            mesh = build_mesh(self.layout, device)
+            self.dp_rank = mesh["dp"].get_local_rank()
+            self.policy = parallelize(policy, mesh)
+        else:
+            self.dp_rank = rank
+            self.policy = shard_model(policy, world_size=world_size)
+        self.grad_norms = None
+        if config.ci_save_grad_norm or config.ci_load_grad_norm:
+            self.grad_norms = GradNormRecorder(save_dir=config.ci_save_grad_norm,
+                                               load_dir=config.ci_load_grad_norm, write=rank == 0)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr,
                                           weight_decay=config.weight_decay)
         self.ref = None
@@ -73,12 +85,12 @@ class TrainRank:
 
     def _my_micro_batches(self, batch: TrainBatch) -> list[M.MicroBatch]:
         lengths = [len(t) for t in batch.tokens]
-        plan = schedule(lengths, self.world_size, self.config.max_tokens_per_micro_batch,
+        plan = schedule(lengths, self.layout.dp, self.config.max_tokens_per_micro_batch,
                         equal_samples_per_rank=True)
         if plan.dropped:
-            raise ValueError(f"{batch.size} samples do not split evenly over {self.world_size} ranks")
+            raise ValueError(f"{batch.size} samples do not split evenly over {self.layout.dp} ranks")
         return [M.make_micro_batch(mb, batch.tokens, batch.response_lengths, batch.loss_masks, self.device)
-                for mb in plan.micro_batches[self.rank] if mb]
+                for mb in plan.micro_batches[self.dp_rank] if mb]
 
     def _logits(self, model: Any, mb: M.MicroBatch) -> torch.Tensor:
         out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask)
@@ -139,6 +151,11 @@ class TrainRank:
         advantages = dict(zip(mine, adv_list, strict=True))
 
         # Phase 2: forward with gradient, loss, backward per micro-batch; one optimiser step.
+        from slime.backends.fsdp.parallel import clip_grads, normalise_loss
+        from slime.backends.fsdp.parallel import grad_norm as global_grad_norm
+
+        global_tokens = int(sum(sum(m) for m in batch.loss_masks))
+        objective_sum = 0.0
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic_optimizer is not None:
             self.critic_optimizer.zero_grad(set_to_none=True)
@@ -162,7 +179,13 @@ class TrainRank:
                 kl_loss = compute_approx_kl(logp, ref_t, cfg.kl_loss_type)  # type: ignore[arg-type]
                 loss_tok = loss_tok + cfg.kl_loss_coef * kl_loss
             per_sample = M.per_sample_mean(loss_tok, mb.mask)
-            (per_sample.sum() / n_local).backward()
+            objective = normalise_loss(loss_tok, mb.mask, per_token=cfg.calculate_per_token_loss,
+                                       global_tokens=global_tokens, global_samples=batch.size,
+                                       dp_size=self.layout.dp, wrong_normalisation=cfg.ci_wrong_normalisation)
+            # With --ci-wrong-normalisation each micro-batch is its own token mean and the
+            # means are summed: gradient accumulation that forgets the global count.
+            objective.backward()
+            objective_sum += float(objective.detach())
             b = len(mb.indices)
             for name, tok in (("pg_loss", pg), ("ppo_kl", ppo_kl), ("kl_loss", kl_loss),
                               ("entropy", entropy), ("clipfrac", clipfrac)):
@@ -177,17 +200,40 @@ class TrainRank:
                 v_loss = M.per_sample_mean(0.5 * (value - ret_t) ** 2, mb.mask)
                 (v_loss.sum() / n_local).backward()
                 report.add("train/value_loss", float(v_loss.detach().mean()), count=b)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.clip_grad)
+        policy_params = list(self.policy.parameters())
+        # Exact for FSDP2 and 2-D (dp × tp) DTensors alike; one all-reduce.
+        grad_norm = global_grad_norm(policy_params)
+        clip_grads(policy_params, cfg.clip_grad, grad_norm)
+        mismatch = self._record_grad_norm(grad_norm, objective_sum)
         self.optimizer.step()
         if self.critic is not None and self.critic_optimizer is not None:
             torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.clip_grad)
             self.critic_optimizer.step()
         self.version += 1
-        report.add("train/grad_norm", float(_full(grad_norm)), reduce="max")
+        report.add("train/grad_norm", grad_norm, reduce="max")
         report.add("train/samples", float(n_local), reduce="sum")
         report.add("train/seconds", time.monotonic() - start, reduce="max")
         merged = all_reduce_report(report) if self.world_size > 1 else report
-        return merged.results()
+        results: dict[str, Any] = merged.results()
+        if mismatch is not None:
+            results["ci/grad_norm_mismatch"] = mismatch
+        return results
+
+    def _record_grad_norm(self, norm: float, objective: float) -> str | None:
+        """Record or compare this step's grad norm and loss; the mismatch line, if any (same on all ranks)."""
+        if self.grad_norms is None:
+            return None
+        from slime.backends.fsdp.grad_norm import GradNormMismatch
+
+        total = torch.tensor([objective], dtype=torch.float64,
+                             device=self.device if self.device == "cuda" else "cpu")
+        if self.world_size > 1:
+            dist.all_reduce(total)  # tp replicas hold equal values: the world mean is the dp mean
+        try:
+            self.grad_norms.record(self.version, norm, float(total.item()) / self.world_size)
+        except GradNormMismatch as e:
+            return str(e)
+        return None
 
     def _whiten(self, values: list[torch.Tensor], masks: list[torch.Tensor]) -> list[torch.Tensor]:
         # Statistics over every rank's tokens: a rank whitening alone would shift its advantages.
