@@ -5,9 +5,11 @@
 parallel layout and stops at the first step whose gradient norm differs by more
 than `grad_rtol` (1 %) or whose loss differs by more than `loss_rtol`.
 
-Loss tolerance: 1e-4 relative. Layouts change only the order of float32 sums
-(across ranks, micro-batches, TP shards), which moves a loss of order 1 by about
-1e-6; a normalisation bug moves it by whole percent.
+Loss tolerance: 1e-4 relative plus 1e-6 absolute. Layouts change only the order of
+float32 sums (across ranks, micro-batches, TP shards), which moves a loss of order 1 by
+about 1e-6; a normalisation bug moves it by whole percent. The absolute part is for
+losses that are zero in exact arithmetic (a GRPO policy loss on policy: group-normalised
+advantages sum to zero), whose recorded value is float noise.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 FILE = "grad_norm.jsonl"
 GRAD_RTOL = 0.01
 LOSS_RTOL = 1e-4
+LOSS_ATOL = 1e-6
 
 
 class GradNormMismatch(AssertionError):
@@ -60,6 +63,7 @@ class GradNormRecorder:
         write: bool = True,
         grad_rtol: float = GRAD_RTOL,
         loss_rtol: float = LOSS_RTOL,
+        loss_atol: float = LOSS_ATOL,
     ) -> None:
         self.save_path = Path(save_dir) / FILE if save_dir is not None else None
         # Only one rank should write (write=rank == 0); every rank compares, so all
@@ -72,6 +76,7 @@ class GradNormRecorder:
         self.load_dir = load_dir
         self.grad_rtol = grad_rtol
         self.loss_rtol = loss_rtol
+        self.loss_atol = loss_atol
         self.checked = 0
 
     def record(self, step: int, grad_norm: float, loss: float) -> None:
@@ -90,7 +95,8 @@ class GradNormRecorder:
         if g > self.grad_rtol:
             raise GradNormMismatch(f"step {step}: grad norm {grad_norm:.6g} vs reference {ref.grad_norm:.6g} "
                                    f"({g:.2%} apart, tolerance {self.grad_rtol:.2%})")
-        if lo > self.loss_rtol:
+        if abs(loss - ref.loss) > self.loss_rtol * abs(ref.loss) + self.loss_atol:
             raise GradNormMismatch(f"step {step}: loss {loss:.8g} vs reference {ref.loss:.8g} "
-                                   f"(relative {lo:.2e}, tolerance {self.loss_rtol:.0e})")
+                                   f"(relative {lo:.2e}, tolerance {self.loss_rtol:.0e} "
+                                   f"+ {self.loss_atol:.0e} absolute)")
         self.checked += 1
