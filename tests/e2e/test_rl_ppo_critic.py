@@ -9,8 +9,8 @@ import sys
 import _rl
 
 NUM_GPUS = 1
-ROLLOUTS = 16
-WINDOW = 4
+ROLLOUTS = 30
+WINDOW = 5
 MARGIN = 0.05
 VALUE_DROP = 0.25  # last window's value loss at most 75 % of the first window's
 
@@ -22,8 +22,8 @@ def prepare() -> None:
 def execute():
     return _rl.train("ppo", NUM_GPUS, [
         "--colocate", "--ci-test", "--advantage-estimator", "ppo", "--use-critic",
-        "--rollout-batch-size", "32", "--n-samples-per-prompt", "2", "--num-rollout", str(ROLLOUTS),
-        "--lr", "5e-4", "--critic-lr", "3e-3", "--kl-coef", "0.01", "--gamma", "1.0", "--lam", "0.95",
+        "--rollout-batch-size", "32", "--n-samples-per-prompt", "4", "--num-rollout", str(ROLLOUTS),
+        "--lr", "8e-4", "--critic-lr", "3e-3", "--kl-coef", "0.01", "--gamma", "1.0", "--lam", "0.95",
     ])
 
 
