@@ -81,10 +81,40 @@ def _env(**values: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(values.items()))
 
 
-# The megatron matrix. Each entry trains for real; the tiny-model entry is the honest
-# smoke that runs anywhere (CUDA when present, CPU ranks under --emulate-gpus).
+# The megatron matrix: the RL loop (train.py / train_async.py) end to end on a tiny model,
+# on CUDA when present and on CPU ranks under --emulate-gpus. Each entry names the feature
+# it proves; each fails when that feature breaks.
 MEGATRON_ENTRIES: tuple[Entry, ...] = (
-    Entry(path="tests/e2e/test_tiny_train.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_grpo_colocated.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_ppo_critic.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_debug_replay.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_async.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_fanout_filter.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_refit_disk.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_sleep_wake.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_reinforce_tensor_refit.py", timeout=600),
+)
+
+# Rollout-engine layouts. The 0-GPU YAML checks run here too, as in the original
+# (they also run in cpu_unit, which takes every NUM_GPUS = 0 file under tests/).
+SGLANG_CONFIG_ENTRIES: tuple[Entry, ...] = (
+    Entry(path="tests/test_sglang_config.py", cpu_only=True, timeout=120),
+)
+
+# Checkpoint save/load: one file, five optimizer-location combinations, as in the original.
+CKPT_ENTRIES: tuple[Entry, ...] = tuple(
+    Entry(path="tests/e2e/test_tiny_ckpt.py", test_args=args, timeout=600)
+    for args in (
+        ("--save-optimizer", "gpu", "--load-optimizer", "gpu"),
+        ("--save-optimizer", "gpu", "--load-optimizer", "cpu"),
+        ("--save-optimizer", "cpu", "--load-optimizer", "cpu"),
+        ("--save-optimizer", "cpu", "--load-optimizer", "gpu"),
+        ("--async-save",),
+    )
+)
+
+PRECISION_ENTRIES: tuple[Entry, ...] = (
+    Entry(path="tests/e2e/test_tiny_parallel_check.py", timeout=900),
 )
 
 SUITES: tuple[Suite, ...] = (
@@ -121,6 +151,7 @@ SUITES: tuple[Suite, ...] = (
         profile="e2e",
         label="run-ci-sglang-config",
         image=FRAMEWORK_IMAGE,
+        entries=SGLANG_CONFIG_ENTRIES,
     ),
     Suite(
         name="megatron",
@@ -139,6 +170,7 @@ SUITES: tuple[Suite, ...] = (
         profile="e2e",
         label="run-ci-precision",
         image=FRAMEWORK_IMAGE,
+        entries=PRECISION_ENTRIES,
     ),
     Suite(
         name="ckpt",
@@ -147,6 +179,7 @@ SUITES: tuple[Suite, ...] = (
         profile="e2e",
         label="run-ci-ckpt",
         image=FRAMEWORK_IMAGE,
+        entries=CKPT_ENTRIES,
     ),
     Suite(
         name="image",

@@ -92,3 +92,11 @@ def run_ranks(
     if errors:
         raise AssertionError("\n".join(errors))
     return [results[r] for r in range(world_size)]
+
+
+def preload(*modules: str) -> None:
+    """Also import `modules` once in the forkserver (call before the first `run_ranks`).
+
+    A heavy import (transformers) then costs once per test file instead of once per rank.
+    """
+    _CTX.set_forkserver_preload(["torch", "torch.distributed", *modules])

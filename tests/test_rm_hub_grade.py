@@ -16,6 +16,7 @@ CASES = {
     "deepscaler": (r"<think>x</think>\boxed{2}", "2", 1.0),
     "gpqa": ("The answer is (A)", "A", 1.0),
     "f1": ("the blue whale", "blue whale", 1.0),
+    "arith": ("12", "12", 1.0),
 }
 
 

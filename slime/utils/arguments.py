@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,150 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save-debug-rollout-data", default=None, help="path with {rollout_id}")
     g.add_argument("--load-debug-rollout-data", default=None, help="path with {rollout_id}")
     g.add_argument("--start-rollout-id", type=int, default=0)
+    add_training_path_arguments(p)
+    add_checkpoint_arguments(p)
     return p
+
+
+def add_training_path_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of `train.py` / `train_async.py`: the RL loop on Ray (placement, data, optimiser, checks)."""
+    g = p.add_argument_group("placement")
+    g.add_argument("--num-gpus", type=int, default=None,
+                   help="GPUs of the placement group (default: NUM_GPUS from the environment)")
+    g.add_argument("--colocate", action="store_true", help="engines and trainer share every GPU")
+    g.add_argument("--rollout-num-gpus", type=int, default=None, help="GPUs for engines, not colocated")
+    g.add_argument("--rollout-backend", choices=("slime", "sglang"), default="slime")
+
+    g = p.add_argument_group("data")
+    g.add_argument("--prompt-data", default=None, help="JSONL file of prompts with labels")
+    g.add_argument("--input-key", default="prompt")
+    g.add_argument("--label-key", default="label")
+    g.add_argument("--eval-prompt-data", default=None)
+    g.add_argument("--eval-interval", type=int, default=None, help="evaluate every N rollouts")
+    g.add_argument("--n-samples-per-eval-prompt", type=int, default=1)
+    g.add_argument("--num-rollout", type=int, default=None, help="rollouts to train on")
+    g.add_argument("--rollout-top-p", type=float, default=1.0)
+    g.add_argument("--rollout-shuffle", action="store_true")
+    g.add_argument("--dynamic-sampling-filter", action="store_true",
+                   help="drop groups whose rewards are all equal")
+    g.add_argument("--seed", type=int, default=1234)
+
+    g = p.add_argument_group("optimiser")
+    g.add_argument("--lr", type=float, default=1e-5)
+    g.add_argument("--critic-lr", type=float, default=1e-4)
+    g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--use-kl-loss", action="store_true")
+    g.add_argument("--kl-loss-coef", type=float, default=0.0)
+    g.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty in rewards (ppo, reinforce++)")
+    g.add_argument("--entropy-coef", type=float, default=0.0)
+    g.add_argument("--use-critic", action="store_true")
+    g.add_argument("--gamma", type=float, default=1.0)
+    g.add_argument("--lam", type=float, default=1.0)
+    g.add_argument("--use-tis", action="store_true", help="truncated importance sampling (off-policy)")
+    g.add_argument("--tis-clip", type=float, default=2.0)
+    g.add_argument("--refit-from", choices=("disk", "tensor"), default="disk")
+
+    g = p.add_argument_group("output and checks")
+    g.add_argument("--output-dir", default=None, help="metrics.jsonl and weight versions go here")
+    g.add_argument("--ci-test", action="store_true", help="check the run's invariants at every step")
+    g.add_argument("--ci-logprob-tol", type=float, default=1e-3,
+                   help="largest |rollout - trainer| log-prob allowed on one token")
+    g.add_argument("--ci-ratio-band", type=float, default=1e-3,
+                   help="on-policy importance ratios must stay within 1 ± this")
+    g.add_argument("--ci-sleep-check", action="store_true",
+                   help="prove engines release memory while the trainer steps (colocated)")
+
+
+def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of trainer checkpoints (torch.distributed.checkpoint) and of the precision replay."""
+    g = p.add_argument_group("checkpoint")
+    g.add_argument("--save", default=None, help="directory to save trainer checkpoints into")
+    g.add_argument("--save-interval", type=int, default=None,
+                   help="save every K rollouts (the last rollout is always saved)")
+    g.add_argument("--load", default=None, help="resume from the latest complete checkpoint here")
+    g.add_argument("--ckpt-step", type=int, default=None, help="with --load: this step, not the latest")
+    g.add_argument("--save-optimizer", choices=("gpu", "cpu"), default="gpu",
+                   help="stage optimizer state on the device or in CPU memory while saving")
+    g.add_argument("--load-optimizer", choices=("gpu", "cpu"), default="gpu",
+                   help="read optimizer state into device buffers or CPU memory, then move it across")
+    g.add_argument("--async-save", action="store_true",
+                   help="write checkpoints in the background while training continues")
+
+    g = p.add_argument_group("precision checks")
+    g.add_argument("--calculate-per-token-loss", action="store_true",
+                   help="normalise the loss by the tokens of the whole batch, not per sample")
+    g.add_argument("--ci-save-grad-norm", default=None, help="record per-step grad norms and losses here")
+    g.add_argument("--ci-load-grad-norm", default=None,
+                   help="compare per-step grad norms (1 %%) and losses with a recording; stop at a mismatch")
+    g.add_argument("--ci-wrong-normalisation", action="store_true",
+                   help="test only: each micro-batch normalised by its own tokens, summed (a known bug)")
+
+
+def check_checkpoint_flags(args: argparse.Namespace) -> None:
+    """Checkpoint flags that only make sense together."""
+    if args.save_interval is not None and (args.save is None or args.save_interval < 1):
+        _fail("--save-interval needs --save DIR and a value >= 1")
+    if args.ckpt_step is not None and args.load is None:
+        _fail("--ckpt-step picks a step of --load DIR: add --load")
+    if args.async_save and args.save is None:
+        _fail("--async-save needs --save DIR")
+    if args.ckpt_step is not None:
+        from slime.backends.fsdp.checkpoint import CheckpointError, resolve_step
+
+        try:
+            resolve_step(args.load, args.ckpt_step)
+        except CheckpointError as e:
+            _fail(f"--ckpt-step: {e}")
+    if (args.save or args.load) and args.use_critic:
+        _fail("trainer checkpoints hold the policy and its optimizer; the critic is not saved yet, "
+              "so --save/--load cannot go with --use-critic")
+
+
+def check_training_path(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namespace:
+    """Fill the placement defaults of `train.py` and check what the loop needs; then `validate_args`."""
+    if args.num_gpus is None:
+        raw = env.get("NUM_GPUS", "").strip()
+        if not raw.isdigit():
+            _fail("--num-gpus is not set and NUM_GPUS is not in the environment; pass --num-gpus N")
+        args.num_gpus = int(raw)
+    if args.num_gpus < 1:
+        _fail(f"--num-gpus must be >= 1, got {args.num_gpus}")
+    if args.colocate:
+        if args.rollout_num_gpus not in (None, args.num_gpus):
+            _fail("--colocate shares every GPU; drop --rollout-num-gpus")
+        trainer = args.num_gpus
+    elif args.load_debug_rollout_data is not None:
+        trainer = args.num_gpus  # no engines are started to replay a dump
+    else:
+        if args.rollout_num_gpus is None or not 1 <= args.rollout_num_gpus < args.num_gpus:
+            _fail(
+                f"without --colocate, --rollout-num-gpus must be between 1 and {args.num_gpus - 1} "
+                f"(the rest train); got {args.rollout_num_gpus}"
+            )
+        trainer = args.num_gpus - args.rollout_num_gpus
+    args.actor_num_nodes = 1
+    args.actor_num_gpus_per_node = trainer
+    if args.hf_checkpoint is None:
+        _fail("--hf-checkpoint is required: the HF model directory to train")
+    if args.prompt_data is None and args.load_debug_rollout_data is None:
+        _fail("--prompt-data is required unless --load-debug-rollout-data replays saved rollouts")
+    if args.num_rollout is None or args.num_rollout < 1:
+        _fail("--num-rollout must be >= 1")
+    if args.eval_interval is not None and (args.eval_interval < 1 or args.eval_prompt_data is None):
+        _fail("--eval-interval needs a value >= 1 and --eval-prompt-data")
+    if args.use_critic != (args.advantage_estimator == "ppo"):
+        _fail("--use-critic goes with --advantage-estimator ppo, and ppo needs --use-critic")
+    if args.advantage_estimator not in ("grpo", "ppo", "reinforce_plus_plus"):
+        _fail(f"--advantage-estimator {args.advantage_estimator} is not trained by train.py; "
+              "use grpo, ppo or reinforce_plus_plus")
+    if args.rollout_temperature != 1.0:
+        # Engines report log-probs of the untempered distribution; the trainer recomputes those.
+        _fail("--rollout-temperature must be 1.0 for train.py (log-probs are compared untempered)")
+    if args.ci_sleep_check and not args.colocate:
+        _fail("--ci-sleep-check needs --colocate (engines sleep only when they share GPUs)")
+    check_checkpoint_flags(args)
+    return validate_args(args)
 
 
 def _fail(message: str) -> None:

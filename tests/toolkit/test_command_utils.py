@@ -163,13 +163,13 @@ def test_ray_start_argv_uses_every_port_and_own_temp_dir():
 
 
 def test_wandb_args_only_with_a_key(capsys):
-    assert U.get_default_wandb_args("tests/e2e/test_tiny_train.py", env={}) == ""
+    assert U.get_default_wandb_args("tests/e2e/test_rl_grpo_colocated.py", env={}) == ""
     assert "WANDB_API_KEY is not set" in capsys.readouterr().out
-    args = U.get_default_wandb_args("tests/e2e/test_tiny_train.py", "ci", env={
+    args = U.get_default_wandb_args("tests/e2e/test_rl_grpo_colocated.py", "ci", env={
         "WANDB_API_KEY": "secret", "GITHUB_COMMIT_NAME": "abc123"})
     assert args.endswith(" ")
     words = args.split()
-    assert words[:3] == ["--use-wandb", "--wandb-project", "slime-test_tiny_train"]
+    assert words[:3] == ["--use-wandb", "--wandb-project", "slime-test_rl_grpo_colocated"]
     group = words[words.index("--wandb-group") + 1]
     assert group.startswith("ci_") and group.endswith("_abc123")
     assert "secret" not in args and "--wandb-key" not in args

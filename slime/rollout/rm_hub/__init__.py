@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-RM_TYPES = ("math", "dapo", "dapo_strict", "deepscaler", "gpqa", "f1")
+RM_TYPES = ("math", "dapo", "dapo_strict", "deepscaler", "gpqa", "f1", "arith")
 
 
 def _grader(rm_type: str) -> Callable[[str, Any], float]:
@@ -31,6 +31,10 @@ def _grader(rm_type: str) -> Callable[[str, Any], float]:
         from slime.rollout.rm_hub.f1 import grade_f1
 
         return grade_f1
+    if rm_type == "arith":
+        from slime.rollout.rm_hub.arith import grade_arith
+
+        return grade_arith
     raise ValueError(f"unknown rm_type {rm_type!r}; pick one of {', '.join(RM_TYPES)}")
 
 

@@ -1,0 +1,299 @@
+"""One rollout engine: a model on a device, a queue, and a worker thread that batches requests.
+
+Every operation (generation, refit, release, resume) goes through one queue served by one
+thread, so a refit never lands in the middle of a batch: it waits for the batch before it and
+the generations after it see the new weights. Generation requests that are waiting together
+are merged into one batch (up to `max_batch_size` sequences), as a serving engine does.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import queue
+import random
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slime.backends.engine.sampler import Generation, SamplingParams, generate
+from slime.backends.engine.weights import check_named_tensors, read_checkpoint
+
+
+class EngineInputError(ValueError):
+    """A request the engine cannot serve as sent (HTTP 400); the message says what to change."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateRequest:
+    """One sequence to sample: prompt ids, its parameters and the seed its randomness uses."""
+
+    input_ids: tuple[int, ...]
+    params: SamplingParams
+    seed: int
+
+
+def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class Engine:
+    """The model, its tokenizer and the serving thread; thread-safe, used by `EngineServer`."""
+
+    def __init__(self, model_path: str | Path, *, device: str = "cpu", seed: int = 0,
+                 weight_version: str = "0", max_batch_size: int = 64,
+                 gpu_ids: Sequence[int] = (), cpu_threads: int | None = 1) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if torch.device(device).type == "cpu" and cpu_threads is not None:
+            # Process-wide: a tiny model gains nothing from intra-op threads, and engines and
+            # trainer ranks sharing a few busy cores slow each other down many times over.
+            torch.set_num_threads(cpu_threads)
+
+        self.model_path = str(model_path)
+        self.device = torch.device(device)
+        self.seed = seed
+        self.weight_version = weight_version
+        self.max_batch_size = max_batch_size
+        self.gpu_ids = tuple(gpu_ids)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        self.model = model.to(self.device).eval()
+        self.config = self.model.config
+        self.vocab_size = int(self.config.vocab_size)
+        self.max_positions = int(self.config.max_position_embeddings)
+        self.eos_token_id = self.tokenizer.eos_token_id
+        self.pad_token_id = (self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
+                             else (self.eos_token_id or 0))
+        self.released = False
+        self.requests_served = 0
+        self.batches_run = 0
+        self._seeds = random.Random(seed)
+        self._seed_lock = threading.Lock()
+        self._spill_dir = Path(tempfile.mkdtemp(prefix="slime-engine-"))
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._worker = threading.Thread(target=self._serve, name="engine-worker", daemon=True)
+        self._worker.start()
+
+    # ---- requests -------------------------------------------------------------------------
+    def next_seed(self) -> int:
+        """A seed for a request that sent none: drawn from the engine's seed, in arrival order."""
+        with self._seed_lock:
+            return self._seeds.randrange(2**31)
+
+    def check_request(self, input_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise `EngineInputError` when the prompt or its parameters cannot be served."""
+        if not input_ids:
+            raise EngineInputError("input_ids is empty; send at least one token")
+        bad = [t for t in input_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise EngineInputError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        bad_stop = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad_stop:
+            raise EngineInputError(f"stop_token_ids {bad_stop[:5]} are outside [0, {self.vocab_size})")
+        if len(input_ids) + params.max_new_tokens > self.max_positions:
+            raise EngineInputError(
+                f"prompt of {len(input_ids)} tokens + max_new_tokens {params.max_new_tokens} exceeds "
+                f"the model's {self.max_positions} positions; shorten one of them")
+
+    def generate(self, requests: Sequence[GenerateRequest], timeout: float | None = None) -> list[Generation]:
+        """Sample `requests` (batched with whatever else is waiting); blocks until done."""
+        for r in requests:
+            self.check_request(r.input_ids, r.params)
+        future: cf.Future[list[Generation]] = cf.Future()
+        self._queue.put(("generate", list(requests), future))
+        return future.result(timeout)
+
+    def call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Run `fn` on the worker thread, between batches; returns its result or raises its error."""
+        future: cf.Future[Any] = cf.Future()
+        self._queue.put(("call", fn, future))
+        return future.result(timeout)
+
+    def _serve(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            kind, payload, future = item
+            if kind == "call":
+                self._run(future, payload)
+                continue
+            jobs = [(payload, future)]
+            size = len(payload)
+            held = None
+            # Merge the generations already waiting; stop at a control call to keep the order.
+            while size < self.max_batch_size:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None or nxt[0] != "generate":
+                    held = nxt
+                    break
+                jobs.append((nxt[1], nxt[2]))
+                size += len(nxt[1])
+            self._run_batch(jobs)
+            if held is None:
+                continue
+            if held[0] == "call":
+                self._run(held[2], held[1])
+            else:  # the stop marker
+                return
+
+    @staticmethod
+    def _run(future: cf.Future[Any], fn: Callable[[], Any]) -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    def _run_batch(self, jobs: list[tuple[list[GenerateRequest], cf.Future[list[Generation]]]]) -> None:
+        flat = [r for reqs, _ in jobs for r in reqs]
+        try:
+            if self.released:
+                raise EngineInputError("the engine's weights are released; "
+                                       "POST /resume_memory_occupation before generating")
+            outs = generate(self.model, [r.input_ids for r in flat], [r.params for r in flat],
+                            eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id,
+                            seeds=[r.seed for r in flat])
+        except BaseException as exc:
+            for _, future in jobs:
+                future.set_exception(exc)
+            return
+        self.batches_run += 1
+        self.requests_served += len(flat)
+        start = 0
+        for reqs, future in jobs:
+            future.set_result(outs[start:start + len(reqs)])
+            start += len(reqs)
+
+    # ---- weights --------------------------------------------------------------------------
+    def _expected(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+    def _load(self, named: Mapping[str, torch.Tensor], *, complete: bool) -> None:
+        if self.released:
+            raise EngineInputError("the engine's weights are released; "
+                                   "POST /resume_memory_occupation before updating them")
+        expected = self._expected()
+        try:
+            check_named_tensors(named, expected, complete=complete)
+        except ValueError as exc:
+            raise EngineInputError(str(exc)) from None
+        with torch.no_grad():
+            for name, t in named.items():
+                expected[name].copy_(t.to(device=self.device, dtype=expected[name].dtype))
+
+    def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> None:
+        """Load every weight from a Hugging Face model directory; set the version when one is given."""
+        def work() -> None:
+            try:
+                named = read_checkpoint(model_path)
+            except ValueError as exc:
+                raise EngineInputError(str(exc)) from None
+            self._load(named, complete=True)
+            self.model_path = str(model_path)
+            if weight_version is not None:
+                self.weight_version = weight_version
+        self.call(work)
+
+    def update_weights_from_tensor(self, named: Mapping[str, torch.Tensor],
+                                   weight_version: str | None = None) -> None:
+        """Overwrite the named parameters (any subset); set the version when one is given."""
+        def work() -> None:
+            self._load(named, complete=False)
+            if weight_version is not None:
+                self.weight_version = weight_version
+        self.call(work)
+
+    def set_weight_version(self, version: str) -> None:
+        """Name the current weights (between batches)."""
+        def work() -> None:
+            self.weight_version = version
+        self.call(work)
+
+    # ---- sleep / wake ---------------------------------------------------------------------
+    def _tensors(self) -> list[tuple[str, torch.Tensor]]:
+        named = [(f"param:{n}", p) for n, p in self.model.named_parameters()]
+        named += [(f"buffer:{n}", b) for n, b in self.model.named_buffers()]
+        return named
+
+    def model_bytes(self) -> int:
+        """Bytes the model's parameters and buffers hold on the engine's device now."""
+        return _tensor_bytes([t for _, t in self._tensors() if t.device == self.device])
+
+    def release_memory(self) -> None:
+        """Move every weight out (a file in the engine's temp dir) and free it on the device."""
+        def work() -> None:
+            if self.released:
+                return
+            from safetensors.torch import save_file
+
+            tensors = self._tensors()
+            save_file({n: t.detach().to("cpu").contiguous() for n, t in tensors},
+                      str(self._spill_dir / "weights.safetensors"))
+            for _, t in tensors:
+                # An empty tensor in place keeps the module tree (and its hooks) intact.
+                t.data = torch.empty(0, dtype=t.dtype, device=self.device)
+            self.released = True
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        self.call(work)
+
+    def resume_memory(self) -> None:
+        """Bring back exactly the weights `release_memory` moved out."""
+        def work() -> None:
+            if not self.released:
+                return
+            from safetensors.torch import load_file
+
+            path = self._spill_dir / "weights.safetensors"
+            saved = load_file(str(path))
+            for name, t in self._tensors():
+                t.data = saved[name].to(self.device)
+            path.unlink()
+            self.released = False
+        self.call(work)
+
+    def flush_cache(self) -> None:
+        """Wait for the work queued before it: no KV cache outlives its batch, so none is kept."""
+        self.call(lambda: None)
+
+    # ---- state ----------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        """What tests and entries read: device, GPU ids, pid, bytes held, version, counters."""
+        return {
+            "model_path": self.model_path,
+            "device": str(self.device),
+            "gpu_ids": list(self.gpu_ids),
+            "pid": os.getpid(),
+            "model_bytes": self.model_bytes(),
+            "memory_released": self.released,
+            "weight_version": self.weight_version,
+            "seed": self.seed,
+            "max_batch_size": self.max_batch_size,
+            "requests_served": self.requests_served,
+            "batches_run": self.batches_run,
+            "cuda_memory_allocated": (torch.cuda.memory_allocated(self.device)
+                                      if self.device.type == "cuda" else None),
+        }
+
+    def close(self) -> None:
+        """Stop the worker thread and remove the spill directory."""
+        if self._worker.is_alive():
+            self._queue.put(None)
+            self._worker.join(timeout=30)
+        shutil.rmtree(self._spill_dir, ignore_errors=True)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,70 @@
+"""`--rollout-backend sglang`: a real SGLang server in place of our engine, reached by the same client.
+
+Where the `sglang` package is installed (a GPU machine), `launch_sglang_server` starts
+`python -m sglang.launch_server --model-path … --host … --port …` in its own process group
+and waits for `/health`. It cannot run here (no GPU, no sglang), so no CPU test exercises it;
+what the CPU tier does test is that `EngineClient` speaks the API subset SGLang documents.
+Differences to keep in mind: SGLang's initial weight version is "default", and its
+`/update_weights_from_tensor` takes its own serialisation, not our `safetensors_base64`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from slime.backends.engine.client import EngineClient
+
+
+@dataclass(frozen=True, kw_only=True)
+class SGLangServer:
+    """A running `sglang.launch_server` process and its URL."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM the process group, SIGKILL it after `grace` seconds."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def sglang_argv(model_path: str, *, host: str, port: int, extra_args: Sequence[str] = ()) -> list[str]:
+    """The launch command line (pure)."""
+    return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
+            "--host", host, "--port", str(port), *extra_args]
+
+
+def launch_sglang_server(model_path: str, *, port: int, host: str = "127.0.0.1",
+                         extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                         log_path: str | Path, timeout: float = 600.0) -> SGLangServer:
+    """Start SGLang on `host:port` and wait until it is healthy; raises when sglang is not installed."""
+    if importlib.util.find_spec("sglang") is None:
+        raise RuntimeError("--rollout-backend sglang needs the sglang package; install it (GPU machine) "
+                           "or use the default engine")
+    log = Path(log_path)
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(sglang_argv(model_path, host=host, port=port, extra_args=extra_args),
+                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=dict(env) if env is not None else None, start_new_session=True)
+    server = SGLangServer(url=f"http://{host}:{port}", process=proc, log_path=log)
+    try:
+        EngineClient(server.url).wait_healthy(timeout=timeout, interval=2.0)
+    except BaseException:
+        server.stop(grace=10)
+        raise
+    return server

@@ -1,0 +1,80 @@
+"""Shared steps of the RL e2e entries: publish the tiny model and data, train through U, read results.
+
+`prepare()` builds the tiny arithmetic model (warmed up) and its data set and publishes both
+into a Hugging Face hub cache under the entry's output dir; `train()` fetches them offline with
+`U.hf_download_model` / `U.hf_download_dataset`, exactly as a real model is fetched, and runs
+`train.py` (or `train_async.py`) as a Ray job through `U.execute_train`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import slime.utils.external_utils.command_utils as U
+
+MODEL_REPO = "slime-ci/tiny-arith-qwen2"
+DATASET_REPO = "slime-ci/tiny-arith"
+QUIET = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TQDM_DISABLE": "1"}
+
+
+def hub_env() -> dict[str, str]:
+    """Offline hub, this entry's cache, model and data dirs."""
+    out = U.output_dir()
+    return {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(out / "hf_cache"),
+            "SLIME_CI_MODELS_DIR": str(out / "models"), "SLIME_CI_DATASETS_DIR": str(out / "datasets")}
+
+
+# huggingface_hub reads the offline switch and cache dir once, when first imported (transformers
+# imports it too): set them before anything can import it.
+os.environ.update(hub_env())
+
+
+def prepare() -> None:
+    """Build, warm up and publish the tiny model and data set into the entry's hub cache."""
+    from slime.model.prepare import prepare_tiny_assets
+
+    assets = prepare_tiny_assets(hub_env()["HF_HUB_CACHE"], seed=0,
+                                 model_repo=MODEL_REPO, dataset_repo=DATASET_REPO)
+    print(f"tiny model warmed up: loss {assets.warmup_first_loss:.3f} -> {assets.warmup_last_loss:.3f}",
+          flush=True)
+
+
+def fetch() -> tuple[Path, Path]:
+    """(model dir, data dir) through the offline hub download path."""
+    for proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        os.environ.pop(proxy, None)
+    return U.hf_download_model(MODEL_REPO), U.hf_download_dataset(DATASET_REPO)
+
+
+def train(run_name: str, num_gpus: int, args: Sequence[str], *, script: str = "train.py",
+          timeout: float = 900) -> Path:
+    """Run the loop as a Ray job; returns the run's output dir (metrics.jsonl, engines.json, …)."""
+    model, data = fetch()
+    run_dir = U.output_dir() / run_name
+    argv = ["--hf-checkpoint", str(model), "--prompt-data", str(data / "train.jsonl"),
+            "--rm-type", "arith", "--num-gpus", str(num_gpus), "--output-dir", str(run_dir),
+            "--rollout-max-response-len", "4", "--rollout-shuffle", *args]
+    U.execute_train(argv, num_gpus_per_node=num_gpus, train_script=script, timeout=timeout,
+                    extra_env_vars=QUIET)
+    return run_dir
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's metrics, one dict per step."""
+    path = run_dir / "metrics.jsonl"
+    assert path.is_file(), f"{path} missing: the run wrote no metrics"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def reward_gain(rows: Sequence[dict[str, Any]], window: int) -> tuple[float, float]:
+    """Mean rollout reward of the first and of the last `window` steps."""
+    rewards = [r["rollout/reward_all"] if "rollout/reward_all" in r else r["rollout/reward"] for r in rows]
+    return mean(rewards[:window]), mean(rewards[-window:])
