@@ -296,6 +296,26 @@ def test_concurrent_requests_share_batches_and_keep_their_seeds(client, server):
     assert client.server_info()["batches_run"] - batches_before < len(seeds)
 
 
+def test_a_burst_of_connections_is_served_not_reset(client):
+    # One connection per sample, all at once, as a rollout sends them (the listen backlog).
+    n, failures = 96, []
+    gate = threading.Barrier(n)
+
+    def one():
+        gate.wait()
+        try:
+            client.generate(PROMPT, dict(GREEDY, max_new_tokens=1))
+        except Exception as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
 def test_a_stopped_or_absent_engine_is_named_in_the_error(models):
     srv = EngineServer(models["a"])
     url = srv.start()

@@ -51,6 +51,13 @@ def _tags(body: dict[str, Any]) -> set[str]:
     return set(tags)
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    # A rollout opens a connection per sample at once; the default listen backlog of 5 made
+    # the kernel reset connections when 64 arrived together.
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 class EngineServer:
     """An engine served over HTTP on `host:port` (port 0: a free one) from a daemon thread."""
 
@@ -88,12 +95,11 @@ class EngineServer:
                              gpu_ids=self.gpu_ids, cpu_threads=self.cpu_threads)
         handler = type("Handler", (_Handler,), {"engine": self.engine})
         try:
-            self._httpd = ThreadingHTTPServer((self.host, self.port), handler)
+            self._httpd = _HTTPServer((self.host, self.port), handler)
         except OSError:
             self.engine.close()
             self.engine = None
             raise
-        self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="engine-http",
                                         kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
