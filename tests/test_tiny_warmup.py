@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from slime.model.arith_data import write_dataset
-from slime.model.prepare import DEFAULT_WARMUP_STEPS
+from slime.model.prepare import DEFAULT_WARMUP_STEPS, prepare_tiny_assets
 from slime.model.tiny import build_tiny_model
 from slime.model.warmup import measure_reward, warm_up
 
@@ -33,14 +33,18 @@ def test_warm_up_is_deterministic_for_a_seed(tmp_path, data):
     assert weights[0] != weights[2]  # the seed picks the batches
 
 
-def test_default_warm_up_puts_the_reward_strictly_between_0_and_1(tmp_path, data):
-    model = build_tiny_model(tmp_path / "m", seed=0)
-    before = measure_reward(model, data / "train.jsonl", seed=0)
-    result = warm_up(model, data / "train.jsonl", steps=DEFAULT_WARMUP_STEPS, seed=0)
-    after = measure_reward(model, data / "train.jsonl", seed=0)
-    held_out = measure_reward(model, data / "eval.jsonl", seed=0)
+def test_prepared_model_has_a_reward_strictly_between_0_and_1(tmp_path, data):
+    # What an e2e entry's prepare() publishes: built, warmed up (default steps), in the hub cache.
+    before = measure_reward(build_tiny_model(tmp_path / "m", seed=0), data / "train.jsonl", seed=0)
+    assets = prepare_tiny_assets(tmp_path / "hub", seed=0)
+    assert assets.model_snapshot.parent.parent.name == "models--slime-ci--tiny-arith-qwen2"
+    assert sorted(p.name for p in assets.dataset_snapshot.iterdir()) == ["eval.jsonl", "train.jsonl"]
+    train = assets.dataset_snapshot / "train.jsonl"
+    assert train.read_text() == (data / "train.jsonl").read_text()  # same seed, same split
+    after = measure_reward(assets.model_snapshot, train, seed=0)
+    held_out = measure_reward(assets.model_snapshot, assets.dataset_snapshot / "eval.jsonl", seed=0)
     print(f"reward before {before:.3f}, after {after:.3f} (train), {held_out:.3f} (eval); "
-          f"loss {result.first_loss:.3f} -> {result.last_loss:.3f}")
+          f"loss {assets.warmup_first_loss:.3f} -> {assets.warmup_last_loss:.3f} in {DEFAULT_WARMUP_STEPS} steps")
     assert before < 0.05
     assert 0.2 <= after <= 0.7
     assert 0.0 < held_out < 1.0

@@ -76,12 +76,24 @@ class Engine:
         self.batches_run = 0
         self._seeds = random.Random(seed)
         self._seed_lock = threading.Lock()
+        # HF fast tokenizers raise "Already borrowed" when two threads use one at once.
+        self._tokenizer_lock = threading.Lock()
         self._spill_dir = Path(tempfile.mkdtemp(prefix="slime-engine-"))
         self._queue: queue.Queue[Any] = queue.Queue()
         self._worker = threading.Thread(target=self._serve, name="engine-worker", daemon=True)
         self._worker.start()
 
     # ---- requests -------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` as the tokenizer makes them (special tokens added)."""
+        with self._tokenizer_lock:
+            return list(self.tokenizer(text).input_ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`."""
+        with self._tokenizer_lock:
+            return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
     def next_seed(self) -> int:
         """A seed for a request that sent none: drawn from the engine's seed, in arrival order."""
         with self._seed_lock:

@@ -189,17 +189,14 @@ class _Handler(BaseHTTPRequestHandler):
     def generate(self, body: dict[str, Any]) -> tuple[int, Any]:
         engine = self.engine
         started = time.monotonic()
-        reqs, batched = parse_generate(body, lambda t: list(engine.tokenizer(t).input_ids))
+        reqs, batched = parse_generate(body, engine.encode)
         gens = engine.generate([GenerateRequest(input_ids=r.input_ids, params=r.params,
                                                 seed=r.params.seed if r.params.seed is not None
                                                 else engine.next_seed()) for r in reqs])
         version = engine.weight_version
         latency = time.monotonic() - started
 
-        def decode(ids: Any, skip: bool) -> str:
-            return str(engine.tokenizer.decode(list(ids), skip_special_tokens=skip))
-
-        out = [build_response(r, g, weight_version=version, latency_s=latency, decode=decode)
+        out = [build_response(r, g, weight_version=version, latency_s=latency, decode=engine.decode)
                for r, g in zip(reqs, gens, strict=True)]
         return HTTPStatus.OK, out if batched else out[0]
 
