@@ -358,5 +358,21 @@ def test_router_spreads_generation_and_broadcasts_control(models):
             router.weight_versions()
 
 
+def test_sglang_backend_command_and_its_absence_here(tmp_path):
+    import importlib.util
+
+    from slime.backends.engine import launch_sglang_server
+    from slime.backends.engine.sglang_backend import sglang_argv
+
+    argv = sglang_argv("/m", host="127.0.0.1", port=30000, extra_args=["--mem-fraction-static", "0.5"])
+    assert argv[1:] == ["-m", "sglang.launch_server", "--model-path", "/m", "--host", "127.0.0.1",
+                        "--port", "30000", "--mem-fraction-static", "0.5"]
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("sglang is installed: the GPU tier runs the real server")
+    with pytest.raises(RuntimeError, match="needs the sglang package"):
+        launch_sglang_server("/m", port=30000, log_path=tmp_path / "log")
+    assert not (tmp_path / "log").exists()  # nothing was started
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
