@@ -8,6 +8,7 @@ import json
 import socket
 import sys
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -356,6 +357,71 @@ def test_router_spreads_generation_and_broadcasts_control(models):
         two.stop()
         with pytest.raises(EngineUnavailable, match=down.replace(".", r"\.")):
             router.weight_versions()
+
+
+def _blocked(engine):
+    """Hold the engine's worker thread until the returned event is set."""
+    release, started = threading.Event(), threading.Event()
+
+    def hold():
+        started.set()
+        release.wait(30)
+
+    threading.Thread(target=engine.call, args=(hold,), daemon=True).start()
+    assert started.wait(30)
+    return release
+
+
+def _queued(engine, n):
+    deadline = time.monotonic() + 30
+    while engine._queue.qsize() < n:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_batch_reports_the_version_it_ran_with_not_the_refit_queued_after_it(models):
+    from slime.backends.engine.engine import Engine, GenerateRequest
+    from slime.backends.engine.sampler import SamplingParams
+
+    with Engine(models["a"], weight_version="0") as engine:
+        release = _blocked(engine)
+        result = {}
+        req = GenerateRequest(input_ids=tuple(PROMPT), params=SamplingParams(max_new_tokens=2), seed=0)
+        gen = threading.Thread(target=lambda: result.update(out=engine.generate([req])))
+        gen.start()
+        _queued(engine, 1)
+        refit = threading.Thread(target=engine.set_weight_version, args=("9",))
+        refit.start()
+        _queued(engine, 2)
+        release.set()
+        gen.join(30)
+        refit.join(30)
+        assert result["out"][1] == "0"
+        assert engine.weight_version == "9"
+
+
+def test_close_finishes_queued_work_and_ends_the_worker(models):
+    from slime.backends.engine.engine import Engine, GenerateRequest
+    from slime.backends.engine.sampler import SamplingParams
+
+    engine = Engine(models["a"])
+    release = _blocked(engine)
+    outs = []
+    reqs = [GenerateRequest(input_ids=tuple(PROMPT), params=SamplingParams(max_new_tokens=2), seed=i)
+            for i in range(3)]
+    threads = [threading.Thread(target=lambda r=r: outs.append(engine.generate([r]))) for r in reqs]
+    for t in threads:
+        t.start()
+    _queued(engine, 3)
+    closer = threading.Thread(target=engine.close)
+    closer.start()
+    _queued(engine, 4)  # the stop marker sits behind the three requests
+    release.set()
+    closer.join(20)
+    assert not closer.is_alive() and not engine._worker.is_alive()
+    for t in threads:
+        t.join(5)
+    assert len(outs) == 3
 
 
 def test_sglang_backend_command_and_its_absence_here(tmp_path):

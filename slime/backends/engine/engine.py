@@ -39,6 +39,9 @@ class GenerateRequest:
     seed: int
 
 
+_STOP = object()  # queued by close(): the worker ends after the work before it
+
+
 def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -114,11 +117,16 @@ class Engine:
                 f"prompt of {len(input_ids)} tokens + max_new_tokens {params.max_new_tokens} exceeds "
                 f"the model's {self.max_positions} positions; shorten one of them")
 
-    def generate(self, requests: Sequence[GenerateRequest], timeout: float | None = None) -> list[Generation]:
-        """Sample `requests` (batched with whatever else is waiting); blocks until done."""
+    def generate(self, requests: Sequence[GenerateRequest],
+                 timeout: float | None = None) -> tuple[list[Generation], str]:
+        """Sample `requests` (batched with whatever else is waiting); blocks until done.
+
+        Returns the generations and the weight version that produced them (read inside the
+        batch: a refit queued behind it cannot be reported in its place).
+        """
         for r in requests:
             self.check_request(r.input_ids, r.params)
-        future: cf.Future[list[Generation]] = cf.Future()
+        future: cf.Future[tuple[list[Generation], str]] = cf.Future()
         self._queue.put(("generate", list(requests), future))
         return future.result(timeout)
 
@@ -131,7 +139,7 @@ class Engine:
     def _serve(self) -> None:
         while True:
             item = self._queue.get()
-            if item is None:
+            if item is _STOP:
                 return
             kind, payload, future = item
             if kind == "call":
@@ -146,18 +154,16 @@ class Engine:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if nxt is None or nxt[0] != "generate":
+                if nxt is _STOP or nxt[0] != "generate":
                     held = nxt
                     break
                 jobs.append((nxt[1], nxt[2]))
                 size += len(nxt[1])
             self._run_batch(jobs)
-            if held is None:
-                continue
-            if held[0] == "call":
-                self._run(held[2], held[1])
-            else:  # the stop marker
+            if held is _STOP:
                 return
+            if held is not None:
+                self._run(held[2], held[1])
 
     @staticmethod
     def _run(future: cf.Future[Any], fn: Callable[[], Any]) -> None:
@@ -166,8 +172,10 @@ class Engine:
         except BaseException as exc:
             future.set_exception(exc)
 
-    def _run_batch(self, jobs: list[tuple[list[GenerateRequest], cf.Future[list[Generation]]]]) -> None:
+    def _run_batch(self, jobs: list[tuple[list[GenerateRequest],
+                                          cf.Future[tuple[list[Generation], str]]]]) -> None:
         flat = [r for reqs, _ in jobs for r in reqs]
+        version = self.weight_version
         try:
             if self.released:
                 raise EngineInputError("the engine's weights are released; "
@@ -183,7 +191,7 @@ class Engine:
         self.requests_served += len(flat)
         start = 0
         for reqs, future in jobs:
-            future.set_result(outs[start:start + len(reqs)])
+            future.set_result((outs[start:start + len(reqs)], version))
             start += len(reqs)
 
     # ---- weights --------------------------------------------------------------------------
@@ -300,7 +308,7 @@ class Engine:
     def close(self) -> None:
         """Stop the worker thread and remove the spill directory."""
         if self._worker.is_alive():
-            self._queue.put(None)
+            self._queue.put(_STOP)
             self._worker.join(timeout=30)
         shutil.rmtree(self._spill_dir, ignore_errors=True)
 

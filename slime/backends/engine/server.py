@@ -190,10 +190,9 @@ class _Handler(BaseHTTPRequestHandler):
         engine = self.engine
         started = time.monotonic()
         reqs, batched = parse_generate(body, engine.encode)
-        gens = engine.generate([GenerateRequest(input_ids=r.input_ids, params=r.params,
-                                                seed=r.params.seed if r.params.seed is not None
-                                                else engine.next_seed()) for r in reqs])
-        version = engine.weight_version
+        gens, version = engine.generate([GenerateRequest(input_ids=r.input_ids, params=r.params,
+                                                         seed=r.params.seed if r.params.seed is not None
+                                                         else engine.next_seed()) for r in reqs])
         latency = time.monotonic() - started
 
         out = [build_response(r, g, weight_version=version, latency_s=latency, decode=engine.decode)
