@@ -194,6 +194,24 @@ def test_unknown_paths_and_methods(shared_server):
     assert status == 405
 
 
+def test_kept_alive_connection_survives_refused_requests(shared_server):
+    import http.client
+
+    host, port = shared_server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        for path, body, status in [("/nothing", b'{"x": 1}', 404), ("/generate", b"{bad", 400),
+                                   ("/get_weight_version", b'{"y": 2}', 405),
+                                   ("/generate", json.dumps({"input_ids": PROMPT, "sampling_params": GREEDY}).encode(),
+                                    200)]:
+            conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == status, path
+    finally:
+        conn.close()
+
+
 def test_health_flush_and_info(client, server):
     client.health()
     assert client.is_healthy()

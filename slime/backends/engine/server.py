@@ -146,9 +146,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, {"success": False, "message": message,
                             "error": {"message": message, "code": status}})
 
-    def _body(self) -> Any:
+    def _read(self) -> bytes:
+        # Always consumed, even for a request that is then refused: on a kept-alive connection
+        # an unread body would be parsed as the next request.
         length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        return self.rfile.read(length) if length > 0 else b""
+
+    @staticmethod
+    def _parse(raw: bytes) -> Any:
         if not raw:
             return {}
         try:
@@ -157,6 +162,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise _BadRequest(f"the body is not JSON: {exc}") from None
 
     def _dispatch(self, method: str) -> None:
+        raw = self._read()
         path = self.path.split("?", 1)[0]
         route = _ROUTES.get((method, path))
         if route is None:
@@ -167,7 +173,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._error(HTTPStatus.NOT_FOUND, f"no endpoint {path}; endpoints: {', '.join(known)}")
             return
         try:
-            body = self._body() if method == "POST" else {}
+            body = self._parse(raw) if method == "POST" else {}
             if method == "POST" and not isinstance(body, dict):
                 raise _BadRequest("the body must be a JSON object")
             status, payload = route(self, body)
