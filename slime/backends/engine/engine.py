@@ -61,6 +61,9 @@ class Engine:
 
         self.model_path = str(model_path)
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # Tensors report "cuda:0", never "cuda": compare against the indexed device.
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.seed = seed
         self.weight_version = weight_version
         self.max_batch_size = max_batch_size
