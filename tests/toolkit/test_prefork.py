@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 from _ci import REPO, code, run_ci, write
 
+from ci.log import Log
+from ci.plan import PlannedEntry
 from ci.prefork import BASE_PRELOAD, FRESH_ONLY, Policy, choose, pytest_args, startup_vars
+from ci.runner import RunConfig, Runner
 
 NUM_GPUS = 0
 
@@ -287,6 +290,33 @@ def test_dry_run_shows_how_each_entry_starts(tmp_path):
     gpu = run_ci("run", "--suite", "megatron", "--root", str(tmp_path), "--dry-run", "--emulate-gpus")
     assert gpu.returncode == 0, gpu.stderr
     assert "run=fresh (GPU suite: CUDA must never be initialised before a fork)" in gpu.stdout
+
+
+def test_infinite_run_forks_every_pass_from_one_worker(tmp_path):
+    passes = 12
+    seen = tmp_path / "seen"
+    write(tmp_path, {"tests/test_again.py": code(f"""
+        import os, pytest
+        NUM_GPUS = 0
+        def test_again():
+            with open({str(seen)!r}, "a") as fh:
+                parent = open(f"/proc/{{os.getppid()}}/cmdline", "rb").read()
+                fh.write(f"{{os.getpid()}} {{os.getppid()}} {{b'ci/prefork.py' in parent}}\\n")
+    """)})
+    entry = PlannedEntry(id="tests/test_again.py", path="tests/test_again.py", timeout=60,
+                         num_gpus=0, kind="pytest")
+    cfg = RunConfig(root=tmp_path, work_dir=tmp_path / "work", jobs=1, infinite=True,
+                    max_passes=passes, prefork=Policy(preload=("pytest",)),
+                    base_env={**os.environ, "PYTHONPATH": str(REPO)})
+    with open(os.devnull, "w") as sink:
+        [result] = Runner(cfg, Log(actions=False, stream=sink)).run([entry])
+    assert result.outcome == "passed"
+    rows = [line.split() for line in seen.read_text().splitlines()]
+    assert len(rows) == passes
+    assert len({pid for pid, _, _ in rows}) == passes  # a new child each pass
+    [worker] = {parent for _, parent, _ in rows}  # all forked by the same worker
+    assert {forked for _, _, forked in rows} == {"True"}
+    assert _gone(int(worker)), "the worker outlived the run"
 
 
 def _choose(**overrides):
