@@ -96,6 +96,7 @@ class RayBackend(Backend):
                                                        else DEFAULT_PATTERN)
         self.lock_timeout = lock_timeout
         self.largest_entry = largest_entry
+        self.node_gpus = 0
         self.run_token = uuid.uuid4().hex[:10]
         self._lock = threading.Lock()
         self._inflight: dict[str, Any] = {}  # attempt name -> streaming generator
@@ -112,6 +113,7 @@ class RayBackend(Backend):
             raise UsageError(f"an entry needs {self.largest_entry} GPUs on one node; the largest node "
                              f"of the cluster at {self.address} has {largest}")
         self.gpus = sum(n.gpus for n in nodes)
+        self.node_gpus = largest
 
     def launch(self, entry: PlannedEntry, argv: tuple[str, ...], env: EntryEnv,
                devices: tuple[int, ...]) -> Launch:
@@ -203,7 +205,8 @@ class RayBackend(Backend):
 
         job = NodeJob(entry=entry, root=self.root, env=self.env, jobs=self.jobs, pytest_args=(),
                       emulate_gpus=self._emulated, lock_pattern=self.node_lock_pattern,
-                      lock_timeout=self.lock_timeout, grace=GRACE, run_token=self.run_token,
+                      lock_timeout=self.lock_timeout, node_gpus=self.node_gpus, grace=GRACE,
+                      run_token=self.run_token,
                       attempt_name=name)
         queued_at = time.time()
         pg = None

@@ -57,18 +57,10 @@ class NodeJob:
     emulate_gpus: bool
     lock_pattern: str | None  # GPU lock files on the node; "{node}" is its Ray node id (None: no lock)
     lock_timeout: float
+    node_gpus: int  # GPUs of the largest node: bounds the ids the node's lock accepts
     grace: float
     run_token: str  # names this run's scratch directory on the node
     attempt_name: str
-
-
-def _node_gpu_total(node_id: str, fallback: int) -> int:
-    import ray
-
-    for node in ray.nodes():  # type: ignore[no-untyped-call]
-        if node.get("NodeID") == node_id:
-            return int(node.get("Resources", {}).get("GPU", fallback))
-    return fallback
 
 
 def _kill_group(pgid: int, sig: int) -> None:
@@ -116,7 +108,7 @@ def run_on_node(job: NodeJob) -> Iterator[Message]:
         if devices and job.lock_pattern:
             pattern = job.lock_pattern.replace("{node}", node_id)
             Path(pattern.format(gpu_id=0)).parent.mkdir(parents=True, exist_ok=True)
-            stack.enter_context(hold(devices=devices, total_gpus=_node_gpu_total(node_id, max(devices) + 1),
+            stack.enter_context(hold(devices=devices, total_gpus=max(job.node_gpus, max(devices) + 1),
                                      lock_path_pattern=pattern, timeout=job.lock_timeout,
                                      command=f"{job.entry.id} (cluster run {job.run_token})"))
         start = time.monotonic()

@@ -6,6 +6,7 @@ stopped by process group at the end. Entries run through the real CLI
 (`python -m ci run --ray-address …`) as they would from a CI job.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -139,6 +140,29 @@ def _timeline(stdout):
     return parser, page
 
 
+@contextlib.contextmanager
+def _driver(checkout, cluster, tmp_path, suite):
+    """`python -m ci run` in the background; killed (with its pipe closed) if the test fails."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), **_env(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "ci", *_args(checkout, cluster, tmp_path, suite)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def _wait_started(tmp_path, proc, count, timeout=300):
+    deadline = time.monotonic() + timeout
+    while len(_records(tmp_path)) < count and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    started = _records(tmp_path)
+    assert len(started) == count, f"{len(started)} of {count} entries started (driver exit {proc.poll()})"
+    return started
+
+
 def _alive(pid):
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -183,16 +207,10 @@ def test_entries_spread_over_both_workers_on_their_own_gpus_under_node_locks(clu
 
 
 def test_ctrl_c_cancels_every_remote_entry(cluster, checkout, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), **_env(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "ci", *_args(checkout, cluster, tmp_path, "long")],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 180
-    while len(_records(tmp_path)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    started = _records(tmp_path)
-    assert len(started) == 2, proc.poll()
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
+    with _driver(checkout, cluster, tmp_path, "long") as proc:
+        started = _wait_started(tmp_path, proc, 2)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out[-3000:]
     assert "interrupted" in out
     deadline = time.monotonic() + 30
@@ -203,17 +221,11 @@ def test_ctrl_c_cancels_every_remote_entry(cluster, checkout, tmp_path):
 
 
 def test_a_node_lost_mid_entry_is_reported_and_the_entry_retried_elsewhere(cluster, checkout, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), **_env(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "ci", *_args(checkout, cluster, tmp_path, "long")],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 180
-    while len(_records(tmp_path)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    first = _records(tmp_path)
-    assert len(first) == 2, proc.poll()
-    victim = cluster.workers[1]
-    cluster.kill_node(victim)  # by pid: the worker's whole process group, as if the machine died
-    out, _ = proc.communicate(timeout=400)
+    with _driver(checkout, cluster, tmp_path, "long") as proc:
+        first = _wait_started(tmp_path, proc, 2)
+        victim = cluster.workers[1]
+        cluster.kill_node(victim)  # by pid: the worker's whole process group, as if the machine died
+        out, _ = proc.communicate(timeout=400)
     assert proc.returncode == 0, out[-4000:]
     lost = [line for line in out.splitlines() if line.strip().startswith("LOST ")]
     assert len(lost) == 1, out[-3000:]
