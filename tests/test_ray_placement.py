@@ -67,6 +67,8 @@ def test_actors_land_on_their_bundles_on_a_real_head(tmp_path):
     with private_head(num_gpus=4, env=env, record=record) as head:
         ray.init(address=head.gcs_address, log_to_driver=False)
         try:
+            # The head and everything it starts stay on loopback.
+            assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.2"}
             # Workers cannot import this test file: ship the class by value.
             ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
             probe = ray.remote(Probe)

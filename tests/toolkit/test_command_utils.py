@@ -156,7 +156,7 @@ def test_ray_start_argv_uses_every_port_and_own_temp_dir():
     flags = dict(zip(argv[4::2], argv[5::2], strict=False))
     assert argv[:4] == ("ray", "start", "--head", "--block")
     assert flags["--port"] == "22000" and flags["--dashboard-port"] == "22001"
-    assert flags["--node-ip-address"] == "127.0.0.1" and flags["--temp-dir"] == "/tmp/ray-x"
+    assert flags["--node-ip-address"] == "127.0.0.2" and flags["--temp-dir"] == "/tmp/ray-x"
     assert flags["--min-worker-port"] == str(ports.min_worker)
     assert flags["--num-gpus"] == "2"
     assert "--disable-usage-stats" in argv

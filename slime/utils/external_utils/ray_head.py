@@ -37,10 +37,10 @@ OWNER_VAR = "SLIME_CI_RAY_OWNER"
 # <temp>/ray-XXXXXXXX/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store: 77 bytes
 # below the parent directory, which therefore gets at most 30.
 _MAX_TEMP_DIR_LEN = 30
-# Ray turns a node address of 127.0.0.1 into the machine's outward address (so that other
-# nodes could reach it) unless clusters are disabled; a private one-node head must keep all
-# of its traffic on loopback. Every process of the head, its jobs included, inherits this.
-SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# Ray turns a node address of exactly 127.0.0.1 (or "localhost") into the machine's outward
+# address, so that other nodes could reach it; a private head must keep all of its traffic
+# on loopback. Any other address of 127.0.0.0/8 is loopback too and is taken as given.
+NODE_IP = "127.0.0.2"
 _STARTED = "Ray runtime started."
 
 
@@ -123,13 +123,13 @@ def ports_from_env(env: Mapping[str, str]) -> RayPorts:
 
 
 def ray_start_argv(ray: str, *, ports: RayPorts, temp_dir: str, num_gpus: int,
-                   node_ip: str = "127.0.0.1", num_cpus: int | None = None) -> tuple[str, ...]:
+                   node_ip: str = NODE_IP, num_cpus: int | None = None) -> tuple[str, ...]:
     """The `ray start --head --block` command line of a private head (pure)."""
     argv = [
         ray, "start", "--head", "--block",
         "--node-ip-address", node_ip,
         "--port", str(ports.gcs),
-        "--dashboard-host", node_ip,
+        "--dashboard-host", "127.0.0.1",
         "--dashboard-port", str(ports.dashboard),
         "--include-dashboard", "true",
         "--ray-client-server-port", str(ports.client_server),
@@ -317,7 +317,6 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
         OWNER_VAR: token,
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
-        **SINGLE_NODE_ENV,
     }
     log_path = temp_dir / "head.log"
     argv = ray_start_argv(ray_executable(), ports=ports, temp_dir=str(temp_dir), num_gpus=num_gpus)
@@ -330,7 +329,7 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
                                                     stdin=subprocess.DEVNULL, guard=guard)
     head = RayHead(
         address=f"http://127.0.0.1:{ports.dashboard}",
-        gcs_address=f"127.0.0.1:{ports.gcs}",
+        gcs_address=f"{NODE_IP}:{ports.gcs}",
         ports=ports, temp_dir=temp_dir, log_path=log_path, pid=proc.pid, token=token,
     )
     started = False
