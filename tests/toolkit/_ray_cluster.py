@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 RAY = str(Path(sys.executable).parent / "ray")
+# Not 127.0.0.1: Ray rewrites exactly that address to the machine's outward one; every other
+# loopback address is taken as given, so all nodes and their traffic stay on loopback.
+NODE_IP = "127.0.0.2"
 
 # Fast failure detection, so a stopped worker is declared dead in seconds, not a minute.
 HEALTH_ENV = {
@@ -72,13 +75,13 @@ class LocalCluster:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.base}"
+        return f"{NODE_IP}:{self.base}"
 
     def _start(self, name: str, args: list[str], offset: int) -> RayNode:
         temp = Path(tempfile.mkdtemp(prefix=f"r{name}-", dir=self.root))
         log = self.root / f"{name}.log"
         b = self.base + offset
-        argv = [RAY, "start", "--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1",
+        argv = [RAY, "start", "--block", "--disable-usage-stats", "--node-ip-address", NODE_IP,
                 "--node-manager-port", str(b + 2), "--object-manager-port", str(b + 3),
                 "--dashboard-agent-listen-port", str(b + 4), "--dashboard-agent-grpc-port", str(b + 5),
                 "--metrics-export-port", str(b + 6), "--runtime-env-agent-port", str(b + 7),
