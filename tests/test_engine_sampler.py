@@ -43,10 +43,10 @@ def _full_logprobs(model, prompt, output):
 def test_logprobs_match_a_full_forward_of_prompt_plus_output(model):
     params = [SamplingParams(max_new_tokens=12, temperature=1.0, ignore_eos=True)] * len(PROMPTS)
     gens = _run(model, PROMPTS, params, seeds=[11, 12, 13, 14])
-    for prompt, gen in zip(PROMPTS, gens):
+    for prompt, gen in zip(PROMPTS, gens, strict=True):
         assert len(gen.output_ids) == 12
         reference, _ = _full_logprobs(model, prompt, gen.output_ids)
-        worst = max(abs(a - b) for a, b in zip(reference, gen.logprobs))
+        worst = max(abs(a - b) for a, b in zip(reference, gen.logprobs, strict=True))
         assert worst <= 1e-4, (prompt, worst)
         assert all(lp <= 0 for lp in gen.logprobs)
 
@@ -54,7 +54,7 @@ def test_logprobs_match_a_full_forward_of_prompt_plus_output(model):
 def test_greedy_kv_cache_decoding_equals_step_by_step_full_forward(model):
     params = [SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)] * len(PROMPTS)
     gens = _run(model, PROMPTS, params, seeds=[0] * len(PROMPTS))
-    for prompt, gen in zip(PROMPTS, gens):
+    for prompt, gen in zip(PROMPTS, gens, strict=True):
         seq = list(prompt)
         with torch.no_grad():
             for _ in range(10):
@@ -68,7 +68,7 @@ def test_left_padded_batch_gives_each_row_what_it_gets_alone(model):
     for i, prompt in enumerate(PROMPTS):
         alone = _run(model, [prompt], [params[i]], seeds=[5 + i])[0]
         assert alone.output_ids == batch[i].output_ids
-        assert max(abs(a - b) for a, b in zip(alone.logprobs, batch[i].logprobs)) <= 1e-5
+        assert max(abs(a - b) for a, b in zip(alone.logprobs, batch[i].logprobs, strict=True)) <= 1e-5
 
 
 def test_left_pad_layout():

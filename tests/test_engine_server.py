@@ -8,6 +8,7 @@ import json
 import socket
 import sys
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -193,6 +194,24 @@ def test_unknown_paths_and_methods(shared_server):
     assert status == 405
 
 
+def test_kept_alive_connection_survives_refused_requests(shared_server):
+    import http.client
+
+    host, port = shared_server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        for path, body, status in [("/nothing", b'{"x": 1}', 404), ("/generate", b"{bad", 400),
+                                   ("/get_weight_version", b'{"y": 2}', 405),
+                                   ("/generate", json.dumps({"input_ids": PROMPT, "sampling_params": GREEDY}).encode(),
+                                    200)]:
+            conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == status, path
+    finally:
+        conn.close()
+
+
 def test_health_flush_and_info(client, server):
     client.health()
     assert client.is_healthy()
@@ -296,6 +315,26 @@ def test_concurrent_requests_share_batches_and_keep_their_seeds(client, server):
     assert client.server_info()["batches_run"] - batches_before < len(seeds)
 
 
+def test_a_burst_of_connections_is_served_not_reset(client):
+    # One connection per sample, all at once, as a rollout sends them (the listen backlog).
+    n, failures = 96, []
+    gate = threading.Barrier(n)
+
+    def one():
+        gate.wait()
+        try:
+            client.generate(PROMPT, dict(GREEDY, max_new_tokens=1))
+        except Exception as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
 def test_a_stopped_or_absent_engine_is_named_in_the_error(models):
     srv = EngineServer(models["a"])
     url = srv.start()
@@ -336,6 +375,87 @@ def test_router_spreads_generation_and_broadcasts_control(models):
         two.stop()
         with pytest.raises(EngineUnavailable, match=down.replace(".", r"\.")):
             router.weight_versions()
+
+
+def _blocked(engine):
+    """Hold the engine's worker thread until the returned event is set."""
+    release, started = threading.Event(), threading.Event()
+
+    def hold():
+        started.set()
+        release.wait(30)
+
+    threading.Thread(target=engine.call, args=(hold,), daemon=True).start()
+    assert started.wait(30)
+    return release
+
+
+def _queued(engine, n):
+    deadline = time.monotonic() + 30
+    while engine._queue.qsize() < n:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_batch_reports_the_version_it_ran_with_not_the_refit_queued_after_it(models):
+    from slime.backends.engine.engine import Engine, GenerateRequest
+    from slime.backends.engine.sampler import SamplingParams
+
+    with Engine(models["a"], weight_version="0") as engine:
+        release = _blocked(engine)
+        result = {}
+        req = GenerateRequest(input_ids=tuple(PROMPT), params=SamplingParams(max_new_tokens=2), seed=0)
+        gen = threading.Thread(target=lambda: result.update(out=engine.generate([req])))
+        gen.start()
+        _queued(engine, 1)
+        refit = threading.Thread(target=engine.set_weight_version, args=("9",))
+        refit.start()
+        _queued(engine, 2)
+        release.set()
+        gen.join(30)
+        refit.join(30)
+        assert result["out"][1] == "0"
+        assert engine.weight_version == "9"
+
+
+def test_close_finishes_queued_work_and_ends_the_worker(models):
+    from slime.backends.engine.engine import Engine, GenerateRequest
+    from slime.backends.engine.sampler import SamplingParams
+
+    engine = Engine(models["a"])
+    release = _blocked(engine)
+    outs = []
+    reqs = [GenerateRequest(input_ids=tuple(PROMPT), params=SamplingParams(max_new_tokens=2), seed=i)
+            for i in range(3)]
+    threads = [threading.Thread(target=lambda r=r: outs.append(engine.generate([r]))) for r in reqs]
+    for t in threads:
+        t.start()
+    _queued(engine, 3)
+    closer = threading.Thread(target=engine.close)
+    closer.start()
+    _queued(engine, 4)  # the stop marker sits behind the three requests
+    release.set()
+    closer.join(20)
+    assert not closer.is_alive() and not engine._worker.is_alive()
+    for t in threads:
+        t.join(5)
+    assert len(outs) == 3
+
+
+def test_sglang_backend_command_and_its_absence_here(tmp_path):
+    import importlib.util
+
+    from slime.backends.engine import launch_sglang_server
+    from slime.backends.engine.sglang_backend import sglang_argv
+
+    argv = sglang_argv("/m", host="127.0.0.1", port=30000, extra_args=["--mem-fraction-static", "0.5"])
+    assert argv[1:] == ["-m", "sglang.launch_server", "--model-path", "/m", "--host", "127.0.0.1",
+                        "--port", "30000", "--mem-fraction-static", "0.5"]
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("sglang is installed: the GPU tier runs the real server")
+    with pytest.raises(RuntimeError, match="needs the sglang package"):
+        launch_sglang_server("/m", port=30000, log_path=tmp_path / "log")
+    assert not (tmp_path / "log").exists()  # nothing was started
 
 
 if __name__ == "__main__":

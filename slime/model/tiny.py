@@ -1,4 +1,11 @@
-"""Build the tiny character-level tokenizer and 2-layer Qwen2 model, saved in Hugging Face format."""
+"""Build the tiny character-level tokenizer and 2-layer Qwen2 model, saved in Hugging Face format.
+
+Loading note: transformers 5 loads the tokenizer of a `qwen2` model as `Qwen2Tokenizer`
+(byte-level BPE over the saved vocabulary) whatever `tokenizer_config.json` says. On the task's
+characters (digits, `+`, `-`, `=`) that gives the same ids as the tokenizer built here; other
+characters (a space, letters) are dropped rather than mapped to `<unk>`. Load it the one way
+everywhere (`AutoTokenizer.from_pretrained`) and keep task text to those characters.
+"""
 
 from __future__ import annotations
 

@@ -32,16 +32,17 @@ def _records(data: str | Path | Sequence[dict[str, Any]]) -> list[dict[str, Any]
     return read_jsonl(data) if isinstance(data, (str, Path)) else list(data)
 
 
-def _batch(tokenizer: Any, records: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor,
-                                                                       torch.Tensor, torch.Tensor]:
-    """Right-padded `<bos> prompt answer <eos>` rows; labels are -100 except on answer and `<eos>`."""
-    rows, labels = [], []
-    for rec in records:
-        prompt = list(tokenizer(rec["prompt"]).input_ids)
-        answer = list(tokenizer(str(rec["label"]), add_special_tokens=False).input_ids)
-        answer.append(tokenizer.eos_token_id)
-        rows.append(prompt + answer)
-        labels.append([-100] * len(prompt) + answer)
+def _encode(tokenizer: Any, rec: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """`<bos> prompt answer <eos>` and its labels: -100 except on the answer and `<eos>`."""
+    prompt = list(tokenizer(rec["prompt"]).input_ids)
+    answer = [*tokenizer(str(rec["label"]), add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+    return prompt + answer, [-100] * len(prompt) + answer
+
+
+def _batch(tokenizer: Any, encoded: Sequence[tuple[list[int], list[int]]]) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded rows, labels, attention mask and position ids."""
+    rows, labels = [r for r, _ in encoded], [lb for _, lb in encoded]
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     lab = torch.full((len(rows), width), -100, dtype=torch.long)
@@ -88,10 +89,11 @@ def _warm_up(model_dir: str | Path, records: list[dict[str, Any]], *, steps: int
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
+    encoded = [_encode(tokenizer, rec) for rec in records]
     losses = []
     for _ in range(steps):
         pick = torch.randint(len(records), (min(batch_size, len(records)),), generator=gen).tolist()
-        ids, mask, labels, positions = _batch(tokenizer, [records[i] for i in pick])
+        ids, mask, labels, positions = _batch(tokenizer, [encoded[i] for i in pick])
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions.clamp(min=0)).logits
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
                                                  labels[:, 1:].reshape(-1), ignore_index=-100)

@@ -28,6 +28,9 @@ Python API
 - `launch_sglang_server(model_path, *, port, host="127.0.0.1", extra_args=(), env=None,
   log_path, timeout=600) -> SGLangServer` (`.url`, `.process`, `.stop()`); untested here.
 - The CPU engine sets `torch.set_num_threads(cpu_threads)` (default 1) in its process.
+- Concurrency: HTTP requests are served by threads; generations waiting together are merged
+  into one batch (up to `max_batch_size` sequences) by the engine's single worker thread, and
+  refits / release / resume run between batches in arrival order (`engine.Engine`).
 
 HTTP API (JSON bodies; errors are HTTP 400 `{"success": false, "message": ..., "error":
 {"message": ..., "code": 400}}`, unknown paths 404)
@@ -43,7 +46,8 @@ HTTP API (JSON bodies; errors are HTTP 400 `{"success": false, "message": ..., "
   "finish_reason": {"type": "stop", "matched": id} | {"type": "length", "length": n},
   "prompt_tokens", "completion_tokens", "cached_tokens": 0, "weight_version", "e2e_latency",
   "output_token_logprobs": [[logprob, token_id, text | null], ...]}}` (log-probs only when
-  `return_logprob`). `output_ids` include the matched stop token (its log-prob too); `text`
+  `return_logprob`; `weight_version` is the version the batch ran with, even when a refit was
+  queued behind it). `output_ids` include the matched stop token (its log-prob too); `text`
   drops special tokens unless `skip_special_tokens` is false. Log-probs are of the unmodified
   model distribution (temperature 1, no top-p/top-k), as the trainer recomputes them; they
   agree with a full forward pass of prompt + output to ~1e-6 in fp32.

@@ -39,6 +39,9 @@ class GenerateRequest:
     seed: int
 
 
+_STOP = object()  # queued by close(): the worker ends after the work before it
+
+
 def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -58,6 +61,9 @@ class Engine:
 
         self.model_path = str(model_path)
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # Tensors report "cuda:0", never "cuda": compare against the indexed device.
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.seed = seed
         self.weight_version = weight_version
         self.max_batch_size = max_batch_size
@@ -76,12 +82,24 @@ class Engine:
         self.batches_run = 0
         self._seeds = random.Random(seed)
         self._seed_lock = threading.Lock()
+        # HF fast tokenizers raise "Already borrowed" when two threads use one at once.
+        self._tokenizer_lock = threading.Lock()
         self._spill_dir = Path(tempfile.mkdtemp(prefix="slime-engine-"))
         self._queue: queue.Queue[Any] = queue.Queue()
         self._worker = threading.Thread(target=self._serve, name="engine-worker", daemon=True)
         self._worker.start()
 
     # ---- requests -------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` as the tokenizer makes them (special tokens added)."""
+        with self._tokenizer_lock:
+            return list(self.tokenizer(text).input_ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`."""
+        with self._tokenizer_lock:
+            return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
     def next_seed(self) -> int:
         """A seed for a request that sent none: drawn from the engine's seed, in arrival order."""
         with self._seed_lock:
@@ -102,11 +120,16 @@ class Engine:
                 f"prompt of {len(input_ids)} tokens + max_new_tokens {params.max_new_tokens} exceeds "
                 f"the model's {self.max_positions} positions; shorten one of them")
 
-    def generate(self, requests: Sequence[GenerateRequest], timeout: float | None = None) -> list[Generation]:
-        """Sample `requests` (batched with whatever else is waiting); blocks until done."""
+    def generate(self, requests: Sequence[GenerateRequest],
+                 timeout: float | None = None) -> tuple[list[Generation], str]:
+        """Sample `requests` (batched with whatever else is waiting); blocks until done.
+
+        Returns the generations and the weight version that produced them (read inside the
+        batch: a refit queued behind it cannot be reported in its place).
+        """
         for r in requests:
             self.check_request(r.input_ids, r.params)
-        future: cf.Future[list[Generation]] = cf.Future()
+        future: cf.Future[tuple[list[Generation], str]] = cf.Future()
         self._queue.put(("generate", list(requests), future))
         return future.result(timeout)
 
@@ -119,7 +142,7 @@ class Engine:
     def _serve(self) -> None:
         while True:
             item = self._queue.get()
-            if item is None:
+            if item is _STOP:
                 return
             kind, payload, future = item
             if kind == "call":
@@ -134,18 +157,16 @@ class Engine:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if nxt is None or nxt[0] != "generate":
+                if nxt is _STOP or nxt[0] != "generate":
                     held = nxt
                     break
                 jobs.append((nxt[1], nxt[2]))
                 size += len(nxt[1])
             self._run_batch(jobs)
-            if held is None:
-                continue
-            if held[0] == "call":
-                self._run(held[2], held[1])
-            else:  # the stop marker
+            if held is _STOP:
                 return
+            if held is not None:
+                self._run(held[2], held[1])
 
     @staticmethod
     def _run(future: cf.Future[Any], fn: Callable[[], Any]) -> None:
@@ -154,8 +175,10 @@ class Engine:
         except BaseException as exc:
             future.set_exception(exc)
 
-    def _run_batch(self, jobs: list[tuple[list[GenerateRequest], cf.Future[list[Generation]]]]) -> None:
+    def _run_batch(self, jobs: list[tuple[list[GenerateRequest],
+                                          cf.Future[tuple[list[Generation], str]]]]) -> None:
         flat = [r for reqs, _ in jobs for r in reqs]
+        version = self.weight_version
         try:
             if self.released:
                 raise EngineInputError("the engine's weights are released; "
@@ -171,7 +194,7 @@ class Engine:
         self.requests_served += len(flat)
         start = 0
         for reqs, future in jobs:
-            future.set_result(outs[start:start + len(reqs)])
+            future.set_result((outs[start:start + len(reqs)], version))
             start += len(reqs)
 
     # ---- weights --------------------------------------------------------------------------
@@ -288,7 +311,7 @@ class Engine:
     def close(self) -> None:
         """Stop the worker thread and remove the spill directory."""
         if self._worker.is_alive():
-            self._queue.put(None)
+            self._queue.put(_STOP)
             self._worker.join(timeout=30)
         shutil.rmtree(self._spill_dir, ignore_errors=True)
 

@@ -51,6 +51,13 @@ def _tags(body: dict[str, Any]) -> set[str]:
     return set(tags)
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    # A rollout opens a connection per sample at once; the default listen backlog of 5 made
+    # the kernel reset connections when 64 arrived together.
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 class EngineServer:
     """An engine served over HTTP on `host:port` (port 0: a free one) from a daemon thread."""
 
@@ -88,12 +95,11 @@ class EngineServer:
                              gpu_ids=self.gpu_ids, cpu_threads=self.cpu_threads)
         handler = type("Handler", (_Handler,), {"engine": self.engine})
         try:
-            self._httpd = ThreadingHTTPServer((self.host, self.port), handler)
+            self._httpd = _HTTPServer((self.host, self.port), handler)
         except OSError:
             self.engine.close()
             self.engine = None
             raise
-        self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="engine-http",
                                         kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
@@ -140,9 +146,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, {"success": False, "message": message,
                             "error": {"message": message, "code": status}})
 
-    def _body(self) -> Any:
+    def _read(self) -> bytes:
+        # Always consumed, even for a request that is then refused: on a kept-alive connection
+        # an unread body would be parsed as the next request.
         length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        return self.rfile.read(length) if length > 0 else b""
+
+    @staticmethod
+    def _parse(raw: bytes) -> Any:
         if not raw:
             return {}
         try:
@@ -151,6 +162,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise _BadRequest(f"the body is not JSON: {exc}") from None
 
     def _dispatch(self, method: str) -> None:
+        raw = self._read()
         path = self.path.split("?", 1)[0]
         route = _ROUTES.get((method, path))
         if route is None:
@@ -161,7 +173,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._error(HTTPStatus.NOT_FOUND, f"no endpoint {path}; endpoints: {', '.join(known)}")
             return
         try:
-            body = self._body() if method == "POST" else {}
+            body = self._parse(raw) if method == "POST" else {}
             if method == "POST" and not isinstance(body, dict):
                 raise _BadRequest("the body must be a JSON object")
             status, payload = route(self, body)
@@ -183,17 +195,13 @@ class _Handler(BaseHTTPRequestHandler):
     def generate(self, body: dict[str, Any]) -> tuple[int, Any]:
         engine = self.engine
         started = time.monotonic()
-        reqs, batched = parse_generate(body, lambda t: list(engine.tokenizer(t).input_ids))
-        gens = engine.generate([GenerateRequest(input_ids=r.input_ids, params=r.params,
-                                                seed=r.params.seed if r.params.seed is not None
-                                                else engine.next_seed()) for r in reqs])
-        version = engine.weight_version
+        reqs, batched = parse_generate(body, engine.encode)
+        gens, version = engine.generate([GenerateRequest(input_ids=r.input_ids, params=r.params,
+                                                         seed=r.params.seed if r.params.seed is not None
+                                                         else engine.next_seed()) for r in reqs])
         latency = time.monotonic() - started
 
-        def decode(ids: Any, skip: bool) -> str:
-            return str(engine.tokenizer.decode(list(ids), skip_special_tokens=skip))
-
-        out = [build_response(r, g, weight_version=version, latency_s=latency, decode=decode)
+        out = [build_response(r, g, weight_version=version, latency_s=latency, decode=engine.decode)
                for r, g in zip(reqs, gens, strict=True)]
         return HTTPStatus.OK, out if batched else out[0]
 
