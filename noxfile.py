@@ -99,7 +99,19 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(tags=["cpu", "ci"])
 def gpu_smoke(session: nox.Session) -> None:
-    """The GPU tier without GPUs: megatron entries on emulated GPUs under real locks."""
+    """The GPU tier without GPUs: megatron, precision, one ckpt entry, sglang_config (emulated)."""
     _install(session, "e2e", "gpu-host")
-    session.run("python", "-m", "ci", "run", "--suite", "megatron", "--emulate-gpus",
-                "--gpus", "4", *session.posargs)
+    for suite, *only in SMOKE:
+        session.run("python", "-m", "ci", "run", "--suite", suite, "--emulate-gpus", "--gpus", "8",
+                    *(("--only", *only) if only else ()), *session.posargs)
+
+
+# What `gpu_smoke` runs of each GPU suite: all of it, or the one entry named. Of ckpt's five
+# optimizer-location combinations the one that crosses devices on both save and load runs
+# here; the label job runs all five.
+SMOKE: tuple[tuple[str, ...], ...] = (
+    ("megatron",),
+    ("precision",),
+    ("ckpt", "gpu --load-optimizer cpu"),
+    ("sglang_config",),
+)

@@ -64,13 +64,13 @@ LINT = Job(
     runs_on=HOSTED_RUNNER,
 )
 
-# Not a suite either: the megatron entries on emulated GPUs under real locks, so every
+# Not a suite either: the GPU entries on emulated GPUs under real locks (see noxfile.py), so every
 # pull request exercises the GPU tier's runner, allocator and e2e path without a GPU.
 GPU_SMOKE = Job(
     id="gpu_smoke",
     session="gpu_smoke",
     tier="cpu",
-    purpose="GPU tier smoke: megatron entries on emulated GPUs under real locks",
+    purpose="GPU tier smoke: megatron, precision, a ckpt entry and sglang_config on emulated GPUs",
     runs_on=HOSTED_RUNNER,
 )
 
