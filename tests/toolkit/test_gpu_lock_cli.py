@@ -132,20 +132,32 @@ def test_sigkill_of_holder_frees_its_gpus_at_once(pattern: str, tmp_path: Path) 
     assert gpu_lock.read_status(pattern, 2).waiters == ()
 
 
-def test_sigkill_of_the_wrapper_leaves_the_locks_with_the_command(pattern: str,
-                                                                  tmp_path: Path) -> None:
-    """Exclusive even then: the command still runs, so its GPUs must stay locked."""
+def _hold_one_gpu(pattern: str, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """`lock-gpus` holding GPU 0 for a command that sleeps and writes its pid to a marker."""
     marker = tmp_path / "child.pid"
     holder = spawn(lock_argv(pattern, ["--count", "1", "--total-gpus", "1"],
                              [sys.executable, "-S", "-c",
                               f"import os, time; open({str(marker)!r}, 'w').write("
                               "str(os.getpid())); time.sleep(30)"]))
+    return holder, marker
+
+
+def _holding_child(pattern: str, marker: Path) -> int:
+    """The command's pid, once the lock records it as the holder's child."""
+    wait_for(lambda: marker.exists() and marker.read_text() != "")
+    child = int(marker.read_text())
+    wait_for(lambda: (h := gpu_lock.read_status(pattern, 1).gpus[0].holder) is not None
+             and h.child_pid == child)
+    return child
+
+
+def test_sigkill_of_the_wrapper_leaves_the_locks_with_the_command(pattern: str,
+                                                                  tmp_path: Path) -> None:
+    """Exclusive even then: the command still runs, so its GPUs must stay locked."""
+    holder, marker = _hold_one_gpu(pattern, tmp_path)
     child = 0
     try:
-        wait_for(lambda: marker.exists() and marker.read_text() != "")
-        child = int(marker.read_text())
-        wait_for(lambda: (h := gpu_lock.read_status(pattern, 1).gpus[0].holder) is not None
-                 and h.child_pid == child)
+        child = _holding_child(pattern, marker)
         holder.send_signal(signal.SIGKILL)  # only the wrapper
         holder.wait(timeout=10)  # (the command keeps the output pipes open)
         os.kill(child, 0)  # the command lives on...
@@ -167,17 +179,10 @@ def test_sigkill_of_the_wrapper_leaves_the_locks_with_the_command(pattern: str,
 def test_a_gone_wrapper_is_not_named_as_the_holder(pattern: str, tmp_path: Path) -> None:
     """Once the wrapper is SIGKILLed, gpu-status and a waiter's timeout name the command,
     which holds the GPU through the inherited descriptor, not a pid that no longer exists."""
-    marker = tmp_path / "child.pid"
-    holder = spawn(lock_argv(pattern, ["--count", "1", "--total-gpus", "1"],
-                             [sys.executable, "-S", "-c",
-                              f"import os, time; open({str(marker)!r}, 'w').write("
-                              "str(os.getpid())); time.sleep(30)"]))
+    holder, marker = _hold_one_gpu(pattern, tmp_path)
     child = 0
     try:
-        wait_for(lambda: marker.exists() and marker.read_text() != "")
-        child = int(marker.read_text())
-        wait_for(lambda: (h := gpu_lock.read_status(pattern, 1).gpus[0].holder) is not None
-                 and h.child_pid == child)
+        child = _holding_child(pattern, marker)
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=10)
         status = subprocess.run([sys.executable, "-m", "ci", "gpu-status", "--total-gpus", "1",
