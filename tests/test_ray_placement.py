@@ -55,7 +55,6 @@ class Probe:
                 "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
-@pytest.mark.timeout(300)
 def test_actors_land_on_their_bundles_on_a_real_head(tmp_path):
     import ray
 
