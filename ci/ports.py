@@ -7,13 +7,62 @@ lays its ports out inside a block of the same size.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 PORT_BLOCK = 200  # ports reserved per GPU entry (Ray head, dashboard, workers…)
 PORT_FLOOR = 20000  # first port of GPU 0's block
 
 
-def port_base(devices: Sequence[int]) -> int:
+def port_base(devices: Sequence[int], floor: int = PORT_FLOOR) -> int:
     """First port of the block of an entry holding `devices`: keyed by its lowest GPU id,
-    which no concurrent entry on this host holds."""
-    return PORT_FLOOR + min(devices) * PORT_BLOCK
+    which no concurrent entry of this host (real GPUs) or of this run (emulated) holds."""
+    return floor + min(devices) * PORT_BLOCK
+
+
+# Emulated runs start above the blocks real GPUs use and end below Linux's ephemeral range.
+EMULATED_FLOOR = 24000
+PORT_CEILING = 32768
+
+
+@contextmanager
+def claimed_floor(gpus: int, lock_dir: str | None = None) -> Iterator[int]:
+    """First port of a range of `gpus` blocks that no other emulated run on this host uses.
+
+    Real GPUs are exclusive on the host, so blocks keyed by GPU id never collide. Emulated
+    GPUs are private to each run: two runs at once would both give GPU 0's block to an
+    entry, and their Ray heads would fight over the ports. Each emulated run therefore
+    holds a flock on every block of its range for as long as it runs.
+    """
+    directory = lock_dir or tempfile.gettempdir()
+    count = max(1, gpus)
+    first = EMULATED_FLOOR
+    while first + count * PORT_BLOCK <= PORT_CEILING:
+        held = _lock_blocks(directory, first, count)
+        if held is not None:
+            try:
+                yield first
+            finally:
+                for fd in held:
+                    os.close(fd)
+            return
+        first += PORT_BLOCK
+    yield EMULATED_FLOOR  # every range is taken: share, as before (Ray reports a busy port)
+
+
+def _lock_blocks(directory: str, first: int, count: int) -> list[int] | None:
+    held: list[int] = []
+    for block in range(first, first + count * PORT_BLOCK, PORT_BLOCK):
+        fd = os.open(os.path.join(directory, f"slime-ci-ports-{block}.lock"), os.O_CREAT | os.O_RDWR, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            for other in held:
+                os.close(other)
+            return None
+        held.append(fd)
+    return held

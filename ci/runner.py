@@ -41,7 +41,7 @@ from ci.gpu_lock import Abandoned
 from ci.interrupts import Interrupts
 from ci.log import Log
 from ci.plan import PlannedEntry
-from ci.ports import port_base
+from ci.ports import PORT_FLOOR, port_base
 from ci.prefork import FRESH_ONLY, Choice, ForkedChild, Policy, Slots, choose
 from ci.proc import exit_code, finish, process_guard, signal_group, wait_unreaped
 from ci.proc import start as start_group
@@ -90,6 +90,7 @@ class RunConfig:
     backend: Backend = field(default_factory=LocalBackend)
     keep_outputs: bool = False
     prefork: Policy = FRESH_ONLY  # CPU suites: fork pytest files from pre-imported workers
+    port_floor: int = PORT_FLOOR  # first port of GPU 0's block (an emulated run claims its own)
     node: str = field(default_factory=socket.gethostname)  # names this machine in the timeline
 
 
@@ -134,7 +135,7 @@ def entry_env(entry: PlannedEntry, cfg: RunConfig, *, devices: tuple[int, ...],
     if devices:
         # GPUs are exclusive on the host, so a port block keyed by the lowest GPU id
         # is too: concurrent entries, even from other runners, never share Ray ports.
-        own["SLIME_CI_PORT_BASE"] = str(port_base(devices))
+        own["SLIME_CI_PORT_BASE"] = str(port_base(devices, cfg.port_floor))
     else:
         own.pop("SLIME_CI_PORT_BASE", None)
         unset.add("SLIME_CI_PORT_BASE")

@@ -12,7 +12,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
@@ -31,6 +31,7 @@ from ci.gpu_lock import nvml_gpu_count
 from ci.interrupts import PROCESS
 from ci.log import Log
 from ci.plan import PlannedEntry
+from ci.ports import claimed_floor
 from ci.prefork import BASE_PRELOAD, Policy
 from ci.registry import Registry, load_registry
 from ci.report import markdown, merge_junit, table
@@ -250,7 +251,10 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_OK
     backend.check()  # its preconditions: one line and exit 2 before anything starts
     interrupts.check()
+    ports = ExitStack()
     try:
+        if gpu_entries and backend.emulated:
+            cfg = replace(cfg, port_floor=ports.enter_context(claimed_floor(gpus)))
         pattern = backend.lock_pattern if gpu_entries else None
         if pattern is not None:
             cfg = replace(cfg, acquire=_acquirer(gpus, pattern, args.lock_timeout))
@@ -264,6 +268,7 @@ def main(argv: Sequence[str]) -> int:
         wall = time.monotonic() - start
         rows = backend.gpu_rows(cfg.node) if gpu_entries else []
     finally:
+        ports.close()
         backend.close()
     code = _report(suite.name, results, wall, args.junit or cache / "junit" / f"{suite.name}.xml",
                    store, log)
