@@ -96,7 +96,8 @@ def setup(args: argparse.Namespace, env: Mapping[str, str]) -> Run:
         if args.eval_prompt_data:
             run.eval_prompts = read_prompts(args.eval_prompt_data, prompt_key=args.input_key,
                                             label_key=args.label_key)
-        run.engines = EngineGroup(pg, layout, args.hf_checkpoint, seed=args.seed, env=env)
+        run.engines = EngineGroup(pg, layout, args.hf_checkpoint, seed=args.seed, env=env,
+                                  backend=args.rollout_backend)
     (out / "engines.json").write_text(json.dumps({
         "started": 0 if run.engines is None else len(run.engines.clients),
         "info": [] if run.engines is None else run.engines.info(),

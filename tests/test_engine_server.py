@@ -458,5 +458,24 @@ def test_sglang_backend_command_and_its_absence_here(tmp_path):
     assert not (tmp_path / "log").exists()  # nothing was started
 
 
+def test_rollout_backend_picks_the_engine_actor():
+    import importlib.util
+
+    from slime.backends.engine.actor import EngineActor
+    from slime.backends.engine.sglang_backend import SGLangActor
+    from slime.ray.engines import engine_actor_class
+
+    assert engine_actor_class("slime") is EngineActor
+    assert engine_actor_class("sglang") is SGLangActor
+    with pytest.raises(ValueError, match="choose slime or sglang"):
+        engine_actor_class("vllm")
+    actor = SGLangActor("/m", seed=7)
+    assert actor.extra_args[:2] == ("--random-seed", "7") and actor.info() == {"started": False}
+    if importlib.util.find_spec("sglang") is None:
+        with pytest.raises(RuntimeError, match="needs the sglang package"):
+            actor.start()
+        assert actor.server is None
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))

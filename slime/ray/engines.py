@@ -13,18 +13,31 @@ from typing import Any
 from slime.ray.placement import Layout, actor_options, compute_device
 
 
+def engine_actor_class(backend: str) -> type:
+    """The actor class of `--rollout-backend`: our engine, or a real SGLang server."""
+    if backend == "sglang":
+        from slime.backends.engine.sglang_backend import SGLangActor
+
+        return SGLangActor
+    if backend == "slime":
+        from slime.backends.engine.actor import EngineActor
+
+        return EngineActor
+    raise ValueError(f"--rollout-backend {backend!r}: choose slime or sglang")
+
+
 class EngineGroup:
     """Start one engine per engine bundle; `clients` talk to them over HTTP."""
 
     def __init__(self, pg: Any, layout: Layout, model_path: str, *, seed: int,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, backend: str = "slime") -> None:
         import ray
 
-        from slime.backends.engine.actor import EngineActor
         from slime.backends.engine.client import EngineClient
 
         device = compute_device(env)
-        actor_cls = ray.remote(EngineActor) if not hasattr(EngineActor, "remote") else EngineActor
+        engine_cls = engine_actor_class(backend)
+        actor_cls = ray.remote(engine_cls) if not hasattr(engine_cls, "remote") else engine_cls
         self.actors = [
             actor_cls.options(**actor_options(pg, bundle, layout.engine_gpus)).remote(
                 model_path, device=device, seed=seed + i)

@@ -68,3 +68,45 @@ def launch_sglang_server(model_path: str, *, port: int, host: str = "127.0.0.1",
         server.stop(grace=10)
         raise
     return server
+
+
+class SGLangActor:
+    """The Ray actor of `--rollout-backend sglang`: holds an engine bundle, runs SGLang on it.
+
+    Ray sets CUDA_VISIBLE_DEVICES to the bundle's GPU, which the server process inherits;
+    it shares the interface of `EngineActor` (`start() -> url`, `info()`, `stop()`), so the
+    loop's `EngineGroup` drives either. Colocated runs need SGLang's memory saver
+    (`--enable-memory-saver`) for release/resume; pass it through `extra_args`.
+    """
+
+    def __init__(self, model_path: str, *, seed: int = 0, device: str | None = None,
+                 extra_args: Sequence[str] = ()) -> None:
+        del device  # SGLang picks its device from CUDA_VISIBLE_DEVICES
+        self.model_path = model_path
+        self.extra_args = ("--random-seed", str(seed), *extra_args)
+        self.server: SGLangServer | None = None
+
+    def start(self) -> str:
+        """Launch the server on a free loopback port; its URL once healthy."""
+        import socket
+        import tempfile
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        log = Path(tempfile.mkdtemp(prefix="sglang-")) / "server.log"
+        self.server = launch_sglang_server(self.model_path, port=port, extra_args=self.extra_args,
+                                           log_path=log)
+        return self.server.url
+
+    def info(self) -> dict[str, object]:
+        """What `/get_server_info` does not say: the server's pid and log."""
+        if self.server is None:
+            return {"started": False}
+        return {"url": self.server.url, "pid": self.server.process.pid, "log": str(self.server.log_path)}
+
+    def stop(self) -> None:
+        """Stop the server's whole process group."""
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
