@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 Tier = Literal["cpu", "gpu"]
+CPU_TIER: Tier = "cpu"
+GPU_TIER: Tier = "gpu"
 # Install profiles are extras in pyproject.toml; "image" means: use what the Docker image has.
 Profile = Literal["cpu", "agent", "e2e", "dev", "lint"]
 
