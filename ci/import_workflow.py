@@ -319,7 +319,8 @@ def build(matrix: Matrix, root: Path, *, template: str) -> Imported:
         tier = CPU_TIER if job.cpu else GPU_TIER
         kept = [e for e in job.entries if PurePosixPath("tests", e.test_file).as_posix() not in missing]
         total += len(kept)
-        body = [f"{_entry_code(e, gpu_job=not job.cpu, cores=cores.get('tests/' + e.test_file, 1))}," for e in kept]
+        body = [f"{_entry_code(e, gpu_job=not job.cpu, cores=cores.get('tests/' + e.test_file, 1))},"
+                for e in kept]
         if job.shared:
             const = job.shared.upper()
             if const not in shared_done:
