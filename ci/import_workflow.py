@@ -114,7 +114,7 @@ def parse_template(text: str, *, source: str = "pr-test.yml.j2") -> tuple[dict[s
     import jinja2
     from jinja2 import nodes
 
-    env = jinja2.Environment(**DELIMITERS)  # type: ignore[arg-type]
+    env = jinja2.Environment(**DELIMITERS)  # type: ignore[arg-type,unused-ignore]
     try:
         tree = env.parse(text)
     except jinja2.TemplateSyntaxError as exc:

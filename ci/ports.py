@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -37,7 +36,8 @@ def claimed_floor(gpus: int, lock_dir: str | None = None) -> Iterator[int]:
     entry, and their Ray heads would fight over the ports. Each emulated run therefore
     holds a flock on every block of its range for as long as it runs.
     """
-    directory = lock_dir or tempfile.gettempdir()
+    # Host-wide, like the GPU lock files: runs with different TMPDIRs must see each other.
+    directory = lock_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
     count = max(1, gpus)
     first = EMULATED_FLOOR
     while first + count * PORT_BLOCK <= PORT_CEILING:

@@ -163,7 +163,7 @@ class RayBackend(Backend):
         """Every node the cluster knows, alive or not, named as the run names them."""
         import ray
 
-        raw = ray.nodes()  # type: ignore[no-untyped-call]
+        raw = ray.nodes()  # type: ignore[no-untyped-call,unused-ignore]
         names = node_names(raw)
         with self._lock:
             self._names.update(names)

@@ -388,7 +388,10 @@ ENV_REPORT = """
 """
 
 
-def test_compile_cache_outlives_the_private_temp_dirs(tmp_path):
+def test_compile_cache_outlives_the_private_temp_dirs(tmp_path, monkeypatch):
+    # An outer run (the toolkit suite itself) sets the variable for its entries; this test
+    # checks the default the runner picks, so the variable must not come from outside.
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     # slime's loss functions use torch.compile, whose cache lives under TMPDIR by default;
     # entries get private TMPDIRs, so the cache is pointed where torch would put it.
     from ci.plan import PlannedEntry

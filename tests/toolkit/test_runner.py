@@ -311,7 +311,14 @@ def test_paths_dry_run_and_bad_input(tmp_path):
 
 
 def test_empty_gpu_suite_is_exit_3(tmp_path):
-    write(tmp_path, {"tests/test_a.py": PASSING})
+    write(tmp_path, {"tests/test_a.py": PASSING, "ci/suites.py": """
+        from ci.suites import Suite
+
+        SUITES = (
+            Suite(name="unit", tier="cpu", purpose="p", profile="cpu", include=("tests",)),
+            Suite(name="precision", tier="gpu", purpose="p", profile="e2e", label="run-ci-precision"),
+        )
+    """})
     proc = run_ci("run", "--suite", "precision", "--root", str(tmp_path), "--dry-run")
     assert proc.returncode == 3
     assert proc.stderr.startswith("error: nothing registered for precision")

@@ -398,6 +398,11 @@ def test_shards_get_their_own_concurrency_slot() -> None:
     assert slots == {f"pr-test-pr{PR_NUMBER}-megatron-{i}" for i in (1, 2, 3)}
 
 
+def _nox_step(wf: dict, job_id: str) -> dict:
+    """The step of a job that runs its nox session (cache steps may follow it)."""
+    return next(s for s in wf["jobs"][job_id]["steps"] if "nox " in s.get("run", ""))
+
+
 @pytest.mark.parametrize(("infinite_run", "event_name", "expected"), [
     (True, "workflow_dispatch", "1"),
     (False, "workflow_dispatch", "0"),
@@ -413,12 +418,11 @@ def test_infinite_run_input_reaches_gpu_jobs_as_an_env_var(
     gpu = [j for j in jobs if j.self_hosted]
     assert gpu
     for job in gpu:
-        env = wf["jobs"][job.id]["steps"][-1]["env"]
+        env = _nox_step(wf, job.id)["env"]
         assert interpolate(env["SLIME_TEST_ENABLE_INFINITE_RUN"], ctx) == expected
     for job in jobs:
         if not job.self_hosted:
-            assert "SLIME_TEST_ENABLE_INFINITE_RUN" not in wf["jobs"][job.id]["steps"][-1].get(
-                "env", {})
+            assert "SLIME_TEST_ENABLE_INFINITE_RUN" not in _nox_step(wf, job.id).get("env", {})
 
 
 if __name__ == "__main__":
