@@ -137,9 +137,31 @@ def test_a_busy_port_block_is_refused_before_anything_starts(tmp_path):
         taken.bind(("127.0.0.1", base + 1))
         taken.listen()
         with pytest.raises(RuntimeError, match=f"ports {base + 1} of block {base}"), \
-                private_head(num_gpus=0, env={"TMPDIR": str(tmp_path)}, ports=RayPorts.from_base(base)):
+                private_head(num_gpus=0, env={"TMPDIR": str(tmp_path)}, ports=RayPorts.from_base(base),
+                             busy_wait=0.5):
             pytest.fail("the head must not start on a taken block")
     assert list(tmp_path.iterdir()) == []  # not even a temp dir was made
+
+
+def test_a_block_freed_while_waiting_counts_as_free():
+    # The previous entry's head on these GPUs may close its last sockets a moment late.
+    import socket
+    import threading
+
+    from slime.utils.external_utils.ray_head import _busy_ports
+
+    base = free_port_block()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", base + 3))
+    taken.listen()
+    assert _busy_ports(RayPorts.from_base(base), wait=0) == [base + 3]
+    closer = threading.Timer(1.0, taken.close)
+    closer.start()
+    try:
+        assert _busy_ports(RayPorts.from_base(base), wait=20) == []
+    finally:
+        closer.cancel()
+        taken.close()
 
 
 def test_external_cluster_address_is_used_as_is():

@@ -41,6 +41,7 @@ _MAX_TEMP_DIR_LEN = 30
 # address, so that other nodes could reach it; a private head must keep all of its traffic
 # on loopback. Any other address of 127.0.0.0/8 is loopback too and is taken as given.
 NODE_IP = "127.0.0.2"
+BUSY_PORT_WAIT = 30.0  # seconds a busy port block gets to free itself before the head gives up
 _STARTED = "Ray runtime started."
 
 
@@ -288,13 +289,28 @@ class HeadRecord:
     temp_dir: Path
 
 
+def _busy_ports(ports: RayPorts, *, wait: float) -> list[int]:
+    """Ports of the block still in use after up to `wait` seconds.
+
+    The block is this entry's alone, but the previous holder's head (an entry that just
+    ended on the same GPUs) can take a few seconds to close its last sockets.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        busy = [p for p in range(ports.base, ports.max_worker + 1) if not _bindable(p, "127.0.0.1")]
+        if not busy or time.monotonic() >= deadline:
+            return busy
+        time.sleep(0.5)
+
+
 @contextlib.contextmanager
 def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | None = None,
                  start_timeout: float = 300.0, keep_temp: bool = False,
-                 record: list[HeadRecord] | None = None) -> Iterator[RayHead]:
+                 record: list[HeadRecord] | None = None,
+                 busy_wait: float = BUSY_PORT_WAIT) -> Iterator[RayHead]:
     """Start a head on loopback as a process group we own; always stop it on exit."""
     ports = ports or ports_from_env(env)
-    busy = [p for p in range(ports.base, ports.max_worker + 1) if not _bindable(p, "127.0.0.1")]
+    busy = _busy_ports(ports, wait=busy_wait)
     if busy:
         # Starting anyway would let Ray fail late, or reach another entry's cluster.
         raise RuntimeError(
