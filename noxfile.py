@@ -103,8 +103,14 @@ def gpu_smoke(session: nox.Session) -> None:
     _install(session, "e2e", "gpu-host")
     for suite, *only in SMOKE:
         session.run("python", "-m", "ci", "run", "--suite", suite, "--emulate-gpus", "--gpus", "8",
-                    *(("--only", *only) if only else ()), *session.posargs)
+                    "--retries", str(SMOKE_RETRIES), *(("--only", *only) if only else ()), *session.posargs)
 
+
+# On the 2-core CI host an emulated entry has, once in a few dozen runs, lost a Ray worker
+# (Ray's SYSTEM_ERROR; what killed it is not known yet, and a failing job now prints the crash
+# lines of the head's worker logs). One rerun; an entry that passes on it is reported FLAKY in
+# the summary table and the JUnit file, never as a plain pass.
+SMOKE_RETRIES = 1
 
 # What `gpu_smoke` runs of each GPU suite: all of it, or the one entry named. Of ckpt's five
 # optimizer-location combinations the one that crosses devices on both save and load runs

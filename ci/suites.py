@@ -97,10 +97,14 @@ MEGATRON_ENTRIES: tuple[Entry, ...] = (
     Entry(path="tests/e2e/test_rl_reinforce_tensor_refit.py", timeout=600),
 )
 
-# Rollout-engine layouts. The 0-GPU YAML checks run here too, as in the original
-# (they also run in cpu_unit, which takes every NUM_GPUS = 0 file under tests/).
+# Rollout-engine layouts from `--sglang-config`. The 0-GPU YAML checks run here too, as in the
+# original (they also run in cpu_unit, which takes every NUM_GPUS = 0 file under tests/).
 SGLANG_CONFIG_ENTRIES: tuple[Entry, ...] = (
     Entry(path="tests/test_sglang_config.py", cpu_only=True, timeout=120),
+    Entry(path="tests/e2e/test_sglang_single_node.py", timeout=600),
+    Entry(path="tests/e2e/test_sglang_disjoint_groups.py", timeout=600),
+    Entry(path="tests/e2e/test_sglang_mixed_offload.py", timeout=600),
+    Entry(path="tests/e2e/test_sglang_fault_tolerance.py", timeout=600),
 )
 
 # Checkpoint save/load: one file, five optimizer-location combinations, as in the original.

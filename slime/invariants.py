@@ -7,7 +7,8 @@ the entry point prints that line and exits with `EXIT_INVARIANT`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 EXIT_INVARIANT = 3
 # At step 0 the policy is the reference and the rollout's weights: any KL is a bug, not noise.
@@ -61,6 +62,21 @@ def check_engine_versions(versions: Mapping[str, str], expected: int, step: int)
         _fail("engine-weight-version",
               f"after refit at step {step} the trainer is at version {expected}, "
               f"engines report {wrong or versions}")
+
+
+def check_frozen_engines(states: Sequence[Mapping[str, Any]], digests: Mapping[str, Any], step: int) -> None:
+    """A frozen engine (reference, teacher) serves the weights it started with, at version 0."""
+    for state in states:
+        if state.get("update_weights", True):
+            continue
+        name = state.get("name")
+        start = digests.get(str(name))
+        if str(state.get("weight_version")) != "0":
+            _fail("frozen-engine", f"step {step}: frozen engine {name} reports weight version "
+                  f"{state.get('weight_version')}; it must never be refit")
+        if start is not None and state.get("weights_digest") not in (None, start):
+            _fail("frozen-engine", f"step {step}: frozen engine {name}'s weights changed "
+                  f"(digest {str(state.get('weights_digest'))[:12]}, started as {str(start)[:12]})")
 
 
 def check_lag(lag: int, expected: int, step: int) -> None:

@@ -45,6 +45,7 @@ class Run:
     source: PromptSource | None = None
     eval_prompts: list[Any] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
+    frozen_digests: dict[str, Any] = field(default_factory=dict)  # frozen engine → weights at start
 
     def record(self, row: dict[str, Any]) -> None:
         self.history.append(row)
@@ -97,17 +98,32 @@ def setup(args: argparse.Namespace, env: Mapping[str, str]) -> Run:
             run.eval_prompts = read_prompts(args.eval_prompt_data, prompt_key=args.input_key,
                                             label_key=args.label_key)
         run.engines = EngineGroup(pg, layout, args.hf_checkpoint, seed=args.seed, env=env,
-                                  backend=args.rollout_backend)
-    (out / "engines.json").write_text(json.dumps({
-        "started": 0 if run.engines is None else len(run.engines.clients),
-        "info": [] if run.engines is None else run.engines.info(),
-    }, indent=1, default=str))
+                                  backend=args.rollout_backend, config=getattr(args, "sglang_layout", None),
+                                  fault_tolerance=args.use_fault_tolerance,
+                                  on_restart=lambda _group: write_engines(run))
+        run.frozen_digests = {s["name"]: s.get("weights_digest") for s in run.engines.info()
+                              if not s["update_weights"]}
+    write_engines(run)
     if not args.debug_rollout_only:
         run.trainer = TrainGroup(pg, layout, TrainerConfig.from_args(args), env=env)
         ckpt.resume(run)
         if args.load is not None and run.engines is not None:
             refit(run, -1)  # engines came up with --hf-checkpoint: serve the resumed weights
     return run
+
+
+def write_engines(run: Run) -> None:
+    """`engines.json`: every engine now (name, model, bundles, pid, GPUs, URL, restarts…).
+
+    Written at start and again after an engine is restarted, so a test can find the pid of
+    the engine it wants to stop and see the one that replaced it.
+    """
+    info = [] if run.engines is None else run.engines.info()
+    tmp = run.out / "engines.json.tmp"
+    tmp.write_text(json.dumps({"started": len(info), "info": info,
+                               "restarts": 0 if run.engines is None else run.engines.restarts},
+                              indent=1, default=str))
+    tmp.replace(run.out / "engines.json")
 
 
 def make_batch(run: Run, rollout_id: int) -> TrainBatch:
@@ -119,8 +135,13 @@ def make_batch(run: Run, rollout_id: int) -> TrainBatch:
     assert run.engines is not None
     start = time.monotonic()
     prompts = run.source.next_batch(args.rollout_batch_size)
+    recover = None
+    if args.use_fault_tolerance:
+        run.engines.ensure_healthy()
+        recover = run.engines.recover
     groups, version = generate_groups(run.engines.clients, run.tokenizer, prompts,
-                                      _spec(args, n=args.n_samples_per_prompt), rollout_id=rollout_id)
+                                      _spec(args, n=args.n_samples_per_prompt), rollout_id=rollout_id,
+                                      recover=recover)
     all_rewards = [float(s.reward) for g in groups for s in g]  # type: ignore[arg-type]
     stats = {"rollout/reward_all": sum(all_rewards) / len(all_rewards),
              "rollout/seconds": time.monotonic() - start,
@@ -135,6 +156,9 @@ def make_batch(run: Run, rollout_id: int) -> TrainBatch:
     if not kept:
         raise RuntimeError(f"rollout {rollout_id}: no group left to train on after filtering "
                            f"({len(all_rewards)} samples); raise --rollout-batch-size")
+    if args.use_fault_tolerance:
+        stats["ft/restarts"] = float(run.engines.restarts)
+        stats["ft/retried_requests"] = float(run.engines.retried_requests)
     batch = batch_from_groups(kept, rollout_id=rollout_id, advantage_estimator=args.advantage_estimator,
                               weight_version=int(version), stats=stats)
     if args.save_debug_rollout_data:
@@ -156,21 +180,37 @@ def refit(run: Run, step: int) -> dict[str, Any]:
     else:
         run.engines.refit_from_tensors(run.trainer.full_state_dict(), version)
     versions = run.engines.versions()
+    row: dict[str, Any] = {"refit/seconds": time.monotonic() - start, "refit/version": version,
+                           "refit/engine_versions": versions}
     if args.ci_test:
         inv.check_engine_versions(versions, version, step)
-    return {"refit/seconds": time.monotonic() - start, "refit/version": version,
-            "refit/engine_versions": versions}
+        states = _engine_states(run)
+        inv.check_frozen_engines(states, run.frozen_digests, step)
+        row["engines"] = states
+    return row
+
+
+def _engine_states(run: Run) -> list[dict[str, Any]]:
+    keep = ("name", "model", "update_weights", "offload", "weight_version", "weights_digest",
+            "model_bytes", "pid", "restarts", "requests_served")
+    return [{k: info.get(k) for k in keep} for info in run.engines.info()]
 
 
 def evaluate(run: Run, rollout_id: int) -> dict[str, float]:
-    """Mean reward on the eval prompts (greedy when one sample per prompt)."""
+    """Mean reward on the eval prompts (greedy when one sample per prompt) of the policy, and of
+    every frozen model the engines serve (`eval/reward@<model>`)."""
     args = run.args
     temperature = 1.0 if args.n_samples_per_eval_prompt > 1 else 0.0
-    groups, _ = generate_groups(run.engines.clients, run.tokenizer, run.eval_prompts,
-                                _spec(args, n=args.n_samples_per_eval_prompt, temperature=temperature),
-                                rollout_id=-1 - rollout_id)
-    rewards = [float(s.reward) for g in groups for s in g]  # type: ignore[arg-type]
-    return {"eval/reward": sum(rewards) / len(rewards)}
+    spec = _spec(args, n=args.n_samples_per_eval_prompt, temperature=temperature)
+    out = {}
+    frozen = dict.fromkeys(s.spec.model for s in run.engines.frozen)
+    for key, clients in [("eval/reward", run.engines.clients),
+                         *((f"eval/reward@{m}", run.engines.clients_of(m)) for m in frozen)]:
+        groups, _ = generate_groups(clients, run.tokenizer, run.eval_prompts, spec,
+                                    rollout_id=-1 - rollout_id)
+        rewards = [float(s.reward) for g in groups for s in g]  # type: ignore[arg-type]
+        out[key] = sum(rewards) / len(rewards)
+    return out
 
 
 def _probe(run: Run) -> list[list[int]]:

@@ -120,7 +120,21 @@ def compute_device(env: Mapping[str, str] | None = None) -> str:
 
 
 def bundle_gpu_ids() -> list[str]:
-    """The GPU ids Ray gave the calling actor (logical ones under emulation)."""
+    """The GPU ids Ray gave the calling actor (logical ones under emulation).
+
+    `ray.get_gpu_ids()` maps Ray's slots through the worker's CUDA_VISIBLE_DEVICES, which
+    emulation sets to "" so that no rank touches a real GPU; it then returns nothing. The
+    slots themselves are still what Ray assigned, so they are read from the worker then.
+    """
     import ray
 
-    return [str(i) for i in ray.get_gpu_ids()]
+    ids = [str(i) for i in ray.get_gpu_ids()]
+    if ids or os.environ.get("CUDA_VISIBLE_DEVICES") != "":
+        return ids
+    try:
+        assigned = ray._private.worker.global_worker.core_worker.resource_ids()
+    except AttributeError:  # a Ray without it: say nothing rather than guess
+        return []
+    return sorted({str(slot) for name, pairs in assigned.items()
+                   if name == "GPU" or name.startswith("GPU_group_")
+                   for slot, _ in pairs}, key=int)

@@ -8,7 +8,7 @@ the run seed, rollout id and position, so a rollout is reproducible whatever eng
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -40,13 +40,22 @@ def _split(n: int, parts: int) -> list[list[int]]:
     return [list(range(p, n, parts)) for p in range(parts)]
 
 
+# Engines one rollout may replace before it gives up (fault tolerance).
+MAX_RETRIES = 2
+
+
 def generate_groups(clients: Sequence[Any], tokenizer: Any, prompts: Sequence[Prompt], spec: RolloutSpec,
-                    *, rollout_id: int) -> tuple[list[list[Sample]], str]:
+                    *, rollout_id: int, recover: Callable[..., Any] | None = None,
+                    ) -> tuple[list[list[Sample]], str]:
     """Sample `n_samples_per_prompt` responses per prompt, grade them; returns (groups, weight version).
 
     Every answer must report the same weight version: a rollout mixing versions would be
-    trained as if it came from one policy.
+    trained as if it came from one policy. With `recover(client, requests=n)` (fault
+    tolerance), an engine that stops answering is replaced by the client it returns and its
+    requests are sent again; their seeds make the retried samples the ones it would have given.
     """
+    from slime.backends.engine.client import EngineUnavailable
+
     if not clients:
         raise ValueError("no rollout engines to generate with")
     prompt_ids = [list(tokenizer(p.text)["input_ids"]) for p in prompts]
@@ -60,9 +69,17 @@ def generate_groups(clients: Sequence[Any], tokenizer: Any, prompts: Sequence[Pr
         mine = shares[engine]
         if not mine:
             return []
-        out = clients[engine].generate([prompt_ids[jobs[j][0]] for j in mine], [params[j] for j in mine],
-                                       return_logprob=True)
-        return list(out)
+        client = clients[engine]
+        for attempt in range(MAX_RETRIES + 1):
+            try:
+                out = client.generate([prompt_ids[jobs[j][0]] for j in mine], [params[j] for j in mine],
+                                      return_logprob=True)
+                return list(out)
+            except EngineUnavailable:
+                if recover is None or attempt == MAX_RETRIES:
+                    raise
+                client = recover(client, requests=len(mine))
+        raise AssertionError("unreachable")
 
     with ThreadPoolExecutor(max_workers=len(clients)) as pool:
         answers = list(pool.map(call, range(len(clients))))

@@ -83,6 +83,13 @@ def add_training_path_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--colocate", action="store_true", help="engines and trainer share every GPU")
     g.add_argument("--rollout-num-gpus", type=int, default=None, help="GPUs for engines, not colocated")
     g.add_argument("--rollout-backend", choices=("slime", "sglang"), default="slime")
+    g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1,
+                   help="GPUs per engine (the default of --sglang-config groups)")
+    g.add_argument("--sglang-config", default=None, metavar="FILE.yaml",
+                   help="engine groups: models, GPUs, frozen or updatable, offload "
+                        "(python -m slime.backends.engine.sglang_config FILE checks one)")
+    g.add_argument("--use-fault-tolerance", action="store_true",
+                   help="restart an engine that dies and retry the requests it had")
 
     g = p.add_argument_group("data")
     g.add_argument("--prompt-data", default=None, help="JSONL file of prompts with labels")
@@ -212,8 +219,31 @@ def check_training_path(args: argparse.Namespace, env: Mapping[str, str]) -> arg
         _fail("--rollout-temperature must be 1.0 for train.py (log-probs are compared untempered)")
     if args.ci_sleep_check and not args.colocate:
         _fail("--ci-sleep-check needs --colocate (engines sleep only when they share GPUs)")
+    _load_sglang_config(args)
     check_checkpoint_flags(args)
     return validate_args(args)
+
+
+def _load_sglang_config(args: argparse.Namespace) -> None:
+    """Parse `--sglang-config` against the rollout's GPUs into `args.sglang_layout` (None without one)."""
+    args.sglang_layout = None
+    if args.rollout_num_gpus_per_engine < 1:
+        _fail(f"--rollout-num-gpus-per-engine must be >= 1, got {args.rollout_num_gpus_per_engine}")
+    if args.sglang_config is None:
+        if args.rollout_num_gpus_per_engine != 1:
+            _fail("--rollout-num-gpus-per-engine > 1 needs --sglang-config (engines of several GPUs)")
+        return
+    if args.load_debug_rollout_data is not None:
+        _fail("--sglang-config starts engines, and replaying saved rollouts starts none; drop one of them")
+    from slime.backends.engine.sglang_config import SglangConfigError, load
+
+    rollout = args.num_gpus if args.colocate else args.rollout_num_gpus
+    try:
+        args.sglang_layout = load(args.sglang_config, rollout_num_gpus=rollout,
+                                  num_gpus_per_engine=args.rollout_num_gpus_per_engine,
+                                  offload=bool(args.colocate), gpus_per_node=args.num_gpus)
+    except SglangConfigError as e:
+        _fail(f"--sglang-config {e}")
 
 
 def _fail(message: str) -> None:

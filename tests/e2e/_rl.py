@@ -78,3 +78,18 @@ def reward_gain(rows: Sequence[dict[str, Any]], window: int) -> tuple[float, flo
     """Mean rollout reward of the first and of the last `window` steps."""
     rewards = [r["rollout/reward_all"] if "rollout/reward_all" in r else r["rollout/reward"] for r in rows]
     return mean(rewards[:window]), mean(rewards[-window:])
+
+
+def sglang_config(name: str, text: str) -> Path:
+    """Write an `--sglang-config` YAML into the entry's output dir; returns its path."""
+    path = U.output_dir() / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def engines(run_dir: Path) -> list[dict[str, Any]]:
+    """`engines.json`: what each engine reported when the run started (or after a restart)."""
+    path = run_dir / "engines.json"
+    assert path.is_file(), f"{path} missing: the run wrote no engine report"
+    return list(json.loads(path.read_text())["info"])

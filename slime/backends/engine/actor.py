@@ -36,13 +36,20 @@ class EngineActor:
 
     def __init__(self, model_path: str, *, seed: int = 0, device: str | None = None,
                  host: str = "127.0.0.1", port: int = 0, weight_version: str = "0",
-                 max_batch_size: int = 64) -> None:
+                 max_batch_size: int = 64, batch_delay_s: float = 0.0,
+                 labels: Mapping[str, Any] | None = None) -> None:
         import ray
 
-        self.gpu_ids = [int(g) for g in ray.get_gpu_ids()]
+        from slime.ray.placement import bundle_gpu_ids
+
+        self.gpu_ids = [int(g) for g in bundle_gpu_ids()]
+        self.node_id = ray.get_runtime_context().get_node_id()
+        # Who placed it where (name, model, group, bundle, …): reported back by info().
+        self.labels = dict(labels or {})
         self.device = device or engine_device(os.environ)
         self.server = EngineServer(model_path, device=self.device, seed=seed, host=host, port=port,
                                    weight_version=weight_version, max_batch_size=max_batch_size,
+                                   batch_delay_s=batch_delay_s,
                                    gpu_ids=self.gpu_ids)
 
     def start(self) -> str:
@@ -54,7 +61,8 @@ class EngineActor:
         engine = self.server.engine
         base = engine.info() if engine is not None else {"device": self.device, "gpu_ids": self.gpu_ids,
                                                         "pid": os.getpid()}
-        return {**base, "url": self.server.url if engine is not None else None,
+        return {**base, **self.labels, "node_id": self.node_id,
+                "url": self.server.url if engine is not None else None,
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     def stop(self) -> None:

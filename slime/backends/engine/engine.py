@@ -9,12 +9,14 @@ are merged into one batch (up to `max_batch_size` sequences), as a serving engin
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import os
 import queue
 import random
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,12 +48,30 @@ def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter and buffer of `model`, named as the engine names them."""
+    named = [(f"param:{n}", p) for n, p in model.named_parameters()]
+    named += [(f"buffer:{n}", b) for n, b in model.named_buffers()]
+    return named
+
+
+def tensors_digest(named: Sequence[tuple[str, torch.Tensor]]) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes, in name order."""
+    h = hashlib.sha256()
+    for name, t in sorted(named, key=lambda item: item[0]):
+        data = t.detach().to("cpu").contiguous()
+        h.update(f"{name}|{data.dtype}|{tuple(data.shape)}|".encode())
+        h.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return h.hexdigest()
+
+
 class Engine:
     """The model, its tokenizer and the serving thread; thread-safe, used by `EngineServer`."""
 
     def __init__(self, model_path: str | Path, *, device: str = "cpu", seed: int = 0,
                  weight_version: str = "0", max_batch_size: int = 64,
-                 gpu_ids: Sequence[int] = (), cpu_threads: int | None = 1) -> None:
+                 gpu_ids: Sequence[int] = (), cpu_threads: int | None = 1,
+                 batch_delay_s: float = 0.0) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if torch.device(device).type == "cpu" and cpu_threads is not None:
@@ -67,6 +87,9 @@ class Engine:
         self.seed = seed
         self.weight_version = weight_version
         self.max_batch_size = max_batch_size
+        # Seconds each batch waits before it runs: a slow engine on purpose, so a test can act
+        # (kill the engine, say) while requests are in flight. 0 in every real run.
+        self.batch_delay_s = float(batch_delay_s)
         self.gpu_ids = tuple(gpu_ids)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
@@ -79,11 +102,15 @@ class Engine:
                              else (self.eos_token_id or 0))
         self.released = False
         self.requests_served = 0
+        self.requests_in_flight = 0  # accepted, not yet answered
         self.batches_run = 0
         self._seeds = random.Random(seed)
         self._seed_lock = threading.Lock()
         # HF fast tokenizers raise "Already borrowed" when two threads use one at once.
         self._tokenizer_lock = threading.Lock()
+        # Held while weights change (refit, release, resume) and while they are hashed, never
+        # while generating: info() reads them without waiting behind queued batches.
+        self._weights_lock = threading.Lock()
         self._spill_dir = Path(tempfile.mkdtemp(prefix="slime-engine-"))
         self._queue: queue.Queue[Any] = queue.Queue()
         self._worker = threading.Thread(target=self._serve, name="engine-worker", daemon=True)
@@ -130,8 +157,14 @@ class Engine:
         for r in requests:
             self.check_request(r.input_ids, r.params)
         future: cf.Future[tuple[list[Generation], str]] = cf.Future()
-        self._queue.put(("generate", list(requests), future))
-        return future.result(timeout)
+        with self._seed_lock:
+            self.requests_in_flight += len(requests)
+        try:
+            self._queue.put(("generate", list(requests), future))
+            return future.result(timeout)
+        finally:
+            with self._seed_lock:
+                self.requests_in_flight -= len(requests)
 
     def call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
         """Run `fn` on the worker thread, between batches; returns its result or raises its error."""
@@ -183,6 +216,8 @@ class Engine:
             if self.released:
                 raise EngineInputError("the engine's weights are released; "
                                        "POST /resume_memory_occupation before generating")
+            if self.batch_delay_s > 0:
+                time.sleep(self.batch_delay_s)
             outs = generate(self.model, [r.input_ids for r in flat], [r.params for r in flat],
                             eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id,
                             seeds=[r.seed for r in flat])
@@ -210,7 +245,7 @@ class Engine:
             check_named_tensors(named, expected, complete=complete)
         except ValueError as exc:
             raise EngineInputError(str(exc)) from None
-        with torch.no_grad():
+        with torch.no_grad(), self._weights_lock:
             for name, t in named.items():
                 expected[name].copy_(t.to(device=self.device, dtype=expected[name].dtype))
 
@@ -244,9 +279,16 @@ class Engine:
 
     # ---- sleep / wake ---------------------------------------------------------------------
     def _tensors(self) -> list[tuple[str, torch.Tensor]]:
-        named = [(f"param:{n}", p) for n, p in self.model.named_parameters()]
-        named += [(f"buffer:{n}", b) for n, b in self.model.named_buffers()]
-        return named
+        return named_tensors(self.model)
+
+    def weights_digest(self) -> str | None:
+        """`tensors_digest` of the served weights; None while released.
+
+        Two engines, or one engine at two moments, hold the same weights exactly when their
+        digests match: what proves a frozen engine was never refit.
+        """
+        with self._weights_lock:
+            return None if self.released else tensors_digest(self._tensors())
 
     def model_bytes(self) -> int:
         """Bytes the model's parameters and buffers hold on the engine's device now."""
@@ -262,10 +304,11 @@ class Engine:
             tensors = self._tensors()
             save_file({n: t.detach().to("cpu").contiguous() for n, t in tensors},
                       str(self._spill_dir / "weights.safetensors"))
-            for _, t in tensors:
-                # An empty tensor in place keeps the module tree (and its hooks) intact.
-                t.data = torch.empty(0, dtype=t.dtype, device=self.device)
-            self.released = True
+            with self._weights_lock:
+                for _, t in tensors:
+                    # An empty tensor in place keeps the module tree (and its hooks) intact.
+                    t.data = torch.empty(0, dtype=t.dtype, device=self.device)
+                self.released = True
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         self.call(work)
@@ -279,10 +322,11 @@ class Engine:
 
             path = self._spill_dir / "weights.safetensors"
             saved = load_file(str(path))
-            for name, t in self._tensors():
-                t.data = saved[name].to(self.device)
+            with self._weights_lock:
+                for name, t in self._tensors():
+                    t.data = saved[name].to(self.device)
+                self.released = False
             path.unlink()
-            self.released = False
         self.call(work)
 
     def flush_cache(self) -> None:
@@ -298,11 +342,14 @@ class Engine:
             "gpu_ids": list(self.gpu_ids),
             "pid": os.getpid(),
             "model_bytes": self.model_bytes(),
+            "weights_digest": self.weights_digest(),
             "memory_released": self.released,
             "weight_version": self.weight_version,
             "seed": self.seed,
             "max_batch_size": self.max_batch_size,
+            "batch_delay_s": self.batch_delay_s,
             "requests_served": self.requests_served,
+            "requests_in_flight": self.requests_in_flight,
             "batches_run": self.batches_run,
             "cuda_memory_allocated": (torch.cuda.memory_allocated(self.device)
                                       if self.device.type == "cuda" else None),

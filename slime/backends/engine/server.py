@@ -64,7 +64,7 @@ class EngineServer:
     def __init__(self, model_path: str | Path, *, device: str = "cpu", seed: int = 0,
                  host: str = "127.0.0.1", port: int = 0, weight_version: str = "0",
                  max_batch_size: int = 64, gpu_ids: Sequence[int] = (),
-                 cpu_threads: int | None = 1) -> None:
+                 cpu_threads: int | None = 1, batch_delay_s: float = 0.0) -> None:
         self.model_path = str(model_path)
         self.device = device
         self.seed = seed
@@ -74,6 +74,7 @@ class EngineServer:
         self.max_batch_size = max_batch_size
         self.gpu_ids = tuple(gpu_ids)
         self.cpu_threads = cpu_threads
+        self.batch_delay_s = batch_delay_s
         self.engine: Engine | None = None
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -92,7 +93,8 @@ class EngineServer:
             return self.url
         self.engine = Engine(self.model_path, device=self.device, seed=self.seed,
                              weight_version=self.weight_version, max_batch_size=self.max_batch_size,
-                             gpu_ids=self.gpu_ids, cpu_threads=self.cpu_threads)
+                             gpu_ids=self.gpu_ids, cpu_threads=self.cpu_threads,
+                             batch_delay_s=self.batch_delay_s)
         handler = type("Handler", (_Handler,), {"engine": self.engine})
         try:
             self._httpd = _HTTPServer((self.host, self.port), handler)

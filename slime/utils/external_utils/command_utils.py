@@ -79,6 +79,30 @@ class TrainJobFailed(RuntimeError):
         super().__init__(f"training job {job_id} ended {status}\n--- last log lines ---\n{logs_tail}")
 
 
+_CRASH_MARKERS = ("Fatal Python error", "SIGSEGV", "Segmentation fault", "SIGABRT", "Aborted",
+                  "terminate called", "Check failed", "SIGKILL", "killed", "SIGBUS", "out of memory")
+
+
+def worker_crash_lines(temp_dir: Path, *, limit: int = 30) -> list[str]:
+    """Lines of a head's worker and raylet logs that tell why a worker died (signals, fatal errors)."""
+    found: list[str] = []
+    for path in sorted(Path(temp_dir).glob("session_*/logs/*")):
+        if path.parent.parent.name == "session_latest":  # a link to the session read already
+            continue
+        if not path.is_file() or not (path.suffix in (".err", ".out") or path.name.startswith("raylet")):
+            continue
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if any(m in line for m in _CRASH_MARKERS):
+                found.append(f"{path.name}: {line.strip()[:300]}")
+                if len(found) >= limit:
+                    return found
+    return found
+
+
 def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
     return os.environ if env is None else env
 
@@ -480,7 +504,15 @@ def execute_train(
     with private_head(num_gpus=num_gpus_per_node, env=env, ports=ports, record=head_record) as head:
         if hook is not None:
             hook(head)
-        return submit_and_wait(head.address, entrypoint=entrypoint, env_vars=env_vars, timeout=timeout)
+        try:
+            return submit_and_wait(head.address, entrypoint=entrypoint, env_vars=env_vars, timeout=timeout)
+        except TrainJobFailed as exc:
+            evidence = worker_crash_lines(head.temp_dir)
+            if evidence:
+                # A worker that died (signal, fatal error) says why only in its own log.
+                print("--- what the head's worker logs say about dying workers ---\n" + "\n".join(evidence),
+                      flush=True)
+            raise exc from None
 
 
 def convert_checkpoint(
