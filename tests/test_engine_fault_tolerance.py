@@ -236,3 +236,7 @@ def test_a_frozen_engine_that_changed_fails_the_invariant():
     states[1]["weight_version"] = "3"
     with pytest.raises(inv.InvariantViolation, match="reports weight version 3; it must never be refit"):
         inv.check_frozen_engines(states, {"ref-g0-e0": "a"}, step=2)
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, *sys.argv[1:]]))

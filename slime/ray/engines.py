@@ -108,7 +108,8 @@ class EngineGroup:
     def __init__(self, pg: Any, layout: Layout, model_path: str, *, seed: int,
                  env: Mapping[str, str] | None = None, backend: str = "slime",
                  config: SglangConfig | None = None, fault_tolerance: bool = False,
-                 on_restart: Callable[[EngineGroup], None] | None = None) -> None:
+                 on_restart: Callable[[EngineGroup], None] | None = None,
+                 start_timeout: float = 600.0) -> None:
         self._pg = pg
         self._layout = layout
         self._device = compute_device(env)
@@ -138,8 +139,17 @@ class EngineGroup:
 
         for slot in self.slots:
             slot.actor = self._new_actor(slot)
-        urls = ray.get([s.actor.start.remote() for s in self.slots])
-        self._connect(urls)
+        starts = [s.actor.start.remote() for s in self.slots]
+        ready, _ = ray.wait(starts, num_returns=len(starts), timeout=start_timeout)
+        if len(ready) < len(starts):
+            late = [s.spec.name for s, ref in zip(self.slots, starts, strict=True) if ref not in ready]
+            for s in self.slots:
+                ray.kill(s.actor)
+            raise EngineConfigError(
+                f"engines {', '.join(late)} did not start within {start_timeout:.0f} s: not placed "
+                "(two engines on one bundle?) or still loading; check the layout, or raise "
+                "--engine-start-timeout")
+        self._connect(ray.get(starts))
 
     # ---- starting -------------------------------------------------------------------------
     def _new_actor(self, slot: _Slot) -> Any:

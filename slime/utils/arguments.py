@@ -88,6 +88,8 @@ def add_training_path_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sglang-config", default=None, metavar="FILE.yaml",
                    help="engine groups: models, GPUs, frozen or updatable, offload "
                         "(python -m slime.backends.engine.sglang_config FILE checks one)")
+    g.add_argument("--engine-start-timeout", type=float, default=600.0,
+                   help="seconds every engine gets to be placed and load its model")
     g.add_argument("--use-fault-tolerance", action="store_true",
                    help="restart an engine that dies and retry the requests it had")
 

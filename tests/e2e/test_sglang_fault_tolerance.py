@@ -79,7 +79,8 @@ def execute():
     killer.start()
     try:
         return _rl.train("sglang_fault_tolerance", NUM_GPUS, [
-            "--colocate", "--sglang-config", str(config), "--use-fault-tolerance", "--ci-test",
+            "--colocate", "--sglang-config", str(config), "--engine-start-timeout", "240",
+            "--use-fault-tolerance", "--ci-test",
             "--advantage-estimator", "grpo", "--rollout-batch-size", str(BATCH),
             "--n-samples-per-prompt", str(N), "--num-rollout", str(ROLLOUTS), "--lr", "5e-4",
         ])

@@ -36,7 +36,8 @@ def prepare() -> None:
 def execute():
     config = _rl.sglang_config("mixed_offload", CONFIG)
     return _rl.train("sglang_mixed_offload", NUM_GPUS, [
-        "--colocate", "--sglang-config", str(config), "--ci-test", "--ci-sleep-check",
+        "--colocate", "--sglang-config", str(config), "--engine-start-timeout", "240",
+        "--ci-test", "--ci-sleep-check",
         "--advantage-estimator", "grpo", "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
         "--num-rollout", str(ROLLOUTS), "--lr", "5e-4",
         "--eval-prompt-data", str(_rl.fetch()[1] / "eval.jsonl"), "--eval-interval", "1",

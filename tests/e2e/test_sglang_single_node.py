@@ -33,7 +33,8 @@ def prepare() -> None:
 def execute():
     config = _rl.sglang_config("single_node", CONFIG)
     return _rl.train("sglang_single_node", NUM_GPUS, [
-        "--rollout-num-gpus", "3", "--sglang-config", str(config), "--ci-test",
+        "--rollout-num-gpus", "3", "--sglang-config", str(config), "--engine-start-timeout", "240",
+        "--ci-test",
         "--advantage-estimator", "grpo", "--rollout-batch-size", "16", "--n-samples-per-prompt", "4",
         "--num-rollout", str(ROLLOUTS), "--lr", "5e-4",
     ])

@@ -159,8 +159,10 @@ def _owned(token):
     return found
 
 
-def test_a_private_head_dies_with_the_process_that_started_it(tmp_path):
-    """SIGKILL of the entry (as when its runner's guard kills it) takes its head along."""
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_a_private_head_dies_with_the_process_that_started_it(tmp_path, sig):
+    """SIGKILL of the entry (as when its runner's guard kills it) takes its head along; SIGTERM
+    (a runner's timeout, with SIGKILL a few seconds later) stops the head from the entry itself."""
     import signal
     import subprocess
     import time
@@ -177,8 +179,13 @@ def test_a_private_head_dies_with_the_process_that_started_it(tmp_path):
         leader, token = info.read_text().split()
         assert _alive(_owned(token)), "no process of the head found"
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.send_signal(getattr(signal, sig))
+        code = proc.wait(timeout=60)
+    if sig == "SIGTERM":
+        # The entry's own clean-up ran (not the default action, which would be -SIGTERM) and
+        # returned only once the head's processes were gone.
+        assert code == 128 + signal.SIGTERM, code
+        assert _alive(_owned(token)) == [] and _alive([int(leader)]) == []
     deadline = time.monotonic() + 30
     while (_alive(_owned(token)) or _alive([int(leader)])) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -210,6 +211,10 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
+def _raise_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def stop_head(head: RayHead, proc: subprocess.Popen[bytes], *, grace: float = 15.0) -> frozenset[int]:
     """Stop exactly this head's processes; returns every pid it stopped."""
     seen = _owned_pids(head.pid, head.token)
@@ -349,6 +354,13 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
         ports=ports, temp_dir=temp_dir, log_path=log_path, pid=proc.pid, token=token,
     )
     started = False
+    # A runner ends a timed-out entry with SIGTERM, then SIGKILL seconds later. Python's default
+    # SIGTERM ends the process without `finally`, leaving the head to the guard's SIGKILL and its
+    # workers to notice on their own, holding the block's ports meanwhile; raising instead
+    # stops every process of the head, by its token, within the runner's grace.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
     try:
         _wait_ready(head, proc, start_timeout)
         started = True
@@ -356,6 +368,8 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
     finally:
         pids = stop_head(head, proc)
         guard.unregister(proc.pid)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if record is not None:
             record.append(HeadRecord(pids=pids, temp_dir=temp_dir))
         # A job's own logs travel with its result; the head's logs matter when it did not start.
