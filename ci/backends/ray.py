@@ -1,8 +1,10 @@
 """Run a GPU suite on a Ray cluster (`--ray-address ADDR` or SLIME_CI_RAY_ADDRESS).
 
 Each entry becomes one Ray streaming task that needs the entry's NUM_GPUS on one
-node: a placement group of one bundle with STRICT_PACK (a bundle never spans
-nodes), the task scheduled into it, Ray setting CUDA_VISIBLE_DEVICES. The task
+node: a task's resources never span nodes, so `num_gpus=N` says it (a one-bundle
+STRICT_PACK placement group would say the same and cost a placement and a removal
+per entry: makespan / lower bound 1.30 with one, 1.04 without, benchmarks/cluster.py).
+Ray sets CUDA_VISIBLE_DEVICES. The task
 (`ci.backends.ray_task`) runs the same argv as a local run in the node's checkout — the
 driver's checkout path, which must exist on every node (a shared filesystem, or
 the same path cloned on each) — and streams its output back. Ray is the
@@ -200,8 +202,6 @@ class RayBackend(Backend):
             on_output: Callable[[str], None]) -> RemoteAttempt:
         """Run one attempt of an entry on the cluster; blocks until it ends."""
         import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         job = NodeJob(entry=entry, root=self.root, env=self.env, jobs=self.jobs, pytest_args=(),
                       emulate_gpus=self._emulated, lock_pattern=self.node_lock_pattern,
@@ -209,17 +209,11 @@ class RayBackend(Backend):
                       run_token=self.run_token,
                       attempt_name=name)
         queued_at = time.time()
-        pg = None
-        options: dict[str, Any]
-        if entry.num_gpus:
-            pg = placement_group([{"GPU": entry.num_gpus}], strategy="STRICT_PACK",
-                                 name=f"slime-ci-{self.run_token}-{name}")
-            # The task goes in at once, queued behind its placement group inside Ray: when
-            # the group is placed the task starts, without a round trip through this driver.
-            options = {"num_gpus": entry.num_gpus, "num_cpus": 0, "scheduling_strategy":
-                       PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)}
-        else:
-            options = {"num_cpus": 1}
+        # A task's resources always come from one node, so `num_gpus` alone already means
+        # "NUM_GPUS on one node" (what a one-bundle STRICT_PACK placement group would say),
+        # without the group's two-phase placement and its removal between two entries.
+        options: dict[str, Any] = ({"num_gpus": entry.num_gpus, "num_cpus": 0} if entry.num_gpus
+                                   else {"num_cpus": 1})
         gen = self._task.options(**options, num_returns="streaming", max_retries=0,
                                  name=f"slime-ci:{entry.id}"[:200]).remote(job)
         with self._lock:
@@ -263,8 +257,6 @@ class RayBackend(Backend):
         finally:
             with self._lock:
                 self._inflight.pop(name, None)
-            if pg is not None:
-                remove_placement_group(pg)
         return replace(result, node=node, devices=devices, started_at=started_at, ended_at=time.time())
 
     def _lost_node(self, node_id: str) -> str:
