@@ -42,7 +42,9 @@ from ci.suites import SUITES, Suite
 MAX_JOBS = 256
 # The original CI's feature flags, unless the environment or the entry says otherwise.
 TEST_FLAGS = {**ENTRY_FLAG_DEFAULTS, "SLIME_TEST_ENABLE_INFINITE_RUN": "0"}
-TRUE_WORDS = {"1", "true", "yes", "on"}
+# As `U.get_bool_env_var` reads the same variables inside an entry: only "1" and "true"
+# (any case) are true, so the runner and the entry never disagree about a flag.
+TRUE_WORDS = {"1", "true"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -184,8 +186,10 @@ def _gpu_budget(opts: Options, entries: Sequence[PlannedEntry]) -> int:
 
 def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, log: Log) -> None:
     suite, backend = opts.suite, cfg.backend
+    # A cluster's GPUs are known only once the run joins it, which a dry run does not do.
+    gpus = "the cluster's GPUs" if backend.remote is not None and not backend.gpus else f"{backend.gpus} GPUs"
     log.line(f"plan for {suite.name}: {len(entries)} entries, {cfg.jobs} at a time, "
-             f"{backend.gpus} GPUs, {backend.describe()}")
+             f"{gpus}, {backend.describe()}")
     placeholder = cfg.work_dir / "out" / "<entry>"
     if not cfg.prefork.off:
         log.line(f"  pytest files fork from pre-imported workers ({', '.join(cfg.prefork.preload)}) "
@@ -205,7 +209,10 @@ def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, 
 
 
 def _bool_env(env: Mapping[str, str], name: str) -> bool:
-    return env.get(name, "").strip().lower() in TRUE_WORDS
+    raw = env.get(name, "").strip().lower()
+    if raw and raw not in TRUE_WORDS and raw not in ("0", "false"):
+        print(f"warning: {name}={env[name]!r} counts as false; use 1 or true", file=sys.stderr)
+    return raw in TRUE_WORDS
 
 
 def main(argv: Sequence[str]) -> int:

@@ -150,5 +150,19 @@ def test_unknown_option_of_a_gpu_suite_is_rejected(checkout):
     assert proc.stderr == "error: unknown option(s) for GPU suite train: --gpu\n"
 
 
+def test_infinite_run_reads_the_flag_as_the_entries_do(capsys):
+    """The runner and `U.get_bool_env_var` agree: only 1 and true (any case) turn it on."""
+    import slime.utils.external_utils.command_utils as U
+    from ci.session import _bool_env
+
+    name = "SLIME_TEST_ENABLE_INFINITE_RUN"
+    for raw in ("1", "true", " TRUE ", "0", "false", "", "yes", "on"):
+        env = {name: raw}
+        assert _bool_env(env, name) is U.get_bool_env_var(name, env=env), raw
+    capsys.readouterr()
+    assert _bool_env({name: "yes"}, name) is False
+    assert "SLIME_TEST_ENABLE_INFINITE_RUN='yes' counts as false; use 1 or true" in capsys.readouterr().err
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
