@@ -174,9 +174,6 @@ def check_checkpoint_flags(args: argparse.Namespace) -> None:
             resolve_step(args.load, args.ckpt_step)
         except CheckpointError as e:
             _fail(f"--ckpt-step: {e}")
-    if (args.save or args.load) and args.use_critic:
-        _fail("trainer checkpoints hold the policy and its optimizer; the critic is not saved yet, "
-              "so --save/--load cannot go with --use-critic")
 
 
 def check_training_path(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namespace:

@@ -183,8 +183,15 @@ class Checkpointer:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer | None = None,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        *,
+        critic: torch.nn.Module | None = None,
+        critic_optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
-        """Write `state.step`; every rank must call it. Returns before the write ends when async."""
+        """Write `state.step`; every rank must call it. Returns before the write ends when async.
+
+        With `critic` (PPO), its weights and, when optimizer state is saved, its optimizer's
+        go into the same step, under their own keys.
+        """
         self.wait()  # at most one save in flight, and steps become latest in order
         directory = step_dir(self.root, state.step)
         if _rank() == 0:
@@ -194,11 +201,18 @@ class Checkpointer:
         if optimizer is not None and self.save_optimizer is not None:
             content["optimizer"] = get_optimizer_state_dict(
                 model, optimizer, options=_optimizer_options(self.save_optimizer))
+        if critic is not None:
+            content["critic"] = get_model_state_dict(critic)
+            if critic_optimizer is not None and self.save_optimizer is not None:
+                content["critic_optimizer"] = get_optimizer_state_dict(
+                    critic, critic_optimizer, options=_optimizer_options(self.save_optimizer))
         extra = {
             "train_state": state,
             "rng": _rng_states(),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "has_optimizer": "optimizer" in content,
+            "has_critic": "critic" in content,
+            "has_critic_optimizer": "critic_optimizer" in content,
             "world_size": dist.get_world_size() if dist.is_initialized() else 1,
         }
         # Small and per rank: written synchronously, before the shards, so the
@@ -260,6 +274,8 @@ def load(
     load_optimizer: OptimizerLocation | None = "gpu",
     load_rng: bool = True,
     process_group: dist.ProcessGroup | None = None,
+    critic: torch.nn.Module | None = None,
+    critic_optimizer: torch.optim.Optimizer | None = None,
 ) -> TrainState | None:
     """Restore a step (the latest complete one unless `step`) into model, optimizer, schedule, RNG.
 
@@ -291,12 +307,32 @@ def load(
         # own state on the parameters' device.
         content["optimizer"] = get_optimizer_state_dict(
             model, optimizer, options=_optimizer_options(load_optimizer))
+    has_critic = bool(extra.get("has_critic"))
+    if (critic is not None) != has_critic:
+        raise CheckpointError(
+            f"{directory} {'holds no' if critic is not None else 'holds a'} critic and this run "
+            f"{'has one' if critic is not None else 'has none'}; resume a PPO run from a PPO checkpoint "
+            "(--use-critic on both), or the other way round")
+    want_critic_optimizer = critic_optimizer is not None and load_optimizer is not None
+    if critic is not None:
+        content["critic"] = get_model_state_dict(critic)
+        if want_critic_optimizer:
+            if not extra.get("has_critic_optimizer"):
+                raise CheckpointError(f"{directory} holds no critic optimizer state; pick a step saved "
+                                      "with --save-optimizer")
+            assert critic_optimizer is not None
+            content["critic_optimizer"] = get_optimizer_state_dict(
+                critic, critic_optimizer, options=_optimizer_options(load_optimizer))
     with _single_process_ok():
         dcp.load(content, checkpoint_id=str(directory), process_group=process_group,
                  no_dist=not dist.is_initialized())
     set_model_state_dict(model, content["model"])
     if optimizer is not None and want_optimizer:
         set_optimizer_state_dict(model, optimizer, content["optimizer"])
+    if critic is not None:
+        set_model_state_dict(critic, content["critic"])
+        if critic_optimizer is not None and want_critic_optimizer:
+            set_optimizer_state_dict(critic, critic_optimizer, content["critic_optimizer"])
     if scheduler is not None and extra["scheduler"] is not None:
         scheduler.load_state_dict(extra["scheduler"])
     if load_rng:

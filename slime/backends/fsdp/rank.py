@@ -298,7 +298,7 @@ class TrainRank:
 
     def save_checkpoint(self, root: str, rollout_id: int, data_cursor: int, *, save_optimizer: str,
                         async_save: bool) -> None:
-        """Every rank writes its shards of the policy and optimizer for the step just taken."""
+        """Every rank writes its shards of the policy, the critic (PPO) and their optimizers."""
         from slime.backends.fsdp import checkpoint as ck
 
         if self._checkpointer is None:  # made on all ranks at once: async makes a process group
@@ -306,7 +306,8 @@ class TrainRank:
                                                  async_save=async_save)
         state = ck.TrainState(step=self.version, rollout_id=rollout_id, data_cursor=data_cursor,
                               weight_version=self.version)
-        self._checkpointer.save(state, self.policy, self.optimizer)
+        self._checkpointer.save(state, self.policy, self.optimizer, critic=self.critic,
+                                critic_optimizer=self.critic_optimizer)
 
     def wait_checkpoint(self) -> None:
         """Block until a background save is written and marked latest."""
@@ -314,13 +315,14 @@ class TrainRank:
             self._checkpointer.wait()
 
     def load_checkpoint(self, root: str, step: int | None, load_optimizer: str) -> dict[str, int] | None:
-        """Restore policy, optimizer and RNG; returns the saved train state (None: nothing saved)."""
+        """Restore policy, critic, optimizers and RNG; returns the saved train state (None: nothing saved)."""
         import dataclasses
 
         from slime.backends.fsdp import checkpoint as ck
 
         state = ck.load(root, self.policy, self.optimizer, step=step,
-                        load_optimizer=load_optimizer)  # type: ignore[arg-type]
+                        load_optimizer=load_optimizer,  # type: ignore[arg-type]
+                        critic=self.critic, critic_optimizer=self.critic_optimizer)
         if state is None:
             return None
         self.version = state.weight_version
