@@ -193,5 +193,17 @@ def test_cli_checks_a_file_as_a_real_process(tmp_path):
     assert bad.stdout == ""
 
 
+def test_the_yaml_check_starts_without_torch_and_the_package_names_still_resolve():
+    # The CLI is a quick pre-flight check: importing the engine package must not pull in
+    # torch through the server (it did: ~1.3 s a call).
+    code = ("import sys, slime.backends.engine.sglang_config; print('torch' in sys.modules); "
+            "import slime.backends.engine as e; print(sorted(e.__all__) == sorted(e._WHERE)); "
+            "print(all(getattr(e, n).__name__ == n for n in e.__all__))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "True"]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", *sys.argv[1:]]))

@@ -11,15 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _gloo import _CTX, run_ranks
+from _gloo import preload, run_ranks
 
 from slime.backends.fsdp.config import TrainerConfig
 from slime.rollout.batch import TrainBatch
 
 NUM_GPUS = 0
-# Ranks fork from a server that imported transformers once; the test process never imports it.
-_CTX.set_forkserver_preload(["torch", "torch.distributed", "transformers",
-                             "transformers.models.qwen2.modeling_qwen2"])
+preload("transformers", "transformers.models.qwen2.modeling_qwen2")
 ESTIMATORS = ("grpo", "ppo", "reinforce_plus_plus")
 
 

@@ -10,11 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from _gloo import _CTX, run_ranks
+from _gloo import preload, run_ranks
 
 NUM_GPUS = 0
-_CTX.set_forkserver_preload(["torch", "torch.distributed", "transformers",
-                             "transformers.models.qwen2.modeling_qwen2"])
+preload("transformers", "transformers.models.qwen2.modeling_qwen2")
 
 
 def scenario(rank, world, tmp):

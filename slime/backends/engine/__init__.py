@@ -72,13 +72,39 @@ HTTP API (JSON bodies; errors are HTTP 400 `{"success": false, "message": ..., "
   "batches_run", "cuda_memory_allocated", "model_path"}`.
 """
 
-from slime.backends.engine.actor import EngineActor, create_engine_actor, engine_device
-from slime.backends.engine.client import EngineClient, EngineError, EngineRequestError, EngineUnavailable
-from slime.backends.engine.router import EngineRouter
-from slime.backends.engine.server import EngineServer
-from slime.backends.engine.sglang_backend import SGLangServer, launch_sglang_server
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The package's names load on first use: `python -m slime.backends.engine.sglang_config`
+# (a YAML check) then starts without importing torch through the server.
+_WHERE = {
+    "EngineActor": "actor", "create_engine_actor": "actor", "engine_device": "actor",
+    "EngineClient": "client", "EngineError": "client", "EngineRequestError": "client",
+    "EngineUnavailable": "client", "EngineRouter": "router", "EngineServer": "server",
+    "SGLangServer": "sglang_backend", "launch_sglang_server": "sglang_backend",
+}
 
 __all__ = [
     "EngineActor", "EngineClient", "EngineError", "EngineRequestError", "EngineRouter", "EngineServer",
     "EngineUnavailable", "SGLangServer", "create_engine_actor", "engine_device", "launch_sglang_server",
 ]
+
+if TYPE_CHECKING:
+    from slime.backends.engine.actor import EngineActor, create_engine_actor, engine_device
+    from slime.backends.engine.client import EngineClient, EngineError, EngineRequestError, EngineUnavailable
+    from slime.backends.engine.router import EngineRouter
+    from slime.backends.engine.server import EngineServer
+    from slime.backends.engine.sglang_backend import SGLangServer, launch_sglang_server
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

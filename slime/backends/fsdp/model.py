@@ -37,7 +37,9 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        values: torch.Tensor = self.head(hidden).squeeze(-1)
+        # A copy, not the squeezed view: FSDP2 hangs its pre-backward hook on the output,
+        # and an in-place op on a view would drop it (FSDP2 warns about a view output).
+        values: torch.Tensor = self.head(hidden).squeeze(-1).clone()
         return values
 
 

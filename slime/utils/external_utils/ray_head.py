@@ -211,6 +211,10 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
+# Seconds a process of the head may outlive `ray start --block` before it is killed.
+ORPHAN_GRACE = 2.0
+
+
 def _raise_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -223,10 +227,21 @@ def stop_head(head: RayHead, proc: subprocess.Popen[bytes], *, grace: float = 15
     with contextlib.suppress(ProcessLookupError):
         os.killpg(head.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
+    orphans_since = None
     while time.monotonic() < deadline:
         seen |= _owned_pids(head.pid, head.token)
-        if not _alive(seen):
+        left = _alive(seen)
+        if not left:
             break
+        if proc.poll() is not None and orphans_since is None:
+            # `ray start` is done with its own shutdown, but a worker whose raylet is gone
+            # can sit for the whole grace before it notices. Every pid here carries this
+            # head's token, so it is ours to stop: SIGTERM now, SIGKILL below if it lingers.
+            orphans_since = time.monotonic()
+            deadline = min(deadline, orphans_since + ORPHAN_GRACE)
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
         time.sleep(0.3)
     for _ in range(3):
         seen |= _owned_pids(head.pid, head.token)
@@ -276,7 +291,7 @@ def _wait_ready(head: RayHead, proc: subprocess.Popen[bytes], timeout: float) ->
                 f"ray head did not answer on {url} within {timeout:.0f} s; "
                 f"last lines of {head.log_path}:\n{_tail(head.log_path)}"
             )
-        time.sleep(1.0)
+        time.sleep(0.2)
 
 
 def _tail(path: Path, lines: int = 30) -> str:
