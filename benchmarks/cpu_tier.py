@@ -10,10 +10,12 @@ For each suite (default: cpu_unit and agent_adapter), on the same files:
               isolation. pytest-xdist is used only here, for comparison; no suite
               needs it (install it by hand: `pip install pytest-xdist`).
 
-    python benchmarks/cpu_tier.py [--suite NAME ...] [--repeat N] [-j N] [--root R]
+    python benchmarks/cpu_tier.py [--suite NAME ...] [--repeat N] [-j N] [--root R] [--files-at REV]
 
 `--root` measures another checkout with its own `ci/suites.py` (e.g. one written by
-`python -m ci import-workflow`).
+`python -m ci import-workflow`). `--files-at REV` keeps only the suite's files that already
+existed at git revision REV (e.g. the 37 cpu_unit files of a8fb8af, when the target was set),
+so a suite that has since grown heavier can be compared with the one first measured.
 
 Prints every wall time, each run's exit status, the load average before and after,
 and the ratios the CPU tiers aim for: prefork <= 1.3 x xdist and <= 0.25 x sequential.
@@ -46,6 +48,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 CHECKOUT = ROOT  # the checkout measured (--root)
+ARGS_REV = ""  # --files-at, for the headings
 
 
 def _timed(argv: Sequence[str]) -> tuple[float, int]:
@@ -66,9 +69,9 @@ def sequential(files: Sequence[str]) -> tuple[float, str]:
     return time.monotonic() - start, f"{len(failed)} files failed" + (f": {', '.join(failed)}" if failed else "")
 
 
-def ours(suite: str, jobs: int, store: Path, *, prefork: bool) -> tuple[float, str]:
+def ours(suite: str, jobs: int, store: Path, files: Sequence[str], *, prefork: bool) -> tuple[float, str]:
     argv = [sys.executable, "-m", "ci", "run", "--suite", suite, "--durations", str(store),
-            "-j", str(jobs), "--root", str(CHECKOUT)]
+            "-j", str(jobs), "--root", str(CHECKOUT), *files]
     seconds, rc = _timed(argv if prefork else [*argv, "--no-prefork"])
     return seconds, f"exit {rc}"
 
@@ -86,18 +89,34 @@ def _load() -> str:
         return "n/a"
 
 
-def bench(suite: str, jobs: int, repeat: int, has_xdist: bool) -> dict[str, float]:
+def files_at(rev: str) -> set[str]:
+    """Paths of the files tracked at `rev` in the measured checkout."""
+    out = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev], cwd=CHECKOUT, capture_output=True,
+                         text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"error: --files-at {rev}: {out.stderr.strip() or 'not a revision'}")
+    return set(out.stdout.split())
+
+
+def bench(suite: str, jobs: int, repeat: int, has_xdist: bool, keep: set[str] | None) -> dict[str, float]:
     files = [e.path for e in resolve(load_registry(CHECKOUT)[suite], discover(CHECKOUT))]
-    print(f"\n{suite}: {len(files)} files, -j {jobs}; load average before: {_load()}")
+    total = len(files)
+    if keep is not None:
+        files = [f for f in files if f in keep]
+    chosen = files if keep is not None else []  # the runner takes the whole suite without paths
+    if not files:
+        raise SystemExit(f"error: {suite} has no file left to measure")
+    print(f"\n{suite}: {len(files)} files" + (f" (of {total}: those at {ARGS_REV})" if keep is not None else "")
+          + f", -j {jobs}; load average before: {_load()}")
     times: dict[str, list[float]] = {way: [] for way in WAYS}
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "durations.json"
-        ours(suite, jobs, store, prefork=True)  # unmeasured: fills the durations store, warms caches
+        ours(suite, jobs, store, chosen, prefork=True)  # unmeasured: fills the durations store, warms caches
         for i in range(repeat):
             runs = {
                 "sequential": lambda: sequential(files),
-                "prefork": lambda: ours(suite, jobs, store, prefork=True),
-                "fresh": lambda: ours(suite, jobs, store, prefork=False),
+                "prefork": lambda: ours(suite, jobs, store, chosen, prefork=True),
+                "fresh": lambda: ours(suite, jobs, store, chosen, prefork=False),
                 "xdist": lambda: xdist(files, jobs) if has_xdist else (float("nan"), "not installed"),
             }
             shown = []
@@ -117,14 +136,18 @@ def main() -> int:
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                         help="parallelism of ours and of xdist (default: CPU count)")
     parser.add_argument("--root", type=Path, default=ROOT, help="checkout to measure (default: this one)")
+    parser.add_argument("--files-at", metavar="REV",
+                        help="measure only the suite's files that existed at this git revision")
     args = parser.parse_args()
-    global CHECKOUT  # noqa: PLW0603 - set once, from the command line
+    global CHECKOUT, ARGS_REV  # noqa: PLW0603 - set once, from the command line
     CHECKOUT = args.root.resolve()
+    ARGS_REV = args.files_at or ""
+    keep = files_at(args.files_at) if args.files_at else None
     has_xdist = importlib.util.find_spec("xdist") is not None
     if not has_xdist:
         print("pytest-xdist is not installed: the xdist column is skipped (pip install pytest-xdist)")
     print(f"{os.cpu_count()} cores, python {sys.version.split()[0]}")
-    medians = {suite: bench(suite, args.jobs, args.repeat, has_xdist)
+    medians = {suite: bench(suite, args.jobs, args.repeat, has_xdist, keep)
                for suite in args.suite or ["cpu_unit", "agent_adapter"]}
     print(f"\n{'suite':<14}" + "".join(f"{way:>12}" for way in WAYS)
           + f"{'pf/xdist':>10}{'pf/seq':>8}{'pf/fresh':>10}")
