@@ -192,5 +192,40 @@ def test_a_private_head_dies_with_the_process_that_started_it(tmp_path, sig):
     assert _alive(_owned(token)) == [] and _alive([int(leader)]) == []
 
 
+@pytest.mark.parametrize("ignores_sigterm", [False, True])
+def test_a_process_of_the_head_left_behind_its_raylet_is_stopped_in_seconds(tmp_path, ignores_sigterm):
+    """A Ray worker whose raylet is gone can linger for the whole grace before it notices.
+    Once `ray start` has exited, what is left of the head (found by its token) gets SIGTERM,
+    then SIGKILL after ORPHAN_GRACE: the stop takes seconds, not the 15 s grace."""
+    import signal
+    import subprocess
+    import time
+
+    from slime.utils.external_utils import ray_head as RH
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("SLIME_CI_PORT_BASE", None)
+    record = []
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)" \
+        if ignores_sigterm else "import time; time.sleep(600)"
+    with RH.private_head(num_gpus=0, env=env, record=record) as head:
+        # Its own session: the signal to the head's group does not reach it, as for such a worker.
+        straggler = subprocess.Popen([sys.executable, "-c", code], env={**env, RH.OWNER_VAR: head.token},
+                                     start_new_session=True)
+        started = time.monotonic()
+    stopped_in = time.monotonic() - started
+    try:
+        (rec,) = record
+        assert straggler.pid in rec.pids
+        status = straggler.wait(timeout=5)
+        assert status == (-signal.SIGKILL if ignores_sigterm else -signal.SIGTERM)
+        assert stopped_in < 10, f"the head took {stopped_in:.1f} s to stop"
+        assert _alive(rec.pids) == []
+    finally:
+        if straggler.poll() is None:
+            straggler.kill()
+            straggler.wait()
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
