@@ -251,7 +251,8 @@ def main(argv: Sequence[str]) -> int:
         pytest_args=(*(("-k", args.keyword) if args.keyword else ()), *opts.pytest_args),
         filtering=bool(args.keyword), retries=args.retries,
         infinite=_bool_env(env, "SLIME_TEST_ENABLE_INFINITE_RUN"),
-        keep_outputs=args.keep_outputs, backend=backend, prefork=_prefork_policy(opts),
+        keep_outputs=args.keep_outputs, backend=backend,
+        prefork=_prefork_policy(opts, files=len(entries), jobs=jobs),
     )
     if args.dry_run:
         _print_plan(opts, entries, cfg, log)
@@ -284,13 +285,19 @@ def main(argv: Sequence[str]) -> int:
     return interrupts.exit_code(code)
 
 
-def _prefork_policy(opts: Options) -> Policy:
+# A suite's own preload costs each worker seconds once and saves each file that uses it a
+# little: it pays only when every worker forks several files.
+SUITE_PRELOAD_MIN_FILES_PER_WORKER = 4
+
+
+def _prefork_policy(opts: Options, *, files: int, jobs: int) -> Policy:
     """Pre-imported workers for CPU suites; fresh interpreters where forking is wrong."""
     suite = opts.suite
     off = ("GPU suite: CUDA must never be initialised before a fork" if suite.needs_gpus
            else "the suite opted out in the registry" if not suite.prefork
            else "--no-prefork" if opts.args.no_prefork else "")
-    preload = tuple(dict.fromkeys((*BASE_PRELOAD, *suite.preload)))
+    extra = suite.preload if files >= SUITE_PRELOAD_MIN_FILES_PER_WORKER * jobs else ()
+    preload = tuple(dict.fromkeys((*BASE_PRELOAD, *extra)))
     return Policy(preload=() if off else preload, off=off)
 
 

@@ -262,6 +262,23 @@ def test_a_worker_with_a_thread_refuses_to_fork_and_the_file_runs_fresh(tmp_path
     assert "ci/prefork.py" not in " ".join((tmp_path / "me").read_text().split()[5:])
 
 
+def test_the_suite_s_preload_is_used_only_when_each_worker_forks_several_files(tmp_path):
+    files = {f"tests/test_{i}.py": code("import pytest\nNUM_GPUS = 0\ndef test_a():\n    pass\n") for i in range(8)}
+    write(tmp_path, {
+        "ci/suites.py": """
+            from ci.suites import Suite
+            SUITES = (Suite(name="cpu_unit", tier="cpu", purpose="p", profile="cpu", include=("tests",),
+                            preload=("json", "decimal")),)
+        """,
+        **files,
+    })
+    line = "  pytest files fork from pre-imported workers ({}) unless marked fresh"
+    full = _run(tmp_path, "--dry-run", "-j", "2")  # 8 files on 2 workers: 4 forks each
+    assert line.format("pytest, numpy, torch, json, decimal") in full.stdout.splitlines(), full.stdout
+    few = _run(tmp_path, "--dry-run", "-j", "2", "tests/test_0.py", "tests/test_1.py", "tests/test_2.py")
+    assert line.format("pytest, numpy, torch") in few.stdout.splitlines(), few.stdout
+
+
 def test_dry_run_shows_how_each_entry_starts(tmp_path):
     write(tmp_path, {
         "ci/suites.py": """
