@@ -175,7 +175,8 @@ class _Zygote:
         os.close(req_r)
         os.close(ev_w)
         self.pid, self.requests, self.events = pid, req_w, ev_r
-        self.exited: dict[int, int] = {}
+        self.exited: dict[int, int] = {}  # rank pid -> exit code, as the zygote reaped it
+        self._started = 0  # pid of the rank the last request forked
 
     def _read_event(self, timeout: float) -> bool:
         ready, _, _ = select.select([self.events], [], [], timeout)
