@@ -255,8 +255,10 @@ def test_a_worker_with_a_thread_refuses_to_fork_and_the_file_runs_fresh(tmp_path
     def test_one():
         report({str(tmp_path / "me")!r})
     """),
+        # Enough files for one worker to take the suite's preload (four forks a worker).
+        **{f"tests/test_more_{i}.py": code("NUM_GPUS = 0\ndef test_a():\n    pass\n") for i in range(3)},
     })
-    proc = _run(tmp_path)
+    proc = _run(tmp_path, "-j", "1")
     assert proc.returncode == 0, proc.stdout
     assert "pre-imported worker refused to fork (2 Python threads in the worker)" in proc.stdout
     assert "ci/prefork.py" not in " ".join((tmp_path / "me").read_text().split()[5:])
