@@ -56,18 +56,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="max per-token |engine - trainer| log-prob in bf16 (default 0.15)")
     p.add_argument("--bf16-logprob-mean-tol", type=float, default=None, help="mean of it (default 0.02)")
     p.add_argument("--resume-atol", type=float, default=None,
-                   help=f"resume vs uninterrupted run (default 0 = bitwise on CPU, {CUDA_RESUME_ATOL:g} on CUDA)")
+                   help=f"resume vs the uninterrupted run (default 0, bitwise, on CPU; "
+                        f"{CUDA_RESUME_ATOL:g} on CUDA)")
     p.add_argument("--min-tokens-per-s", type=float, default=0.0, help="fail below this generation speed")
     p.add_argument("--min-steps-per-s", type=float, default=0.0, help="fail below this training speed")
     return p.parse_args(argv)
 
 
 def check_input(args: argparse.Namespace) -> None:
-    import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise BadInput(f"--device cuda: torch {torch.__version__} sees no CUDA device "
-                       f"(built for CUDA {torch.version.cuda}); run on a GPU machine or pass --device cpu")
     if args.steps < 2:
         raise BadInput(f"--steps {args.steps}: at least 2 (one before the checkpoint, one after it)")
     for name in ("prompts", "samples_per_prompt"):
@@ -83,6 +79,11 @@ def check_input(args: argparse.Namespace) -> None:
             raise BadInput(f"--{name.replace('_', '-')} must be >= 0, got {value}")
     if args.json is not None and args.json.is_dir():
         raise BadInput(f"--json {args.json} is a directory; name a file")
+    import torch  # last: a mistyped option is answered without the seconds torch takes to import
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise BadInput(f"--device cuda: torch {torch.__version__} sees no CUDA device "
+                       f"(built for CUDA {torch.version.cuda}); run on a GPU machine or pass --device cpu")
 
 
 def limits_for(args: argparse.Namespace, fp32_tol: float):  # -> judge.Limits

@@ -67,9 +67,9 @@ def judge_logprobs(f: Mapping[str, Any], limits: Limits, device: str) -> Verdict
     """Per dtype: the gap within tolerance, tensors on the device, the dtype asked for."""
     fails: list[str] = []
     parts = []
-    for dtype, tol_max, tol_mean, want in (("fp32", limits.fp32_logprob, limits.fp32_logprob, "torch.float32"),
-                                           ("bf16", limits.bf16_logprob_max, limits.bf16_logprob_mean,
-                                            "torch.bfloat16")):
+    cases = (("fp32", limits.fp32_logprob, limits.fp32_logprob, "torch.float32"),
+             ("bf16", limits.bf16_logprob_max, limits.bf16_logprob_mean, "torch.bfloat16"))
+    for dtype, tol_max, tol_mean, want in cases:
         d = f.get(dtype)
         if not isinstance(d, Mapping):
             fails.append(f"{dtype}: no figures")
@@ -111,7 +111,8 @@ def judge_grpo(f: Mapping[str, Any], limits: Limits, expected_steps: int) -> Ver
                      f"{f.get('trainer_version')}")
     gap = f.get("refit_gap", {}).get("gap_max", math.nan)
     if not (_finite(gap) and gap <= limits.fp32_logprob):
-        fails.append(f"after the last refit max |engine - trainer| log-prob {gap:.3e} > {limits.fp32_logprob:g}")
+        fails.append(f"after the last refit max |engine - trainer| log-prob {gap:.3e} > "
+                     f"{limits.fp32_logprob:g}")
     gains = f.get("surrogate_gains", [])
     if not gains or not (_finite(gains[0]) and gains[0] > 0):
         fails.append(f"step 0 did not raise the advantage-weighted log-prob (gain "
@@ -201,11 +202,12 @@ def judge_resume(f: Mapping[str, Any], limits: Limits) -> Verdict:
         bad = {k: v for k, v in d.items() if not v <= atol}
         if bad:
             fails.append(f"resumed step {i}: {', '.join(f'{k} differs by {v:.3e}' for k, v in bad.items())}")
-    held = "bitwise" if f.get("weights_bitwise") else f"within {atol:g}"
+    bitwise = bool(f.get("weights_bitwise"))
+    held = "bitwise" if bitwise else f"within {atol:g}"
     return Verdict(name="resume", ok=not fails,
                    summary=f"from step {f.get('resumed_from_step')}: weights max |diff| {diff:.2e} ({held})",
                    failures=tuple(fails),
-                   note=f"tolerance {atol:g}; {'bitwise equality held' if f.get('weights_bitwise') else 'not bitwise'}")
+                   note=f"tolerance {atol:g}; {'bitwise equality held' if bitwise else 'not bitwise'}")
 
 
 def judge_timings(f: Mapping[str, Any], limits: Limits) -> Verdict:
@@ -223,9 +225,10 @@ def judge_timings(f: Mapping[str, Any], limits: Limits) -> Verdict:
         if _finite(f.get(key)) and f[key] < floor:
             fails.append(f"{key} {f[key]:.1f} < the floor {floor:g}")
     peak = f.get("peak_bytes")
-    summary = (f"gen {_num(f.get('gen_tokens_per_s_fp32'))} tok/s fp32, {_num(f.get('gen_tokens_per_s_bf16'))} "
-               f"bf16; train {_num(f.get('train_steps_per_s'), '.2f')} steps/s; peak "
-               f"{peak / 2**20:.1f} MiB" if _finite(peak) else "peak not measured")
+    peak_mib = f"{peak / 2**20:.1f} MiB" if _finite(peak) else "not measured"
+    summary = (f"gen {_num(f.get('gen_tokens_per_s_fp32'))} tok/s fp32, "
+               f"{_num(f.get('gen_tokens_per_s_bf16'))} bf16; "
+               f"train {_num(f.get('train_steps_per_s'), '.2f')} steps/s; peak {peak_mib}")
     return Verdict(name="timings", ok=not fails, summary=summary, failures=tuple(fails),
                    note=str(f.get("peak_kind", "")))
 

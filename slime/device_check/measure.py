@@ -204,7 +204,8 @@ def check_logprobs(state: _State) -> dict[str, Any]:
             out[name] = figures
     finally:
         half.close()
-    out["trainer_off_device_params"] = sum(p.device.type != device.type for p in state.rank.policy.parameters())
+    out["trainer_off_device_params"] = sum(p.device.type != device.type
+                                           for p in state.rank.policy.parameters())
     return out
 
 

@@ -44,7 +44,8 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def document(verdicts: Sequence[Verdict], figures: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+def document(verdicts: Sequence[Verdict], figures: Mapping[str, Any],
+             options: Mapping[str, Any]) -> dict[str, Any]:
     """Everything measured and decided: `ok`, per-check verdicts, the figures, the options used."""
     return _plain({
         "ok": all(v.ok for v in verdicts),
