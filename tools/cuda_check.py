@@ -27,6 +27,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # Runnable as `python tools/cuda_check.py` from anywhere: the repository root holds `slime`.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,6 +36,10 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 # On CUDA a resumed run may differ in the last bits where a kernel has no deterministic variant.
 CUDA_RESUME_ATOL = 1e-5
 CUDA_PROBE_LOGPROB_TOL = 1e-6
+
+
+if TYPE_CHECKING:
+    from slime.device_check.judge import Limits
 
 
 class BadInput(Exception):
@@ -86,7 +91,8 @@ def check_input(args: argparse.Namespace) -> None:
                        f"(built for CUDA {torch.version.cuda}); run on a GPU machine or pass --device cpu")
 
 
-def limits_for(args: argparse.Namespace, fp32_tol: float):  # -> judge.Limits
+def limits_for(args: argparse.Namespace, fp32_tol: float) -> Limits:
+
     from slime.device_check.judge import Limits
 
     cuda = args.device == "cuda"
@@ -111,8 +117,8 @@ def main(argv: list[str]) -> int:
     from slime.device_check import judge, measure, report
     from slime.utils.arguments import build_parser
 
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     measure.prepare_process(args.device)
     opts = measure.Options(device=args.device, steps=args.steps, prompts=args.prompts,
                            samples_per_prompt=args.samples_per_prompt, warmup_steps=args.warmup_steps,

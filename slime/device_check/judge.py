@@ -224,7 +224,7 @@ def judge_timings(f: Mapping[str, Any], limits: Limits) -> Verdict:
                        ("train_steps_per_s", limits.min_steps_per_s)):
         if _finite(f.get(key)) and f[key] < floor:
             fails.append(f"{key} {f[key]:.1f} < the floor {floor:g}")
-    peak = f.get("peak_bytes")
+    peak: Any = f.get("peak_bytes")
     peak_mib = f"{peak / 2**20:.1f} MiB" if _finite(peak) else "not measured"
     summary = (f"gen {_num(f.get('gen_tokens_per_s_fp32'))} tok/s fp32, "
                f"{_num(f.get('gen_tokens_per_s_bf16'))} bf16; "

@@ -171,9 +171,15 @@ def _rollout(state: _State, client: Any, rollout_id: int) -> Any:
                              weight_version=int(version))
 
 
-def _gaps(trainer: list[list[float]], rollout: Any) -> dict[str, float]:
+def _gaps(trainer: list[list[float]], rollout: Any) -> dict[str, Any]:
     diffs = [abs(a - b) for t, r in zip(trainer, rollout, strict=True) for a, b in zip(t, r, strict=True)]
     return {"gap_max": max(diffs), "gap_mean": sum(diffs) / len(diffs), "tokens": len(diffs)}
+
+
+def _weights_to(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.data.to(dtype)
 
 
 def check_logprobs(state: _State) -> dict[str, Any]:
@@ -186,8 +192,9 @@ def check_logprobs(state: _State) -> dict[str, Any]:
                            "ci_logprob_tol": state.args.ci_logprob_tol}
     engines = {"fp32": state.engine}
     half = Engine(state.model_dir, device=state.opts.device, seed=state.opts.seed)
-    # The engine's own worker casts its model (weights, and so the KV cache it fills) to bf16.
-    half.call(lambda: half.model.to(torch.bfloat16))
+    # The engine's own worker casts its weights, and so the KV cache it fills, to bf16. Buffers
+    # (the rotary frequencies) stay fp32, as a serving engine keeps them.
+    half.call(lambda: _weights_to(half.model, torch.bfloat16))
     engines["bf16"] = half
     try:
         for name, engine in engines.items():

@@ -47,13 +47,14 @@ def _plain(x: Any) -> Any:
 def document(verdicts: Sequence[Verdict], figures: Mapping[str, Any],
              options: Mapping[str, Any]) -> dict[str, Any]:
     """Everything measured and decided: `ok`, per-check verdicts, the figures, the options used."""
-    return _plain({
+    doc: dict[str, Any] = _plain({
         "ok": all(v.ok for v in verdicts),
         "checks": {v.name: {"title": v.title, "ok": v.ok, "summary": v.summary, "note": v.note,
                             "failures": list(v.failures)} for v in verdicts},
         "figures": figures,
         "options": options,
     })
+    return doc
 
 
 def write_json(path: Path, doc: Mapping[str, Any]) -> None:
