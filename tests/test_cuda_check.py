@@ -102,6 +102,10 @@ def _break_gain(f):
     f["grpo"]["surrogate_gains"][0] = -1e-3
 
 
+def _break_backend(f):
+    f["env"]["backend"] = "nccl"
+
+
 def _break_release(f):
     f["sleep"]["released"]["engine_bytes"] = 4096
 
@@ -123,6 +127,7 @@ BREAKS = [
     (_break_bf16_dtype, "logprobs", "bf16: engine weights are ['torch.float32'], expected [torch.bfloat16]"),
     (_break_refit, "grpo", "step 2: engines at {'local://actor-0': '2'} after refit, trainer at 3"),
     (_break_gain, "grpo", "step 0 did not raise the advantage-weighted log-prob"),
+    (_break_backend, "grpo", "the trainer's process group runs nccl, expected gloo on cpu"),
     (_break_release, "sleep", "released engine still holds 4096 bytes on cpu"),
     (_break_probe, "sleep", "probe 1: tokens"),
     (_break_resume, "resume", "final weights differ from the uninterrupted run by up to 1.000e-07 (> 0)"),

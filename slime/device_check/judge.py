@@ -93,9 +93,13 @@ def judge_logprobs(f: Mapping[str, Any], limits: Limits, device: str) -> Verdict
                         f"{limits.bf16_logprob_max:g} max / {limits.bf16_logprob_mean:g} mean")
 
 
-def judge_grpo(f: Mapping[str, Any], limits: Limits, expected_steps: int) -> Verdict:
+def judge_grpo(f: Mapping[str, Any], limits: Limits, expected_steps: int, *, device: str = "cpu",
+               backend: str | None = None) -> Verdict:
     """Every step ran and held --ci-test; refits landed; the first step followed the advantages."""
     fails: list[str] = []
+    want_backend = "nccl" if device == "cuda" else "gloo"
+    if backend is not None and backend != want_backend:
+        fails.append(f"the trainer's process group runs {backend}, expected {want_backend} on {device}")
     if f.get("invariant"):
         fails.append(f["invariant"])
     steps: Sequence[Mapping[str, Any]] = f.get("steps", [])
@@ -239,14 +243,15 @@ def _num(x: Any, spec: str = ".0f") -> str:
 
 def judge_all(figures: Mapping[str, Any], limits: Limits, *, device: str, steps: int) -> list[Verdict]:
     """One verdict per check, in order; a setup that failed fails every check it prevented."""
+    env = figures.get("env", {})
+    backend = env.get("backend")
     judges: dict[str, Callable[[Mapping[str, Any]], Verdict]] = {
         "logprobs": lambda f: judge_logprobs(f, limits, device),
-        "grpo": lambda f: judge_grpo(f, limits, steps),
+        "grpo": lambda f: judge_grpo(f, limits, steps, device=device, backend=backend),
         "sleep": lambda f: judge_sleep(f, limits, device),
         "resume": lambda f: judge_resume(f, limits),
         "timings": lambda f: judge_timings(f, limits),
     }
-    env = figures.get("env", {})
     out = []
     for name, judge in judges.items():
         f = figures.get(name)

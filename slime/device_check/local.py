@@ -8,6 +8,7 @@ Requests still go through the wire format of `/generate` (`api.parse_generate` a
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -154,8 +155,9 @@ def trainer_log_probs(rank: Any, batch: Any, autocast: torch.dtype | None = None
 
     device = torch.device(rank.device)
     out: dict[int, list[float]] = {}
-    with torch.no_grad(), torch.autocast(device.type, dtype=autocast or torch.float32,
-                                         enabled=autocast is not None):
+    mixed = (torch.autocast(device.type, dtype=autocast) if autocast is not None
+             else contextlib.nullcontext())
+    with torch.no_grad(), mixed:
         for mb in rank._my_micro_batches(batch):
             logp, _ = M.response_log_probs(rank._logits(rank.policy, mb), mb, 1.0)
             for row, i in enumerate(mb.indices):
