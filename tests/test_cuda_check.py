@@ -184,5 +184,15 @@ def test_cuda_asked_for_where_there_is_none_exits_2():
     assert "\n" not in line and "sees no CUDA device" in line and "--device cpu" in line, line
 
 
+def test_a_missing_package_exits_2_naming_it(tmp_path):
+    # A GPU box without transformers: one line naming it, not an ImportError traceback.
+    (tmp_path / "transformers.py").write_text('raise ImportError("absent", name="transformers")\n')
+    proc = subprocess.run([sys.executable, str(TOOL), "--device", "cpu"], capture_output=True, text=True,
+                          timeout=120, env={**ENV, "PYTHONPATH": str(tmp_path)}, cwd=ROOT)
+    assert proc.returncode == 2
+    line = proc.stderr.strip()
+    assert "\n" not in line and "cannot import transformers" in line, line
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -17,7 +17,7 @@ checks on the device, prints one table and, with `--json OUT`, writes every figu
 5. timings: generation tokens/s, training steps/s, peak memory.
 
 Exit status: 0 every check held, 1 a check failed (the table says which and why), 2 bad input
-(such as `--device cuda` where torch sees no CUDA device), 130 interrupted.
+(such as `--device cuda` where torch sees no CUDA device, or a missing package), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -108,14 +108,18 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     try:
         check_input(args)
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        from transformers.utils import logging as hf_logging
+
+        from slime.device_check import judge, measure, report
+        from slime.utils.arguments import build_parser
     except BadInput as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from transformers.utils import logging as hf_logging
-
-    from slime.device_check import judge, measure, report
-    from slime.utils.arguments import build_parser
+    except ImportError as exc:
+        print(f"error: cannot import {exc.name or exc}; cuda_check needs torch, transformers, tokenizers "
+              "and safetensors in this Python", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
