@@ -173,6 +173,15 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, says):
     assert not out.exists()
 
 
+def test_dry_run_names_device_sizes_and_tolerances_and_runs_nothing(tmp_path):
+    out = tmp_path / "out.json"
+    proc = _run("--device", "cpu", "--dry-run", "--json", str(out), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "would run on cpu (process group gloo, world size 1)" in proc.stdout
+    assert "fp32_logprob=0.001" in proc.stdout and "resume_atol=0.0" in proc.stdout
+    assert not out.exists() and "step 0" not in proc.stdout
+
+
 def test_cuda_asked_for_where_there_is_none_exits_2():
     import torch
 

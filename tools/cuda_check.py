@@ -65,6 +65,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         f"{CUDA_RESUME_ATOL:g} on CUDA)")
     p.add_argument("--min-tokens-per-s", type=float, default=0.0, help="fail below this generation speed")
     p.add_argument("--min-steps-per-s", type=float, default=0.0, help="fail below this training speed")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the device, sizes and tolerances this run would use, and stop")
     return p.parse_args(argv)
 
 
@@ -130,6 +132,11 @@ def main(argv: list[str]) -> int:
     # fp32 is held to exactly what --ci-test allows a training run: the trainer parser's default.
     fp32_tol = build_parser().get_default("ci_logprob_tol")
     limits = limits_for(args, fp32_tol)
+    if args.dry_run:
+        print(f"would run on {args.device} (process group {'nccl' if args.device == 'cuda' else 'gloo'}, "
+              f"world size 1): {opts}", flush=True)
+        print(f"tolerances: {limits}", flush=True)
+        return EXIT_OK
     start = time.perf_counter()
     figures = measure.measure(opts)
     figures["total_seconds"] = time.perf_counter() - start
