@@ -262,13 +262,13 @@ def _progress(row: Mapping[str, Any]) -> str:
             f"lag {row.get('lag', 0)} | {row['seconds']:.1f} s")
 
 
-def _check(run: Run, row: Mapping[str, Any], step: int, *, on_policy: bool) -> None:
+def _check(run: Run, row: Mapping[str, Any], step: int, *, on_policy: bool, untrained: bool) -> None:
     args = run.args
     if "ci/grad_norm_mismatch" in row:  # --ci-load-grad-norm: a replayed step left the tolerance
         raise inv.InvariantViolation(f"grad-norm replay failed at {row['ci/grad_norm_mismatch']}")
     if not args.ci_test:
         return
-    if step == 0:
+    if untrained:  # the first step of a fresh run; a resumed run's policy has left the reference
         inv.check_step0(row)
     inv.check_sane(row, step)
     if on_policy:
@@ -302,7 +302,7 @@ def run_sync(run: Run) -> None:
         version_before = run.trainer.version()
         lag = version_before - batch.weight_version if run.engines is not None else 0
         row = train_step(run, batch, step)
-        _check(run, row, step, on_policy=run.engines is not None)
+        _check(run, row, step, on_policy=run.engines is not None, untrained=version_before == 0)
         if run.engines is not None:
             row.update(refit(run, step))
         _finish_row(run, row, batch, step, rollout_id, start, lag)
@@ -324,7 +324,8 @@ def run_async(run: Run) -> None:
             gen_start = time.time()
             if step + 1 < len(ids):
                 pending = pool.submit(make_batch, run, ids[step + 1])
-            lag = run.trainer.version() - batch.weight_version
+            version_before = run.trainer.version()
+            lag = version_before - batch.weight_version
             if args.ci_test and step > 0:
                 inv.check_lag(lag, 1, step)
             row = train_step(run, batch, step)
@@ -333,7 +334,7 @@ def run_async(run: Run) -> None:
                 gen_end = time.time()
                 row["async/overlap_seconds"] = max(0.0, min(gen_end, row["train/end"]) -
                                                    max(gen_start, row["train/start"]))
-            _check(run, row, step, on_policy=lag == 0)
+            _check(run, row, step, on_policy=lag == 0, untrained=version_before == 0)
             row.update(refit(run, step))
             _finish_row(run, row, batch, step, rollout_id, start, lag)
             ckpt.maybe_save(run, rollout_id, in_flight=int(step + 1 < len(ids)))
