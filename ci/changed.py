@@ -103,8 +103,9 @@ def _require_git() -> None:
     except ModuleNotFoundError as exc:
         if exc.name != "git":
             raise
-        raise UsageError("GitPython is not installed: install the `git` profile "
-                         "(pip install -e '.[git]'), or run `nox -s changed`") from None
+        # The toolkit's own extra: right in any repository (it never installs a framework).
+        raise UsageError("GitPython is not installed: pip install 'slime-ci[git]' "
+                         "(or pip install GitPython)") from None
     except ImportError as exc:  # GitPython present, but no git executable on PATH
         raise UsageError(f"cannot use git ({exc}); install git and "
                          f"`pip install GitPython`") from None

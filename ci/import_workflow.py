@@ -111,8 +111,12 @@ def _literal(node: Any, names: Mapping[str, Any], *, source: str) -> Any:
 
 def parse_template(text: str, *, source: str = "pr-test.yml.j2") -> tuple[dict[str, Any], Any]:
     """The top-level `set` statements of the template, evaluated; and the `jobs` assignment node."""
-    import jinja2
-    from jinja2 import nodes
+    try:
+        import jinja2
+        from jinja2 import nodes
+    except ModuleNotFoundError:
+        raise UsageError("Jinja2 is not installed (it parses the template): "
+                         "pip install 'slime-ci[adopt]' (or pip install jinja2)") from None
 
     env = jinja2.Environment(**DELIMITERS)  # type: ignore[arg-type,unused-ignore]
     try:
