@@ -31,6 +31,7 @@ from ci.triggers import (
     pr_terms,
     table,
 )
+from ci.u_files import generated as u_generated
 
 COMMAND = "python -m ci workflows"
 # Every generated file carries this marker; a file that has it but is no longer
@@ -453,7 +454,7 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     root: Path = args.root if args.root is not None else find_root(Path.cwd().resolve())
     jobs = table(load_registry(root).suites)
-    changes = drift(root, {**render(jobs), **readme(root, jobs)})
+    changes = drift(root, {**render(jobs), **readme(root, jobs), **u_generated(root)})
     if args.check or args.dry_run:
         for d in changes:
             sys.stdout.write(d.diff())
