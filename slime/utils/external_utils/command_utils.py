@@ -642,11 +642,12 @@ def _materialize(snapshot: Path, local_dir: Path) -> None:
 
 
 def _hf_command(env: Mapping[str, str]) -> str | None:
-    """The `hf` CLI (beside this interpreter first, then on PATH); None when offline or absent."""
+    """The `hf` CLI on PATH (as the original's shell found it), else beside this interpreter;
+    None when offline or absent."""
     if get_bool_env_var("HF_HUB_OFFLINE", env=env):
         return None  # offline, the snapshot must come from the hub cache (see _hf_download)
     beside = Path(sys.executable).parent / "hf"
-    return str(beside) if beside.is_file() else shutil.which("hf", path=env.get("PATH"))
+    return shutil.which("hf", path=env.get("PATH")) or (str(beside) if beside.is_file() else None)
 
 
 def hf_download_dataset(full_name: str, *, revision: str | None = None,
