@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
@@ -264,7 +264,14 @@ def _entry_code(entry: MatrixEntry, *, gpu_job: bool, cores: int) -> str:
     return f"Entry({', '.join(parts)})"
 
 
-def build(matrix: Matrix, root: Path, *, template: str) -> Imported:
+def default_profile(job: MatrixJob) -> str:
+    """The install profile of a job's suite in this toolkit's own terms."""
+    return ("agent" if "agent" in job.name else "cpu") if job.cpu else "e2e"
+
+
+def build(matrix: Matrix, root: Path, *, template: str,
+          profile_of: Callable[[MatrixJob], str] = default_profile, tail: Sequence[str] = (),
+          extra_suites: Sequence[str] = ()) -> Imported:
     """The `ci/suites.py` text for the checkout at root, and the findings against its files."""
     files = discover(root)
     findings = list(matrix.notes)
@@ -334,7 +341,7 @@ def build(matrix: Matrix, root: Path, *, template: str) -> Imported:
             entries_code = const
         else:
             entries_code = "(\n" + "".join(f"            {b}\n" for b in body) + "        )" if body else "()"
-        profile = ("agent" if "agent" in job.name else "cpu") if job.cpu else "e2e"
+        profile = profile_of(job)
         label = None if job.always else job.label
         purpose = f"{job.name} of {template}: {len(kept)} entries"
         if job.extra_pip_deps:
@@ -345,7 +352,7 @@ def build(matrix: Matrix, root: Path, *, template: str) -> Imported:
             args.append(f"image={(job.image or FRAMEWORK_IMAGE)!r}")
         args += [f"entries={entries_code}", f"timeout={CPU_TIMEOUT if job.cpu else GPU_TIMEOUT!r}"]
         suites_code.append("    Suite(\n" + "".join(f"        {a},\n" for a in args) + "    ),")
-    lines += ["SUITES: tuple[Suite, ...] = (", *suites_code, ")", ""]
+    lines += ["SUITES: tuple[Suite, ...] = (", *suites_code, *extra_suites, ")", "", *tail]
     return Imported(text="\n".join(lines), findings=tuple(findings), suites=len(matrix.jobs), entries=total)
 
 
