@@ -114,7 +114,8 @@ def _profile_name(job: MatrixJob) -> str:
     return f"{suite_name(job.name)}" if job.extra_pip_deps else "cpu"
 
 
-def registry_text(root: Path, template_text: str, body: Body, spec: str) -> tuple[str, list[str], dict[str, str]]:
+def registry_text(root: Path, template_text: str, body: Body,
+                  spec: str) -> tuple[str, list[str], dict[str, str]]:
     """(the registry file, the import's findings, suite -> original job name)."""
     matrix = read_matrix(template_text, source=TEMPLATE)
     job_ids = {suite_name(j.name): j.name for j in matrix.jobs}
@@ -134,7 +135,8 @@ def registry_text(root: Path, template_text: str, body: Body, spec: str) -> tupl
             "        image='slimerl/slime:latest',\n        dynamic=True,\n        timeout=3600.0,\n    ),")
     host_env = {}
     for host, inside in body.mounts:
-        host_env[MOUNT_VARS.get(inside, "SLIME_CI_DATA_DIR")] = host if inside in MOUNT_VARS else f"{host}:{inside}"
+        var = MOUNT_VARS.get(inside, "SLIME_CI_DATA_DIR")
+        host_env[var] = host if inside in MOUNT_VARS else f"{host}:{inside}"
     suite_env = {"GITHUB_COMMIT_NAME": body.commit_name} if body.commit_name else {}
     workflow = {
         "title": body.title, "python": body.python, "hosted_runner": [body.hosted_runner],

@@ -53,7 +53,7 @@ def _top_levels(dist: md.Distribution) -> set[str]:
         if first.endswith((".dist-info", ".egg-info")) or first == "..":
             names.add(first)
             continue
-        names.add(first.removesuffix(".py") if len(f.parts) == 1 else first)
+        names.add(first)  # a package directory, or a single-file module (`py.py`)
     return {n for n in names if n not in ("__pycache__", "bin")}
 
 
@@ -88,7 +88,7 @@ def fresh_venv(path: Path, wheel: Path, *, deps: tuple[str, ...] = ()) -> Path:
     for dist in _closure(list(deps)).values():
         base = Path(str(dist.locate_file("")))
         for top in _top_levels(dist):
-            if top in ("ci", "slime"):
+            if top.removesuffix(".py") in ("ci", "slime"):
                 raise AssertionError(f"dependency {dist.metadata['Name']} would bring {top}/")
             source = base / top
             if source.exists() and not (linked / top).exists():
