@@ -93,7 +93,7 @@ def read_suites(path: Path) -> tuple[Suite, ...] | None:
 def read_registry(path: Path) -> Registry | None:
     """The registry a file declares (SUITES, and WORKFLOW / PROFILES / HOST_ENV when set)."""
     if path.resolve() == Path(suites_module.__file__ or "").resolve():
-        return Registry(suites=SUITES)  # this toolkit's own registry, already imported
+        return Registry(suites=SUITES, source=path)  # this toolkit's own registry, already imported
     module = _execute(path)
     suites = getattr(module, "SUITES", None)
     if suites is None:

@@ -8,14 +8,12 @@ installs (`--no-venv --no-install`), in that venv; what they would install is te
 """
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from _ci import REPO
 from _wheel import add_to_path, build_wheel, fresh_venv
 
 NUM_GPUS = 0
