@@ -22,7 +22,7 @@ from typing import TypeAlias
 from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
 from ci.registry import REGISTRY_PATHS, Registry, load_registry, registry_path
-from ci.style import Style
+from ci.style import NOX_VERSION, Style
 from ci.suites import JOB_MINUTES
 from ci.triggers import (
     BASE_BRANCH,
@@ -49,6 +49,7 @@ CACHE_RESTORE = ("actions/cache/restore", "27d5ce7f107fe9357f9df03efb73ab90386fc
 CACHE_SAVE = ("actions/cache/save", "27d5ce7f107fe9357f9df03efb73ab90386fccae", "v5.0.5")
 DURATIONS_KEY = "slime-ci-durations"
 PYTHON_VERSION = Style().python
+__all__ = ["NOX_VERSION", "PYTHON_VERSION"]  # the pins the workflow tests read from here
 # Hosted runners resolve the pinned torch to its CPU wheel from this index (see pyproject).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 LINT_JOB_MINUTES = 15
