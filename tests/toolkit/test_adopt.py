@@ -8,6 +8,7 @@ installs (`--no-venv --no-install`), in that venv; what they would install is te
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -197,6 +198,20 @@ def test_adopt_again_changes_nothing_and_bad_input_writes_nothing(adopted, toolk
     bad = _run(toolkit, "slime-ci", "adopt", str(tmp_path), cwd=tmp_path)
     assert bad.returncode == 2 and "has no .github/workflows/pr-test.yml.j2" in bad.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [".git", "tests"]
+
+
+def test_a_file_adopt_did_not_write_is_kept_unless_forced(adopted, repo: Path, tmp_path: Path) -> None:
+    from ci.adopt import apply, plan
+
+    copy = tmp_path / "copy"
+    shutil.copytree(repo, copy, symlinks=True)
+    (copy / "noxfile.py").write_text("# the maintainers' own noxfile\n")
+    kept = plan(copy, "slime-ci==0.1.0", force=False)
+    assert kept.kept == ("noxfile.py",) and "noxfile.py" not in kept.writes
+    apply(copy, kept)
+    assert (copy / "noxfile.py").read_text() == "# the maintainers' own noxfile\n"
+    forced = plan(copy, "slime-ci==0.1.0", force=True)
+    assert list(forced.writes) == ["noxfile.py"] and forced.kept == ()
 
 
 def test_commands_work_from_the_adopters_root(adopted, toolkit: Path, repo: Path) -> None:
