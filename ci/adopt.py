@@ -160,7 +160,10 @@ def registry_text(root: Path, template_text: str, body: Body,
     ]
     imported = build(matrix, root, template=TEMPLATE, profile_of=_profile_name, tail=tail,
                      extra_suites=extra_suites)
-    text = imported.text.replace(GENERATED_MARK, f"{GENERATED_MARK}; {ADOPT_MARK}", 1)
+    text = imported.text.replace(GENERATED_MARK, f"{GENERATED_MARK}; {ADOPT_MARK}", 1).replace(
+        "Edit the template and import again; or edit this file and stop importing.",
+        "This file is the matrix now: edit it, then run `slime-ci workflows`. Re-running\n"
+        "`slime-ci adopt` re-imports the retired template over it (it carries the mark above).", 1)
     return text, list(imported.findings), job_ids
 
 
