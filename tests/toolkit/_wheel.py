@@ -23,21 +23,17 @@ from _ci import REPO
 # checkout's egg-info for an installed slime-ci, and the venv must not see the checkout.
 _ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
-# What the build reads: the toolkit, the U files it carries (`ci._u`), its metadata.
-BUILD_INPUTS = ("ci", "slime/utils/external_utils", "pyproject.toml", "README.md")
+# Not part of a source tree a build sees (caches, venvs, earlier builds).
+_SKIP = shutil.ignore_patterns(".git", ".nox", ".ci-cache", "__pycache__", "build", "dist", "*.egg-info",
+                               ".mypy_cache", ".ruff_cache")
 
 
 def build_wheel(dest: Path) -> Path:
-    """Build the slime-ci wheel from a copy of this checkout's build inputs (the checkout
-    itself gets no build/ or egg-info, so parallel tests cannot race on it)."""
+    """Build the slime-ci wheel from a copy of this checkout (the checkout itself gets no
+    build/ or egg-info, so parallel tests cannot race on it). The whole tree is copied, as
+    an sdist or a clone would hold it: what the wheel leaves out is the packaging's choice."""
     src = dest / "src"
-    for rel in BUILD_INPUTS:
-        path = REPO / rel
-        if path.is_dir():
-            shutil.copytree(path, src / rel, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, src / rel)
+    shutil.copytree(REPO, src, ignore=_SKIP, symlinks=True)
     out = dest / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
                     "--no-index", "-q", "-w", str(out)], check=True, timeout=300,
