@@ -30,8 +30,18 @@ nox.options.error_on_external_run = True
 LOCAL_FLAGS = {"--no-docker", "--emulate-gpus"}
 
 
+# The toolkit's wheel holds `ci` alone; `slime/`, the framework these sessions test, is put
+# on each venv's path by a .pth file naming the checkout (what an editable install of a
+# separate `slime` distribution would do), so an adopter's `slime` is never ours.
+WORKLOAD_PTH = "slime-ci-workload.pth"
+_ADD_CHECKOUT = ("import pathlib, sys, sysconfig; "
+                 "pathlib.Path(sysconfig.get_paths()['purelib'], sys.argv[1])"
+                 ".write_text(sys.argv[2] + chr(10))")
+
+
 def _install(session: nox.Session, *names: str) -> None:
-    """Install pyproject profiles (torch first, alone), then this repo with --no-deps."""
+    """Install pyproject profiles (torch first, alone), then the toolkit with --no-deps and
+    this checkout on the path (for `slime/`)."""
     pyproject = nox.project.load_toml(ROOT / "pyproject.toml")
     reqs = [r for name in names for r in profiles.requirements(pyproject, name)]
     if reqs:
@@ -40,6 +50,7 @@ def _install(session: nox.Session, *names: str) -> None:
             session.install(*profiles.torch_install_args(torch, os.environ))
         session.install(*rest)
     session.install("-e", ".", "--no-deps")
+    session.run("python", "-c", _ADD_CHECKOUT, WORKLOAD_PTH, str(ROOT), silent=True)
 
 
 def _suite(session: nox.Session, suite: str, *extra: str) -> None:

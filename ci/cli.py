@@ -18,13 +18,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gpu-status": ("ci.lock_cli", "show each GPU: free or held, by whom, since when; waiters"),
     "changed": ("ci.changed", "list (or run) the test files a branch adds or modifies vs its base"),
     "workflows": ("ci.workflow", "generate .github/workflows from the registry; --check for drift"),
-    "import-workflow": ("ci.import_workflow", "write ci/suites.py from slime's pr-test.yml.j2 matrix"),
+    "import-workflow": ("ci.import_workflow", "write .slime-ci/suites.py from slime's pr-test.yml.j2 matrix"),
+    "adopt": ("ci.adopt", "switch a slime-shaped repository to this toolkit (registry, noxfile, U, CI)"),
 }
 
 
 def _usage() -> str:
     width = max(len(n) for n in SUBCOMMANDS)
-    lines = ["usage: python -m ci <command> [options]   (python -m ci <command> --help)", "",
+    lines = ["usage: slime-ci <command> [options]   (or python -m ci; slime-ci <command> --help)", "",
              "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     lines += ["", "exit codes: 0 ok, 1 tests failed, 2 bad input, 3 nothing registered, "

@@ -149,14 +149,16 @@ class HostSettings:
 
 def host_settings(env: Mapping[str, str]) -> HostSettings:
     """Cache mounts and pull policy from SLIME_CI_MODELS_DIR, SLIME_CI_DATASETS_DIR,
-    SLIME_CI_DATA_DIR and SLIME_CI_DOCKER_PULL."""
+    SLIME_CI_DATA_DIR (HOST or HOST:CONTAINER) and SLIME_CI_DOCKER_PULL."""
     caches = {
         env.get("SLIME_CI_MODELS_DIR") or CONTAINER_MODELS_DIR: CONTAINER_MODELS_DIR,
         env.get("SLIME_CI_DATASETS_DIR") or CONTAINER_DATASETS_DIR: CONTAINER_DATASETS_DIR,
     }
     data = env.get("SLIME_CI_DATA_DIR")
     if data:
-        caches[data] = data
+        # HOST or HOST:CONTAINER (slime's CI mounts /mnt/nvme0n1/slime_ci at /data/slime_ci).
+        host, _, inside = data.partition(":")
+        caches[host] = inside or host
     pull = env.get("SLIME_CI_DOCKER_PULL") or None
     if pull is not None and pull not in PULL_POLICIES:
         raise ValueError(f"SLIME_CI_DOCKER_PULL={pull!r}: use one of {', '.join(PULL_POLICIES)}")

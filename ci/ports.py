@@ -2,7 +2,8 @@
 
 The one owner of the block layout's numbers: the runner hands each entry
 `SLIME_CI_PORT_BASE`, and the private Ray head (slime/utils/external_utils/ray_head.py)
-lays its ports out inside a block of the same size.
+lays its ports out inside a block of the same size, read from a generated copy of this
+file (port_utils.py beside it; see ci/u_files.py). Standard library only.
 """
 
 from __future__ import annotations

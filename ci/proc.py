@@ -2,8 +2,9 @@
 
 The one place that supervises processes for the runner (`ci.runner`), `lock-gpus`
 (`ci.lock_cli`) and the e2e helpers (`U.exec_command`, the private Ray head).
-Standard library only: it runs in containers that have nothing but Python, and `U`
-imports it inside test entries (`ci` ships in the same distribution as `slime`).
+Standard library only: it runs in containers that have nothing but Python. `U`, which
+runs inside test entries where the toolkit is not installed, imports a generated copy
+(slime/utils/external_utils/proc_utils.py; see ci/u_files.py).
 
 - `start` runs a command as the leader of a new session, so signalling its group
   reaches everything it started and nothing else.

@@ -1,4 +1,4 @@
-"""Install profiles: the extras of pyproject.toml, expanded, with torch split out.
+"""Install profiles: the dependency groups and extras of pyproject.toml, expanded, with torch split out.
 
 The sessions install a profile's requirements, then the repository with
 `--no-deps`, so a session never resolves anything the profile does not name.
@@ -18,11 +18,27 @@ _SELF = re.compile(rf"^{re.escape(PROJECT_NAME)}\[(?P<extras>[^\]]+)\]$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
+def _tables(pyproject: Mapping[str, Any]) -> tuple[Mapping[str, list[Any]], Mapping[str, list[Any]]]:
+    """(dependency groups, extras): this repository's session profiles are groups, the
+    toolkit's own needs are extras; a profile name is looked up in both."""
+    groups: Mapping[str, list[Any]] = pyproject.get("dependency-groups", {})
+    extras: Mapping[str, list[Any]] = pyproject.get("project", {}).get("optional-dependencies", {})
+    return groups, extras
+
+
+def names(pyproject: Mapping[str, Any]) -> list[str]:
+    """Every profile a session can install: dependency groups, then extras."""
+    groups, extras = _tables(pyproject)
+    return [*groups, *(e for e in extras if e not in groups)]
+
+
 def requirements(pyproject: Mapping[str, Any], profile: str) -> list[str]:
-    """Every requirement of an extra, following `slime-ci[other]` references, in order, once."""
-    extras: Mapping[str, list[str]] = pyproject["project"].get("optional-dependencies", {})
-    if profile not in extras:
-        raise KeyError(f"no install profile {profile!r} in pyproject.toml; known: {', '.join(extras)}")
+    """Every requirement of a profile, following `{include-group = …}` and `slime-ci[other]`
+    references, in order, once."""
+    groups, extras = _tables(pyproject)
+    if profile not in groups and profile not in extras:
+        raise KeyError(f"no install profile {profile!r} in pyproject.toml; known: "
+                       f"{', '.join(names(pyproject))}")
     out: list[str] = []
     seen: set[str] = set()
 
@@ -30,7 +46,10 @@ def requirements(pyproject: Mapping[str, Any], profile: str) -> list[str]:
         if name in seen:
             return
         seen.add(name)
-        for req in extras[name]:
+        for req in groups.get(name, extras.get(name, [])):
+            if isinstance(req, Mapping):
+                walk(str(req.get("include-group", "")))
+                continue
             match = _SELF.match(req.replace(" ", ""))
             if match:
                 for extra in match.group("extras").split(","):

@@ -12,15 +12,22 @@ from __future__ import annotations
 import itertools
 import sys
 import types
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ci import suites as suites_module
 from ci.errors import UsageError
+from ci.style import Style, style_from
 from ci.suites import SUITES, Suite
 
 REGISTRY = "ci/suites.py"
+# Where `slime-ci adopt` writes an adopting repository's registry: a hidden directory whose
+# name is no importable package, so it can never shadow the toolkit's `ci` (as a `ci/`
+# folder in their tree would) nor anything of theirs. Looked up before REGISTRY.
+ADOPTED_REGISTRY = ".slime-ci/suites.py"
+REGISTRY_PATHS = (ADOPTED_REGISTRY, REGISTRY)
 _serial = itertools.count()  # a distinct module name per load (threads, repeated loads)
 
 
@@ -30,6 +37,16 @@ class Registry:
 
     suites: tuple[Suite, ...]
     source: Path | None = None  # the file they were read from; None: the toolkit's own
+    # An adopting repository's extras: its workflow's look (ci.style), its install profiles
+    # (name -> requirements) and the host variables its sessions default to (cache mounts).
+    workflow: Mapping[str, Any] = field(default_factory=dict)
+    profiles: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    host_env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def style(self) -> Style:
+        """How this repository's workflow is rendered."""
+        return style_from(self.workflow)
 
     def __iter__(self) -> Iterator[Suite]:
         return iter(self.suites)
@@ -47,13 +64,7 @@ class Registry:
         return suite
 
 
-def read_suites(path: Path) -> tuple[Suite, ...] | None:
-    """The `SUITES` a registry file declares; None when it declares none.
-
-    A broken registry is a one-line error (exit 2), never a traceback.
-    """
-    if path.resolve() == Path(suites_module.__file__ or "").resolve():
-        return SUITES  # this toolkit's own registry, already imported
+def _execute(path: Path) -> types.ModuleType:
     name = f"_checkout_suites_{next(_serial)}"
     module = types.ModuleType(name)
     module.__file__ = str(path)
@@ -67,17 +78,41 @@ def read_suites(path: Path) -> tuple[Suite, ...] | None:
         raise UsageError(f"{path}: cannot load the registry: {exc}") from None
     finally:
         sys.modules.pop(name, None)
+    return module
+
+
+def read_suites(path: Path) -> tuple[Suite, ...] | None:
+    """The `SUITES` a registry file declares; None when it declares none.
+
+    A broken registry is a one-line error (exit 2), never a traceback.
+    """
+    registry = read_registry(path)
+    return registry.suites if registry is not None else None
+
+
+def read_registry(path: Path) -> Registry | None:
+    """The registry a file declares (SUITES, and WORKFLOW / PROFILES / HOST_ENV when set)."""
+    if path.resolve() == Path(suites_module.__file__ or "").resolve():
+        return Registry(suites=SUITES, source=path)  # this toolkit's own registry, already imported
+    module = _execute(path)
     suites = getattr(module, "SUITES", None)
-    return tuple(suites) if suites is not None else None
+    if suites is None:
+        return None
+    profiles = getattr(module, "PROFILES", {}) or {}
+    return Registry(suites=tuple(suites), source=path, workflow=dict(getattr(module, "WORKFLOW", {}) or {}),
+                    profiles={k: tuple(v) for k, v in profiles.items()},
+                    host_env=dict(getattr(module, "HOST_ENV", {}) or {}))
+
+
+def registry_path(root: Path) -> Path | None:
+    """The checkout's registry file: .slime-ci/suites.py (adopted), else ci/suites.py."""
+    return next((root / rel for rel in REGISTRY_PATHS if (root / rel).is_file()), None)
 
 
 def own_registry(root: Path) -> Registry | None:
-    """The checkout's own registry; None when it has no `ci/suites.py` (or no SUITES in it)."""
-    path = root / REGISTRY
-    if not path.is_file():
-        return None
-    suites = read_suites(path)
-    return Registry(suites=suites, source=path) if suites is not None else None
+    """The checkout's own registry; None when it has none (or no SUITES in it)."""
+    path = registry_path(root)
+    return read_registry(path) if path is not None else None
 
 
 def load_registry(root: Path) -> Registry:

@@ -18,6 +18,7 @@ from typing import Literal, get_args
 
 from ci.errors import UsageError
 from ci.registry import load_registry
+from ci.style import Style
 from ci.suites import GPU_RUNNER_LABELS, SUITES, Suite, Tier
 
 EventName = Literal["pull_request", "push", "workflow_dispatch"]
@@ -75,28 +76,45 @@ GPU_SMOKE = Job(
 )
 
 
-def job_for(suite: Suite) -> Job:
-    """The CI job of one suite."""
+def job_for(suite: Suite, style: Style | None = None) -> Job:
+    """The CI job of one suite (its id and runners as the repository's Style says)."""
+    style = style or Style()
     if suite.needs_gpus and suite.label is None:
         raise UsageError(f"suite {suite.name} is GPU tier but has no label: add "
                          f"label='{LABEL_PREFIX}…' to it in ci/suites.py")
     if suite.shards < 1:
         raise UsageError(f"suite {suite.name}: shards must be >= 1 in ci/suites.py")
     return Job(
-        id=suite.name,
+        id=style.job_ids.get(suite.name, suite.name),
         session=suite.name,
         tier=suite.tier,
         purpose=suite.purpose,
-        runs_on=GPU_RUNNER if suite.needs_gpus else HOSTED_RUNNER,
+        runs_on=style.gpu_runner if suite.needs_gpus else style.hosted_runner,
         label=suite.label,
         shards=suite.shards,
         full_history=suite.dynamic,
     )
 
 
-def table(suites: Sequence[Suite] = SUITES) -> tuple[Job, ...]:
-    """Every CI job: one per suite, then the lint and GPU-smoke jobs."""
-    jobs = (*(job_for(s) for s in suites), LINT, GPU_SMOKE)
+# A repository that adopted the toolkit checks its generated workflow in CI with this job
+# (the `workflows` session of its noxfile) instead of this repository's lint and smoke jobs.
+CHECK_SESSION = "workflows"
+
+
+def check_job(job_id: str, style: Style) -> Job:
+    """The `workflows --check` job of an adopting repository."""
+    return Job(id=job_id, session=CHECK_SESSION, tier="cpu", runs_on=style.hosted_runner,
+               purpose="Generated workflow and U files are current with the registry")
+
+
+def table(suites: Sequence[Suite] = SUITES, style: Style | None = None) -> tuple[Job, ...]:
+    """Every CI job: one per suite, then this repository's lint and GPU-smoke jobs (or an
+    adopting repository's check job)."""
+    style = style or Style()
+    extra = (LINT, GPU_SMOKE) if style.own_jobs else ()
+    if style.check_job:
+        extra = (*extra, check_job(style.check_job, style))
+    jobs = (*(job_for(s, style) for s in suites), *extra)
     ids = [j.id for j in jobs]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
@@ -290,7 +308,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """`python -m ci plan`: print the jobs an event would run."""
     args = _parser().parse_args(argv)
-    jobs = table(load_registry(args.root.resolve()).suites)
+    registry = load_registry(args.root.resolve())
+    jobs = table(registry.suites, registry.style)
     event = parse_event(args, jobs)
     decisions = plan(event, jobs)
     if args.json:

@@ -21,16 +21,19 @@ from typing import TypeAlias
 
 from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
-from ci.registry import load_registry
+from ci.registry import REGISTRY_PATHS, Registry, load_registry, registry_path
+from ci.style import NOX_VERSION, Style
 from ci.suites import JOB_MINUTES
 from ci.triggers import (
     BASE_BRANCH,
+    CHECK_SESSION,
     WORKFLOW_NAME,
     Job,
     condition_lines,
     pr_terms,
     table,
 )
+from ci.u_files import generated as u_generated
 
 COMMAND = "python -m ci workflows"
 # Every generated file carries this marker; a file that has it but is no longer
@@ -45,8 +48,8 @@ SETUP_PYTHON = ("actions/setup-python", "e797f83bcb11b83ae66e0230d6156d7c80228e7
 CACHE_RESTORE = ("actions/cache/restore", "27d5ce7f107fe9357f9df03efb73ab90386fccae", "v5.0.5")
 CACHE_SAVE = ("actions/cache/save", "27d5ce7f107fe9357f9df03efb73ab90386fccae", "v5.0.5")
 DURATIONS_KEY = "slime-ci-durations"
-PYTHON_VERSION = "3.11"
-NOX_VERSION = "2026.10.20"
+PYTHON_VERSION = Style().python
+__all__ = ["NOX_VERSION", "PYTHON_VERSION"]  # the pins the workflow tests read from here
 # Hosted runners resolve the pinned torch to its CPU wheel from this index (see pyproject).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 LINT_JOB_MINUTES = 15
@@ -230,28 +233,32 @@ def _save_durations(job: Job) -> dict[str, Node]:
 
 
 def records_durations(job: Job) -> bool:
-    """Jobs that run suites (every job but the workflow's own lint) keep durations."""
-    return job.id != "lint"
+    """Jobs that run suites (every job but the workflow checks) keep durations."""
+    return job.session not in ("lint", CHECK_SESSION)
 
 
-def _steps(job: Job) -> list[Node]:
+def _steps(job: Job, style: Style) -> list[Node]:
     checkout: dict[str, Node] = {"persist-credentials": False}
     if job.full_history:
         checkout["fetch-depth"] = Note(0, "the session diffs against origin/main")
     steps: list[Node] = [
         {"name": "Check out", "uses": _uses(CHECKOUT), "with": checkout},
         {"name": "Set up Python", "uses": _uses(SETUP_PYTHON),
-         "with": {"python-version": PYTHON_VERSION}},
-        {"name": "Install nox", "run": f"python -m pip install nox=={NOX_VERSION}"},
+         "with": {"python-version": style.python}},
+        {"name": "Install nox", "run": style.install},
     ]
     if records_durations(job):
         steps.append(_restore_durations(job))
     env: dict[str, Node] = {}
+    if records_durations(job):
+        env.update(style.suite_env)
     if job.self_hosted:
         # The dispatch input reaches the tests only through this variable; on a PR it is "0".
         env["SLIME_TEST_ENABLE_INFINITE_RUN"] = _expr("inputs.infinite_run && '1' || '0'")
         # No secrets here: a GPU host that reports to W&B sets WANDB_API_KEY in its
-        # runners' environment (runners/README.md), so the workflow grants none.
+        # runners' environment (runners/README.md), so the workflow grants none. An adopting
+        # repository whose old CI passed a secret keeps it (Style.gpu_env).
+        env.update(style.gpu_env)
     if job.shards > 1:
         # Values reach the shell through the environment, never through ${{ }} in `run:`.
         env["SHARD"] = _expr("matrix.shard")
@@ -269,7 +276,7 @@ def _steps(job: Job) -> list[Node]:
     return steps
 
 
-def _job(job: Job) -> dict[str, Node]:
+def _job(job: Job, style: Style) -> dict[str, Node]:
     out: dict[str, Node] = {
         "name": job.id if job.shards == 1 else f"{job.id} (shard {_expr('matrix.shard')})",
         "if": Folded(tuple(condition_lines(job))),
@@ -282,13 +289,13 @@ def _job(job: Job) -> dict[str, Node]:
         out["runs-on"] = job.runs_on[0] if len(job.runs_on) == 1 else Flow(job.runs_on)
     out["permissions"] = {"contents": Note("read", "actions/checkout reads the repository")}
     out["concurrency"] = {"group": concurrency_group(job), "cancel-in-progress": True}
-    out["timeout-minutes"] = LINT_JOB_MINUTES if job.id == "lint" else JOB_MINUTES[job.tier]
-    if job.tier == "cpu" and job.id != "lint":
+    out["timeout-minutes"] = JOB_MINUTES[job.tier] if records_durations(job) else LINT_JOB_MINUTES
+    if job.tier == "cpu" and records_durations(job):
         out["env"] = {"SLIME_CI_TORCH_INDEX": TORCH_CPU_INDEX}
     if job.shards > 1:
         out["strategy"] = {"fail-fast": False,
                            "matrix": {"shard": Flow(tuple(range(1, job.shards + 1)))}}
-    out["steps"] = _steps(job)
+    out["steps"] = _steps(job, style)
     return out
 
 
@@ -300,10 +307,11 @@ def _banner(source: str) -> list[str]:
     ]
 
 
-def workflow(jobs: Sequence[Job]) -> dict[str, Node]:
+def workflow(jobs: Sequence[Job], style: Style | None = None) -> dict[str, Node]:
     """The workflow as a tree of nodes."""
+    style = style or Style()
     return {
-        "name": WORKFLOW_NAME,
+        "name": style.title,
         "on": {
             "pull_request": {
                 "branches": Flow((BASE_BRANCH,)),
@@ -317,7 +325,7 @@ def workflow(jobs: Sequence[Job]) -> dict[str, Node]:
             }}},
         },
         "permissions": {},
-        "jobs": {j.id: _job(j) for j in jobs},
+        "jobs": {j.id: _job(j, style) for j in jobs},
     }
 
 
@@ -327,11 +335,11 @@ def actionlint_config(jobs: Sequence[Job]) -> dict[str, Node]:
     return {"self-hosted-runner": {"labels": labels}}
 
 
-def render(jobs: Sequence[Job]) -> dict[str, str]:
+def render(jobs: Sequence[Job], style: Style | None = None) -> dict[str, str]:
     """Every file the generator owns: repository-relative path -> text."""
+    style = style or Style()
     return {
-        WORKFLOW_PATH: to_yaml(workflow(jobs), spaced=2,
-                               header=_banner("ci/suites.py and ci/triggers.py")),
+        WORKFLOW_PATH: to_yaml(workflow(jobs, style), spaced=2, header=_banner(style.source)),
         ACTIONLINT_PATH: to_yaml(actionlint_config(jobs),
                                  header=_banner("the runner labels in ci/triggers.py")),
     }
@@ -365,6 +373,15 @@ def readme(root: Path, jobs: Sequence[Job]) -> dict[str, str]:
         return {}
     table_text = f"{TABLE_BEGIN}\n{session_table(jobs)}\n"
     return {README_PATH: text[:begin] + table_text + text[end:]}
+
+
+def adopted_u(root: Path, registry: Registry) -> dict[str, str]:
+    """In an adopting repository, U's files as this toolkit ships them (`adopt` wrote them)."""
+    if registry.source is None or not registry.workflow:
+        return {}
+    from ci.u_files import U_DIR, packaged
+
+    return {f"{U_DIR}/{name}": text for name, text in packaged().items()}
 
 
 # --- write and check --------------------------------------------------------------------------
@@ -440,20 +457,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def find_root(start: Path) -> Path:
-    """The nearest directory at or above `start` that holds the registry."""
+    """The nearest directory at or above `start` that holds a registry."""
     for folder in (start, *start.parents):
-        if (folder / "ci" / "suites.py").is_file():
+        if registry_path(folder) is not None:
             return folder
-    raise UsageError(f"no ci/suites.py in {start} or above: run from the repository or "
-                     "pass --root")
+    raise UsageError(f"no {' or '.join(REGISTRY_PATHS)} in {start} or above: run from the "
+                     "repository or pass --root")
 
 
 def main(argv: list[str]) -> int:
     """`python -m ci workflows [--check | --dry-run]`."""
     args = _parser().parse_args(argv)
     root: Path = args.root if args.root is not None else find_root(Path.cwd().resolve())
-    jobs = table(load_registry(root).suites)
-    changes = drift(root, {**render(jobs), **readme(root, jobs)})
+    registry = load_registry(root)
+    jobs = table(registry.suites, registry.style)
+    changes = drift(root, {**render(jobs, registry.style), **readme(root, jobs), **u_generated(root),
+                           **adopted_u(root, registry)})
     if args.check or args.dry_run:
         for d in changes:
             sys.stdout.write(d.diff())

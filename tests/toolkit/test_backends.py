@@ -152,6 +152,12 @@ def test_selection_and_what_each_backend_owns(tmp_path):
     local = LocalBackend(gpus=8).launch(entry, argv, env, (3, 5))
     assert local.argv == argv
     assert (local.env["CUDA_VISIBLE_DEVICES"], local.env["TMPDIR"], local.env["HOME"]) == ("3,5", "/tmp/e1", "/home/u")
+    # In another checkout the container's `slime` is that checkout's install; in the
+    # toolkit's own, the workspace goes on PYTHONPATH (the wheel holds no slime).
+    inner = docker.launch(entry, argv, env, (3, 5)).argv
+    assert f"PYTHONPATH={tmp_path}" not in inner[-1] and not any(a.startswith("PYTHONPATH=") for a in inner)
+    ours = select_backend(by_name["megatron"], gpus=8, **{**pick, "root": str(REPO)})
+    assert f"PYTHONPATH={REPO}" in ours.launch(entry, argv, env, (3, 5)).argv
     fake = emulated.launch(entry, argv, env, (3, 5))
     assert (fake.env["CUDA_VISIBLE_DEVICES"], fake.env["SLIME_CI_DEVICE"]) == ("", "cpu")
     pattern = emulated.lock_pattern

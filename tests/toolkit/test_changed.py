@@ -200,8 +200,9 @@ def test_without_gitpython_one_line_names_the_profile(repo: Clone) -> None:
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr == ("error: GitPython is not installed: install the `git` profile "
-                           "(pip install -e '.[git]'), or run `nox -s changed`\n")
+    # The toolkit's extra, right for an adopter: never `-e .`, which in their checkout is theirs.
+    assert proc.stderr == ("error: GitPython is not installed: pip install 'slime-ci[git]' "
+                           "(or pip install GitPython)\n")
     assert proc.stdout == ""
 
 

@@ -1,4 +1,4 @@
-"""`python -m ci import-workflow`: slime's matrix template in, a working `ci/suites.py` out.
+"""`python -m ci import-workflow`: slime's matrix template in, a working `.slime-ci/suites.py` out.
 
 Templates here are written for the tests in the format of slime's `pr-test.yml.j2`
 (`<% %>` / `<< >>` delimiters, `megatron_tests` and `jobs` set at the top, a YAML body
@@ -123,8 +123,8 @@ def test_a_clean_matrix_imports_loads_audits_and_runs(tmp_path):
     done = run_ci("import-workflow", str(template))  # the root is found from the template's path
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().splitlines() == [
-        f"import: wrote {root / 'ci' / 'suites.py'} (5 suites, 10 entries, 0 finding(s))"]
-    text = (root / "ci" / "suites.py").read_text()
+        f"import: wrote {root / '.slime-ci' / 'suites.py'} (5 suites, 10 entries, 0 finding(s))"]
+    text = (root / ".slime-ci" / "suites.py").read_text()
     assert GENERATED_MARK in text and "MEGATRON_TESTS" in text
     compile(text, "suites.py", "exec")
     suites = {s.name: s for s in load_registry(root)}
@@ -159,7 +159,7 @@ def test_a_clean_matrix_imports_loads_audits_and_runs(tmp_path):
 
     again = run_ci("import-workflow", str(template), "--root", str(root))  # its own output: replaced
     assert again.returncode == 0, again.stderr
-    assert (root / "ci" / "suites.py").read_text() == text
+    assert (root / ".slime-ci" / "suites.py").read_text() == text
 
 
 DEFECTS = """
@@ -218,7 +218,7 @@ def test_defects_are_one_line_each_and_missing_files_are_left_out(tmp_path):
         "import: tests/utils/test_config_check.py: no job lists it",
         "import: 2 suites, 4 entries, 10 finding(s); nothing written (--dry-run)",
     ]
-    assert not (root / "ci").exists()  # a dry run writes nothing
+    assert not (root / ".slime-ci").exists()  # a dry run writes nothing
     assert "Entry(path='tests/test_dist.py', cores=2)" in done.stdout
     assert "test_gone" not in done.stdout.split('"""', 2)[2]
 
@@ -244,7 +244,7 @@ def test_an_ill_formed_template_is_one_line_and_exit_2(tmp_path, text, message):
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ")
     assert message in done.stderr, done.stderr
-    assert not (root / "ci").exists()
+    assert not (root / ".slime-ci").exists()
 
 
 def test_unreadable_template_and_foreign_registry_are_refused(tmp_path):
@@ -257,7 +257,7 @@ def test_unreadable_template_and_foreign_registry_are_refused(tmp_path):
     no_tests = run_ci("import-workflow", str(binary), "--root", str(tmp_path))
     assert no_tests.returncode == 2 and "no tests/ directory" in no_tests.stderr
     template = _template(root, CLEAN)
-    own = root / "ci" / "suites.py"
+    own = root / ".slime-ci" / "suites.py"
     own.parent.mkdir()
     own.write_text("SUITES = ()\n")
     refused = run_ci("import-workflow", str(template))

@@ -6,14 +6,14 @@ import sys
 import pytest
 from _ci import REPO
 
-from ci.profiles import TORCH_INDEX_ENV, requirements, split_torch, torch_install_args
+from ci.profiles import TORCH_INDEX_ENV, names, requirements, split_torch, torch_install_args
 
 tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
 
 NUM_GPUS = 0
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-PROFILES = sorted(PYPROJECT["project"]["optional-dependencies"])
+PROFILES = sorted(names(PYPROJECT))
 
 
 def test_self_references_expand_once_in_order():
@@ -23,6 +23,22 @@ def test_self_references_expand_once_in_order():
         "top": ["slime-ci[mid,base]", "numpy", "nox"],
     }}}
     assert requirements(fake, "top") == ["torch==2.13.0", "numpy", "ray", "nox"]
+
+
+def test_dependency_groups_include_groups_and_extras():
+    # This repository's session profiles are groups; the toolkit's own needs stay extras.
+    fake = {"dependency-groups": {"base": ["torch==2.13.0", "numpy"],
+                                  "top": [{"include-group": "base"}, "slime-ci[git]", "nox"]},
+            "project": {"optional-dependencies": {"git": ["GitPython>=3.1.40"]}}}
+    assert requirements(fake, "top") == ["torch==2.13.0", "numpy", "GitPython>=3.1.40", "nox"]
+    assert names(fake) == ["base", "top", "git"]
+
+
+def test_the_extras_name_only_the_toolkits_own_needs():
+    # The wheel's metadata carries the extras: none may name the framework's stack.
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    named = {re.split(r"[\[<>=!~ ;]", r, maxsplit=1)[0].lower() for reqs in extras.values() for r in reqs}
+    assert named <= {"gitpython", "jinja2", "nvidia-ml-py"}, named
 
 
 def test_unknown_profile_names_the_known_ones():

@@ -35,8 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ci.proc import finish, process_guard, signal_group
-from ci.proc import start as start_group
+# Stdlib-only copies of the toolkit's process-group code, generated beside this file: U
+# runs in images and checkouts where the toolkit is not installed.
+from slime.utils.external_utils.proc_utils import finish, process_guard, signal_group
+from slime.utils.external_utils.proc_utils import start as start_group
 from slime.utils.external_utils.ray_head import (
     HeadRecord,
     RayHead,
@@ -57,16 +59,22 @@ _FALSE = {"0", "false", "no", "off", "n", ""}
 _warned_bool_values: set[tuple[str, str]] = set()
 
 
-class CommandFailed(RuntimeError):
-    """A command exited non-zero (or timed out); says which, how, and how it ended."""
+class CommandFailed(subprocess.CalledProcessError, RuntimeError):
+    """A command exited non-zero (or timed out); says which, how, and how it ended.
+
+    A `subprocess.CalledProcessError`, as the original helper raised, so scripts that
+    catch that keep working; `returncode` is None when the command timed out.
+    """
 
     def __init__(self, command: str, returncode: int | None, output_tail: str = "") -> None:
+        super().__init__(returncode, command, output=output_tail)  # type: ignore[arg-type]
         self.command = command
-        self.returncode = returncode
         self.output_tail = output_tail
-        how = "timed out" if returncode is None else f"exited with {returncode}"
-        tail = f"\n--- last output ---\n{output_tail}" if output_tail else ""
-        super().__init__(f"command {how}: {command}{tail}")
+
+    def __str__(self) -> str:
+        how = "timed out" if self.returncode is None else f"exited with {self.returncode}"
+        tail = f"\n--- last output ---\n{self.output_tail}" if self.output_tail else ""
+        return f"command {how}: {self.command}{tail}"
 
 
 class TrainJobFailed(RuntimeError):
@@ -282,6 +290,7 @@ def train_env_vars(*, env: Mapping[str, str], nvlink: bool, master_addr: str,
             no_proxy.append(host)
     out = {
         "PYTHONPATH": os.pathsep.join(python_path),
+        "RAY_USE_UVLOOP": "0",  # as the original sets it for the job's Ray actors (slime #2050)
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",
         "NCCL_NVLS_ENABLE": "1" if nvlink else "0",
         "no_proxy": ",".join(no_proxy),
@@ -473,7 +482,8 @@ def execute_train(
 ) -> str:
     """Run `train_script` as a Ray job on a private head (or SLIME_SCRIPT_EXTERNAL_RAY); return the job id.
 
-    `train_args` as a string is split with shlex. `megatron_model_type` names the model:
+    `train_args` as a string is put on the job's shell command line as written (as the
+    original does); a sequence is quoted word by word. `megatron_model_type` names the model:
     the script gets its `model_args` first. `before_ray_job_submit` runs once
     the head is up: with no argument (as slime's scripts write it) or with the RayHead.
     `config` is an `ExecuteTrainConfig` (core dumps, extra env vars) or a mapping whose
@@ -483,13 +493,17 @@ def execute_train(
     env = _env(env)
     hook = _hook_caller(before_ray_job_submit)
     flags, config_env, core_dump = _config_parts(config)
-    args = shlex.split(train_args) if isinstance(train_args, str) else list(train_args)
-    if megatron_model_type:
-        args = [*model_args(megatron_model_type, env=env), *args]
-    args += flags
-    extra = {**(extra_env_vars or {}), **config_env}
     script = _repo_path(train_script)
-    entrypoint = shlex.join([sys.executable, str(script), *args])
+    head = [sys.executable, str(script)]
+    if megatron_model_type:
+        head += model_args(megatron_model_type, env=env)
+    if isinstance(train_args, str):
+        # As the original: the string goes onto the job's shell command line as written, so
+        # quoting and `$VAR` expansion mean what they meant there (Ray runs it with a shell).
+        entrypoint = " ".join(filter(None, [shlex.join(head), train_args.strip(), shlex.join(flags)]))
+    else:
+        entrypoint = shlex.join([*head, *train_args, *flags])
+    extra = {**(extra_env_vars or {}), **config_env}
     master_addr = env.get("MASTER_ADDR", "127.0.0.1")
     external = _external_address(env)
     if external is not None:
@@ -627,12 +641,31 @@ def _materialize(snapshot: Path, local_dir: Path) -> None:
             shutil.copy2(blob, dst)
 
 
+def _hf_command(env: Mapping[str, str]) -> str | None:
+    """The `hf` CLI on PATH (as the original's shell found it), else beside this interpreter;
+    None when offline or absent."""
+    if get_bool_env_var("HF_HUB_OFFLINE", env=env):
+        return None  # offline, the snapshot must come from the hub cache (see _hf_download)
+    beside = Path(sys.executable).parent / "hf"
+    return shutil.which("hf", path=env.get("PATH")) or (str(beside) if beside.is_file() else None)
+
+
 def hf_download_dataset(full_name: str, *, revision: str | None = None,
                         env: Mapping[str, str] | None = None) -> Path:
-    """Fetch data set `org/name` into `<datasets dir>/<name>`; works offline from the hub cache."""
+    """Fetch data set `org/name` into `<datasets dir>/<name>`, with `hf download` as the original.
+
+    Without the `hf` command, or offline (HF_HUB_OFFLINE=1, where the snapshot is served
+    from the hub cache), through huggingface_hub.
+    """
+    env = _env(env)
     name = full_name.rsplit("/", maxsplit=1)[-1]
-    return _hf_download(full_name, repo_type="dataset", local_dir=datasets_dir(env) / name,
-                        revision=revision)
+    local_dir = datasets_dir(env) / name
+    hf = _hf_command(env)
+    if hf is None:
+        return _hf_download(full_name, repo_type="dataset", local_dir=local_dir, revision=revision)
+    exec_command([hf, "download", "--repo-type", "dataset", full_name, "--local-dir", str(local_dir),
+                  *(["--revision", revision] if revision else [])], env=env)
+    return local_dir
 
 
 def hf_download_model(full_name: str, *, revision: str | None = None,
@@ -651,9 +684,7 @@ def get_default_wandb_args(test_file: str, run_name_prefix: str | None = None,
     A string, so slime's `f"{U.get_default_wandb_args(__file__)} …"` works as written. The
     project is `slime-<file stem>` (the parent directory's name in front of a stem shorter
     than 6 characters); the group is the run id, `_$GITHUB_COMMIT_NAME` appended and
-    `<prefix>_` in front. Unlike slime's own helper this puts no `--wandb-key` on the command
-    line, where every process listing and log shows it: the key stays in the environment
-    (WANDB_API_KEY), which `execute_train` passes to the job and wandb reads by itself.
+    `<prefix>_` in front; `--wandb-key` carries WANDB_API_KEY, as in the original.
     """
     env = _env(env)
     if not env.get("WANDB_API_KEY"):
@@ -666,8 +697,9 @@ def get_default_wandb_args(test_file: str, run_name_prefix: str | None = None,
         group += f"_{env['GITHUB_COMMIT_NAME']}"
     if run_name_prefix is not None:
         group = f"{run_name_prefix}_{group}"
+    # The key on the command line, as the original passes it (quoted: no shell expansion).
     return (f"--use-wandb --wandb-project slime-{name} --wandb-group {shlex.quote(group)} "
-            "--disable-wandb-random-suffix ")
+            f"--wandb-key {shlex.quote(env['WANDB_API_KEY'])} --disable-wandb-random-suffix ")
 
 
 _D = TypeVar("_D")

@@ -28,9 +28,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ci.ports import PORT_BLOCK
-from ci.proc import process_guard
-from ci.proc import start as start_group
+# Stdlib-only copies of the toolkit's port and process-group code, generated beside this
+# file (ci/u_files.py): U runs where the toolkit is not installed.
+from slime.utils.external_utils.port_utils import PORT_BLOCK
+from slime.utils.external_utils.proc_utils import process_guard
+from slime.utils.external_utils.proc_utils import start as start_group
 
 PORT_BLOCK_SIZE = PORT_BLOCK  # the runner reserves blocks of this size (SLIME_CI_PORT_BASE)
 OWNER_VAR = "SLIME_CI_RAY_OWNER"

@@ -1,0 +1,97 @@
+"""The nox sessions of a repository that adopted the toolkit: one per suite of its registry.
+
+Its noxfile.py (written by `slime-ci adopt`) is three lines that call `register`. Each
+session installs the suite's profile (the registry's PROFILES; torch first and alone, so
+SLIME_CI_TORCH_INDEX can point it at the CPU wheels), the toolkit from the noxfile's
+requirement, and the repository itself `-e . --no-deps` (its own `slime`), then runs
+`python -m ci run --suite <name>`; GPU sessions that run in Docker install only the toolkit
+and NVML. Session names are the suites', as in the toolkit's own repository.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ci import profiles
+from ci.registry import Registry, load_registry
+from ci.suites import Suite
+from ci.triggers import CHECK_SESSION
+
+# Posargs that make a GPU session run its entries in this environment instead of Docker.
+LOCAL_FLAGS = frozenset({"--no-docker", "--emulate-gpus"})
+_FALLBACK_EXTRAS = {"git": ("GitPython>=3.1.40",), "gpu-host": ("nvidia-ml-py",)}
+
+
+def toolkit_extra(name: str) -> tuple[str, ...]:
+    """The requirements of one of the toolkit's own extras (from its installed metadata)."""
+    try:
+        requires = importlib.metadata.requires("slime-ci") or []
+    except importlib.metadata.PackageNotFoundError:
+        return _FALLBACK_EXTRAS.get(name, ())
+    marker = re.compile(r";\s*extra\s*==\s*['\"]" + re.escape(name) + r"['\"]\s*$")
+    found = tuple(marker.sub("", r).strip() for r in requires if marker.search(r))
+    return found or _FALLBACK_EXTRAS.get(name, ())
+
+
+def install_steps(suite: Suite, registry: Registry, toolkit: str,
+                  posargs: Sequence[str], env: Mapping[str, str]) -> list[list[str]]:
+    """The `pip install` argument lists of one session, in order (pure)."""
+    local = not suite.needs_gpus or bool(LOCAL_FLAGS & set(posargs))
+    reqs: list[str] = list(registry.profiles.get(suite.profile, ())) if local else []
+    if suite.profile not in registry.profiles and local:
+        known = ", ".join(registry.profiles) or "none"
+        raise KeyError(f"suite {suite.name}: no profile {suite.profile!r} in PROFILES of the "
+                       f"registry; known: {known}")
+    if suite.needs_gpus:
+        reqs += toolkit_extra("gpu-host")
+    if suite.dynamic:
+        reqs += toolkit_extra("git")  # its entries come from a git diff
+    steps: list[list[str]] = []
+    torch, rest = profiles.split_torch(list(dict.fromkeys(reqs)))
+    if torch:
+        steps.append(profiles.torch_install_args(torch, env))
+    if rest:
+        steps.append(rest)
+    steps.append([toolkit])
+    if local:
+        steps.append(["-e", ".", "--no-deps"])  # the repository's own packages, as its old CI did
+    return steps
+
+
+def register(noxfile: str, *, toolkit: str) -> Registry:
+    """Register one nox session per suite of the registry next to `noxfile`, and `workflows`."""
+    import nox
+
+    root = Path(noxfile).resolve().parent
+    registry = load_registry(root)
+    nox.options.default_venv_backend = "venv"
+    nox.options.error_on_external_run = True
+    for suite in registry:
+        _session(nox, suite, registry, toolkit)
+
+    def workflows(session: Any) -> None:
+        session.install(toolkit)
+        session.run("python", "-m", "ci", "workflows", "--check", *session.posargs)
+
+    workflows.__doc__ = "Generated workflow and U files are current with the registry (--check)."
+    nox.session(name=CHECK_SESSION, tags=["cpu", "ci"])(workflows)
+    return registry
+
+
+def _session(nox: Any, suite: Suite, registry: Registry, toolkit: str) -> None:
+    def run_suite(session: Any) -> None:
+        for args in install_steps(suite, registry, toolkit, session.posargs, os.environ):
+            session.install(*args)
+        # The registry's host defaults (cache mounts of the old CI); the environment wins.
+        env = {k: v for k, v in registry.host_env.items() if k not in os.environ}
+        session.run("python", "-m", "ci", "run", "--suite", suite.name, *session.posargs, env=env)
+
+    label = f" (label {suite.label})" if suite.label else ""
+    run_suite.__doc__ = f"{suite.purpose}{label}."
+    run_suite.__name__ = run_suite.__qualname__ = suite.name
+    nox.session(name=suite.name, tags=[suite.tier, *([] if suite.needs_gpus else ["ci"])])(run_suite)
