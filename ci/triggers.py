@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
+from ci.args import Parser, existing_dir
 from ci.errors import UsageError
 from ci.registry import load_registry
 from ci.suites import GPU_RUNNER_LABELS, SUITES, Suite, Tier
@@ -260,7 +261,7 @@ def render_plan(event: Event, decisions: Sequence[Decision]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m ci plan",
         description="Show which CI jobs (nox sessions) an event would run, and why. "
                     "Reads the same table the workflow generator renders.",
@@ -290,7 +291,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """`python -m ci plan`: print the jobs an event would run."""
     args = _parser().parse_args(argv)
-    jobs = table(load_registry(args.root.resolve()).suites)
+    jobs = table(load_registry(existing_dir("--root", args.root)).suites)
     event = parse_event(args, jobs)
     decisions = plan(event, jobs)
     if args.json:

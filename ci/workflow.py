@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias
 
+from ci.args import Parser, existing_dir
 from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
 from ci.registry import load_registry
@@ -424,7 +425,7 @@ def write(root: Path, changes: Sequence[Drift]) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=COMMAND,
         description=f"Write {WORKFLOW_PATH} and {ACTIONLINT_PATH} from the registry "
                     "(ci/suites.py) and the trigger table (ci/triggers.py).",
@@ -448,10 +449,21 @@ def find_root(start: Path) -> Path:
                      "pass --root")
 
 
+def _given_root(path: Path) -> Path:
+    # Generated files are written into this directory: one that is not a checkout with a
+    # registry must not gain a .github/ tree.
+    root = existing_dir("--root", path)
+    if not (root / "ci" / "suites.py").is_file():
+        raise UsageError(f"--root {path}: no ci/suites.py there; pass the root of a checkout "
+                         "with a registry")
+    return root
+
+
 def main(argv: list[str]) -> int:
     """`python -m ci workflows [--check | --dry-run]`."""
     args = _parser().parse_args(argv)
-    root: Path = args.root if args.root is not None else find_root(Path.cwd().resolve())
+    root: Path = (find_root(Path.cwd().resolve()) if args.root is None
+                  else _given_root(args.root))
     jobs = table(load_registry(root).suites)
     changes = drift(root, {**render(jobs), **readme(root, jobs)})
     if args.check or args.dry_run:
