@@ -48,9 +48,10 @@ GPU_TIMEOUT = 3600.0  # a whole training run (model download, conversion, train)
 # Files that start their own process groups (gloo ranks, mp.spawn) keep about two cores busy.
 MULTIPROCESS_CORES = 2
 # slime's template is ~20 KB with a few dozen entries; far more is not a workflow template
-# (`/dev/zero`, a generated file) and is refused before it is read or parsed.
-MAX_TEMPLATE_BYTES = 1024 * 1024
-MAX_ENTRIES = 5000
+# (`/dev/zero`, a generated file) and is refused before it is read or parsed. Jinja2 parses
+# ~1 ms per entry, so these bounds keep the worst import to seconds.
+MAX_TEMPLATE_BYTES = 256 * 1024
+MAX_ENTRIES = 2000
 _SPAWN_CALLS = {"spawn", "start_processes", "Process"}
 
 
