@@ -449,21 +449,13 @@ def find_root(start: Path) -> Path:
                      "pass --root")
 
 
-def _given_root(path: Path) -> Path:
-    # Generated files are written into this directory: one that is not a checkout with a
-    # registry must not gain a .github/ tree.
-    root = existing_dir("--root", path)
-    if not (root / "ci" / "suites.py").is_file():
-        raise UsageError(f"--root {path}: no ci/suites.py there; pass the root of a checkout "
-                         "with a registry")
-    return root
-
-
 def main(argv: list[str]) -> int:
     """`python -m ci workflows [--check | --dry-run]`."""
     args = _parser().parse_args(argv)
+    # Generated files are written under --root: one that does not exist must not gain a
+    # .github/ tree (a checkout without a registry of its own gets the toolkit's).
     root: Path = (find_root(Path.cwd().resolve()) if args.root is None
-                  else _given_root(args.root))
+                  else existing_dir("--root", args.root))
     jobs = table(load_registry(root).suites)
     changes = drift(root, {**render(jobs), **readme(root, jobs)})
     if args.check or args.dry_run:
