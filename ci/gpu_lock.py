@@ -14,6 +14,11 @@ Layout for a pattern P (default `/dev/shm/custom_gpu_lock_{gpu_id}.lock`):
 - `P.format(gpu_id="queue") + ".d/<ticket>.json"`: one file per waiter, flocked by the
   waiter while it waits. A ticket whose lock is free belongs to a dead waiter and is
   dropped; flocks (unlike pids) mean the same thing across containers sharing /dev/shm.
+  The directory is sticky (01777): nobody removes another user's ticket. Anything else in
+  it (a directory, a link, a record that is no ticket) is skipped and shown by `gpu-status`.
+
+Every one of these files is opened through `ci/lockfile.py`: never through a symbolic
+link, never another user's file (any local user can create names in /dev/shm).
 
 Fairness: waiters are served in ticket order. Walking the queue, every earlier waiter
 claims the free GPUs it needs (a `--count` waiter claims up to its count, a `--devices`
