@@ -25,7 +25,7 @@ from ci.backends.ray import ADDRESS_ENV
 from ci.discover import discover
 from ci.docker import ENTRY_FLAG_DEFAULTS
 from ci.durations import DURATIONS_FILE, DurationStore
-from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError
+from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, UsageError
 from ci.gpu_lock import DEFAULT_PATTERN as DEFAULT_LOCK_PATTERN
 from ci.gpu_lock import DEFAULT_TIMEOUT as DEFAULT_LOCK_TIMEOUT
 from ci.gpu_lock import MAX_TOTAL_GPUS, check_files, nvml_gpu_count, validate_pattern
@@ -370,6 +370,9 @@ def _report(name: str, results: Sequence[Result], wall: float, junit: Path,
     log.line(f"{len(results)} entries in {wall:.1f}s; JUnit: {junit}")
     if any(r.outcome == "interrupted" for r in results):
         return EXIT_INTERRUPTED
+    if any(r.outcome == "timeout" and r.started_at is None and r.queued_at is not None
+           for r in results):
+        return EXIT_TIMEOUT  # an entry gave up waiting for its GPUs (--lock-timeout)
     if bad:
         return EXIT_FAILED
     if sum(r.passed for r in results) == 0:

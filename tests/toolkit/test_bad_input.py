@@ -293,6 +293,24 @@ def test_run_lock_timeout_must_be_a_positive_number(checkout: Path, value: str) 
     assert one_line(proc).startswith("error: --lock-timeout ")
 
 
+def test_run_that_gives_up_waiting_for_gpus_exits_124_naming_the_holder(checkout: Path,
+                                                                       tmp_path: Path) -> None:
+    # Found reading the runner, not named by the issue: the timeout was raised in the runner
+    # thread, printed as a traceback and ended the run as "interrupted", exit 130.
+    from ci import gpu_lock
+
+    pattern = str(tmp_path / "l" / "x_{gpu_id}.lock")
+    with gpu_lock.hold(count=1, total_gpus=1, lock_path_pattern=pattern, command="holder"):
+        proc = ci("run", "--suite", "train", "--root", str(checkout), "--emulate-gpus", "--gpus",
+                  "1", "--lock-path-pattern", pattern, "--lock-timeout", "0.5",
+                  env={"MARK": str(tmp_path / "mark")})
+    assert proc.returncode == 124, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "timed out after 0.5s waiting for 1 GPU(s): GPU 0 is held by" in proc.stdout
+    assert "tests/e2e/test_job.py  timeout" in proc.stdout
+    assert not (tmp_path / "mark").exists()
+
+
 # ------------------------------------------------------------------ invoke = python -m ci
 
 
