@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from collections.abc import Mapping
 from contextlib import suppress
 from pathlib import Path
@@ -33,9 +34,15 @@ class DurationStore:
     def load(self) -> dict[str, float]:
         """What was measured; a missing, unreadable or malformed store reads as empty."""
         try:
-            if self.path.stat().st_size > MAX_BYTES:
+            # A regular file only: `--durations /dev/zero` or a FIFO would be read forever.
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    return {}
+                raw = f.read(MAX_BYTES + 1)
+            if len(raw) > MAX_BYTES:
                 return {}
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = json.loads(raw.decode("utf-8"))
         except (OSError, ValueError, RecursionError):  # `[[[[…`: too deep for the parser
             return {}
         if not isinstance(data, dict):

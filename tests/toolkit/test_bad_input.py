@@ -223,6 +223,7 @@ def test_durations_too_deep_or_not_finite_are_ignored(tmp_path: Path) -> None:
     assert DurationStore(path).load() == {}
     path.write_text('{"a": NaN, "b": Infinity, "c": -Infinity, "d": -1, "e": 2.5, "f": true}')
     assert DurationStore(path).load() == {"e": 2.5}
+    assert DurationStore(Path("/dev/zero")).load() == {}  # not read forever
 
 
 def test_non_finite_durations_do_not_skew_shards(checkout: Path) -> None:
