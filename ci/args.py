@@ -62,8 +62,19 @@ def env_name(flag: str, name: str) -> str:
 
 def existing_dir(flag: str, path: Path) -> Path:
     """A directory given on the command line, resolved; one that does not exist is bad input."""
-    resolved = path.resolve()
-    if not resolved.is_dir():
+    try:
+        resolved = path.resolve()
+        if resolved.is_dir():
+            return resolved
         what = "is not a directory" if resolved.exists() else "does not exist"
-        raise UsageError(f"{flag} {path}: {what}; pass the repository root")
-    return resolved
+    except OSError as exc:  # a name too long, a loop of links: is_dir() raises those
+        what = f"cannot be used ({exc.strerror})"
+    raise UsageError(f"{flag} {one_line(str(path))}: {what}; pass the repository root")
+
+
+def one_line(text: str) -> str:
+    """`text` with line breaks and other control characters escaped: an error stays one line
+    even when it quotes an argument that holds a newline."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " else repr(ch)[1:-1] for ch in text)

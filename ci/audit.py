@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from ci.args import existing_dir
 from ci.discover import TestFile, discover
 from ci.errors import EXIT_FAILED, EXIT_OK, NothingRegistered, UsageError
 from ci.plan import rule_files
@@ -117,7 +118,7 @@ def main(argv: Sequence[str]) -> int:
         "and belongs to exactly the suites its GPU count allows. Exit 1 when anything is wrong."))
     p.add_argument("--root", type=Path, default=Path.cwd(), help="checkout to audit (default: .)")
     args = p.parse_args(list(argv))
-    root = args.root.resolve()
+    root = existing_dir("--root", args.root)
     if not (root / "tests").is_dir():
         raise UsageError(f"{root} has no tests/ directory; pass the repository root with --root")
     findings, count, registry = audit(root, load_registry(root))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
 
+from ci.args import existing_dir
 from ci.discover import TestFile, discover, is_test_file, read_test_file
 from ci.errors import EXIT_OK, UsageError
 from ci.registry import REGISTRY
@@ -429,7 +430,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--force", action="store_true",
                    help=f"overwrite a {REGISTRY} that an earlier import did not write")
     args = p.parse_args(list(argv))
-    root = (args.root or _default_root(args.template)).resolve()
+    root = existing_dir("--root", args.root or _default_root(args.template))
     if not (root / "tests").is_dir():
         raise UsageError(f"{root} has no tests/ directory; pass the checkout's root with --root")
     result = import_workflow(args.template, root)

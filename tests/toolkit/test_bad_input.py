@@ -376,6 +376,21 @@ def test_a_bad_option_is_one_line_not_a_usage_dump(command: tuple[str, ...]) -> 
     assert "--no-such-option" in one_line(proc)
 
 
+# Found by test_cli_properties.py, not named by the issue:
+
+
+@pytest.mark.parametrize("command", ["changed", "audit", "plan", "workflows"])
+def test_an_argument_holding_a_line_break_is_still_one_line(command: str) -> None:
+    assert "\\r" in one_line(ci(command, "--root", str(REPO), "a\rb\nc"))
+
+
+@pytest.mark.parametrize("command", ["audit", "changed", "plan", "workflows", "import-workflow"])
+def test_a_root_whose_name_is_too_long_is_one_line(tmp_path: Path, command: str) -> None:
+    args = ["--root", str(tmp_path / ("x" * 300))]
+    proc = ci(command, *(["t.yml.j2"] if command == "import-workflow" else []), *args)
+    assert "File name too long" in one_line(proc)
+
+
 def test_an_empty_path_selects_nothing_rather_than_everything(checkout: Path) -> None:
     proc = ci("run", "--suite", "unit", "--root", str(checkout), "--dry-run", "")
     assert "empty path" in one_line(proc)
