@@ -47,7 +47,9 @@ def check_fd(fd: int, path: str) -> os.stat_result:
     if st.st_nlink != 1:
         raise LockFileRefused(f"{path} has {st.st_nlink} hard links, so it may be another file; "
                               "remove it or pass another --lock-path-pattern")
-    if st.st_uid not in trusted_owners(os.path.dirname(path) or "."):
+    # Our own or root's file (the common case) needs no look at the directory.
+    if st.st_uid not in (os.geteuid(), 0) and st.st_uid not in trusted_owners(
+            os.path.dirname(path) or "."):
         raise LockFileRefused(f"{path} belongs to uid {st.st_uid}, not to you (uid "
                               f"{os.geteuid()}), root or the directory's owner; remove it, or "
                               "pass a --lock-path-pattern in a directory of your own")

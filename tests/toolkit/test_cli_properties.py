@@ -187,10 +187,10 @@ def aimed(command: str, argv: list[str], world: World) -> list[str]:
         # Last, so no generated value can drop the dry run: run must only plan here.
         return ["--root", str(world.checkout), *argv, "--dry-run"]
     if command in ("lock-gpus", "gpu-status"):
-        pinned = ["--lock-path-pattern", str(world.locks / "gpu_{gpu_id}.lock"),
-                  "--total-gpus", "2", "--timeout", "2"]
-        tail = ["--", "true"] if command == "lock-gpus" and "--" not in argv else []
-        return [*pinned[: 4 if command == "gpu-status" else 6], *argv, *tail]
+        pinned = ["--lock-path-pattern", str(world.locks / "gpu_{gpu_id}.lock"), "--total-gpus", "2"]
+        if command == "gpu-status":
+            return [*pinned, *argv]
+        return [*pinned, "--timeout", "2", *argv, "--", "true"]
     if command in ("audit", "plan", "changed", "workflows"):
         return ["--root", str(world.checkout), *argv]
     if command == "import-workflow":
