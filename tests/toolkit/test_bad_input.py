@@ -129,32 +129,24 @@ def test_a_store_that_cannot_be_written_raises_one_error_and_leaves_no_tmp(tmp_p
     assert [p.name for p in tmp_path.iterdir()] == ["durations.json"]
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                    reason="needs root and setpriv to be a user who cannot write the checkout")
-def test_a_read_only_checkout_is_one_line(checkout: Path, tmp_path: Path) -> None:
-    # The interpreter lives under /root here: copy the checkout where uid 65534 can read it
-    # and run the toolkit's code as that user from a copy it can read too.
-    shared = Path(os.environ.get("SLIME_CI_SHARED_TMP", "/tmp")) / f"slime-ci-ro-{os.getpid()}"
-    try:
-        shutil.copytree(checkout, shared / "repo")
-        shutil.copytree(REPO / "ci", shared / "toolkit" / "ci")
-        for path in [shared, *shared.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
-        probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                                str(python), "-c", "pass"], capture_output=True, check=False)
-        if probe.returncode != 0:
-            pytest.skip("uid 65534 cannot run this interpreter")
-        proc = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(python), "-m",
-             "ci", "run", "--suite", "unit", "--root", str(shared / "repo"), "-j", "1"],
-            cwd=shared / "toolkit", env={"PATH": os.environ["PATH"],
-                                         "PYTHONPATH": str(shared / "toolkit")},
-            capture_output=True, text=True, timeout=60, check=False)
-        line = one_line(proc)
-        assert ".ci-cache" in line and "writable" in line
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare for a read-only mount of the checkout")
+def test_a_read_only_checkout_is_one_line(checkout: Path) -> None:
+    # Root writes through any mode bits, so the checkout is made read-only the way a CI
+    # volume is: a read-only bind mount, in a mount namespace of this command alone.
+    ro = str(checkout)
+    script = (f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && "
+              f"exec {sys.executable} -m ci run --suite unit --root {ro} -j 1")
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {ro} {ro}"],
+                           capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"no private mount namespace here: {probe.stderr.decode().strip()}")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=120, check=False)
+    line = one_line(proc)
+    assert ".ci-cache" in line and "Read-only file system" in line and "writable" in line
+    assert not (checkout / ".ci-cache").exists()
 
 
 # ------------------------------------------------------------------ lock paths that cannot be used
