@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from ci.args import existing_dir
 from ci.discover import TestFile, discover
 from ci.errors import EXIT_FAILED, EXIT_OK, NothingRegistered, UsageError
 from ci.plan import rule_files
@@ -118,8 +117,12 @@ def main(argv: Sequence[str]) -> int:
         "and belongs to exactly the suites its GPU count allows. Exit 1 when anything is wrong."))
     p.add_argument("--root", type=Path, default=Path.cwd(), help="checkout to audit (default: .)")
     args = p.parse_args(list(argv))
-    root = existing_dir("--root", args.root)
-    if not (root / "tests").is_dir():
+    root = args.root.resolve()
+    try:
+        has_tests = (root / "tests").is_dir()
+    except OSError as exc:  # is_dir() raises for a name too long, a loop of links
+        raise UsageError(f"--root {root}: cannot be used ({exc.strerror})") from None
+    if not has_tests:
         raise UsageError(f"{root} has no tests/ directory; pass the repository root with --root")
     findings, count, registry = audit(root, load_registry(root))
     if not count:
