@@ -6,6 +6,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from ci.args import one_line
 from ci.errors import EXIT_INTERRUPTED, EXIT_USAGE, CIError
 from ci.interrupts import PROCESS
 
@@ -49,8 +50,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         entry = module.status_main if name == "gpu-status" else module.main
         code = int(entry(rest))
     except CIError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         code = exc.exit_code
+    except OSError as exc:
+        # A path the user gave that the system refuses in a way no check above foresaw
+        # (a name too long, a loop of links): still one line and exit 2, never a traceback.
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        print(f"error: {one_line(f'{where}{exc.strerror or exc}')}; check the paths given",
+              file=sys.stderr)
+        code = EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = EXIT_INTERRUPTED

@@ -121,6 +121,11 @@ def select_only(entries: Sequence[PlannedEntry], pattern: str) -> list[PlannedEn
     return chosen
 
 
+# A shard list is built for every K: a K of a billion was a MemoryError. No CI splits a
+# suite into more jobs than this.
+MAX_SHARDS = 1000
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """`I/K` with 1 <= I <= K."""
     try:
@@ -130,6 +135,8 @@ def parse_shard(text: str) -> tuple[int, int]:
         raise UsageError(f"--shard {text!r}: expected I/K, e.g. 1/4") from None
     if count < 1 or not 1 <= index <= count:
         raise UsageError(f"--shard {text!r}: need 1 <= I <= K")
+    if count > MAX_SHARDS:
+        raise UsageError(f"--shard {text!r}: at most {MAX_SHARDS} shards")
     return index, count
 
 

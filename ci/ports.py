@@ -13,6 +13,9 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from ci.errors import UsageError
+from ci.lockfile import open_lock
+
 PORT_BLOCK = 200  # ports reserved per GPU entry (Ray head, dashboard, workers…)
 PORT_FLOOR = 20000  # first port of GPU 0's block
 
@@ -54,14 +57,26 @@ def claimed_floor(gpus: int, lock_dir: str | None = None) -> Iterator[int]:
     yield EMULATED_FLOOR  # every range is taken: share, as before (Ray reports a busy port)
 
 
+def _lock_block(path: str) -> int | None:
+    # Through ci/lockfile.py: a link or another user's file planted under this name in
+    # /dev/shm is refused, and the block counts as taken.
+    try:
+        fd = open_lock(path)
+    except UsageError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def _lock_blocks(directory: str, first: int, count: int) -> list[int] | None:
     held: list[int] = []
     for block in range(first, first + count * PORT_BLOCK, PORT_BLOCK):
-        fd = os.open(os.path.join(directory, f"slime-ci-ports-{block}.lock"), os.O_CREAT | os.O_RDWR, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
+        fd = _lock_block(os.path.join(directory, f"slime-ci-ports-{block}.lock"))
+        if fd is None:
             for other in held:
                 os.close(other)
             return None

@@ -37,6 +37,7 @@ from typing import Protocol
 
 from ci.backends.base import Backend, EntryEnv
 from ci.backends.local import LocalBackend
+from ci.errors import CIError, WaitTimeout
 from ci.gpu_lock import Abandoned
 from ci.interrupts import Interrupts
 from ci.log import Log
@@ -408,6 +409,15 @@ class Runner:
         except Abandoned:  # the run was stopped while this entry waited for its GPUs
             return replace(interrupted_result(entry), queued_at=queued_at, ended_at=time.time(),
                            node=self.cfg.node)
+        except CIError as exc:
+            # --lock-timeout ran out, or a lock file was refused: this entry's result, not a
+            # traceback that ended the runner thread and the run as "interrupted".
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            log_path.write_text(f"{exc}\n", encoding="utf-8")
+            return Result(entry=entry, outcome="timeout" if isinstance(exc, WaitTimeout) else "failed",
+                          reason=str(exc), returncode=exc.exit_code, queued_at=queued_at,
+                          ended_at=time.time(), node=self.cfg.node, log_path=log_path,
+                          output_tail=str(exc))
         result = replace(judge(entry, attempt, junit=junit, log=log_path, filtering=self.cfg.filtering),
                          devices=devices, queued_at=queued_at, started_at=started_at,
                          ended_at=time.time(), node=self.cfg.node)

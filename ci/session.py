@@ -19,15 +19,16 @@ from typing import NoReturn
 
 from ci import plan as planner
 from ci import timeline
+from ci.args import existing_dir, seconds
 from ci.backends import select_backend
 from ci.backends.ray import ADDRESS_ENV
 from ci.discover import discover
 from ci.docker import ENTRY_FLAG_DEFAULTS
 from ci.durations import DURATIONS_FILE, DurationStore
-from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError
+from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, UsageError
 from ci.gpu_lock import DEFAULT_PATTERN as DEFAULT_LOCK_PATTERN
 from ci.gpu_lock import DEFAULT_TIMEOUT as DEFAULT_LOCK_TIMEOUT
-from ci.gpu_lock import nvml_gpu_count
+from ci.gpu_lock import MAX_TOTAL_GPUS, check_files, nvml_gpu_count, validate_pattern
 from ci.interrupts import PROCESS
 from ci.log import Log
 from ci.plan import PlannedEntry
@@ -115,7 +116,7 @@ class Options:
 def parse(argv: Sequence[str]) -> Options:
     """Parse and validate; every problem is a one-line UsageError."""
     args, unknown = build_parser().parse_known_args(list(argv))
-    root = args.root.resolve()
+    root = existing_dir("--root", args.root)
     if not (root / "tests").is_dir():
         raise UsageError(f"{root} has no tests/ directory; run from the repository root or pass --root")
     registry = load_registry(root)
@@ -126,14 +127,19 @@ def parse(argv: Sequence[str]) -> Options:
         raise UsageError(f"--timeout {args.timeout:g}: must be between 0 (exclusive) and 604800 s")
     if not 0 <= args.retries <= 10:
         raise UsageError(f"--retries {args.retries}: must be between 0 and 10")
-    if args.gpus is not None and not 0 <= args.gpus <= 1024:
-        raise UsageError(f"--gpus {args.gpus}: must be between 0 and 1024")
-    if args.lock_timeout <= 0:
-        raise UsageError("--lock-timeout must be positive")
-    if args.lock_path_pattern is not None and "{gpu_id}" not in args.lock_path_pattern:
-        raise UsageError("--lock-path-pattern must contain {gpu_id}")
+    if args.gpus is not None and not 0 <= args.gpus <= MAX_TOTAL_GPUS:
+        raise UsageError(f"--gpus {args.gpus}: must be between 0 and {MAX_TOTAL_GPUS}")
+    seconds("--lock-timeout", args.lock_timeout, forever=True)
     if args.ray_address is None:
         args.ray_address = os.environ.get(ADDRESS_ENV) or None
+    if args.lock_path_pattern is not None:
+        # The same check as lock-gpus: a bad pattern found by the runner thread of the first
+        # GPU entry used to end the run as "interrupted". On a cluster `{node}` is a field too.
+        validate_pattern(args.lock_path_pattern.replace("{node}", "node")
+                         if args.ray_address else args.lock_path_pattern)
+    if any(not p.strip() for p in args.paths):
+        raise UsageError("an empty path was given (`\"\"`); name test files or directories of the "
+                         "suite, or none for all of it")
     if args.ray_address is not None and not suite.needs_gpus:
         raise UsageError(f"--ray-address runs GPU suites on a cluster; {suite.name} runs on this machine")
     if unknown and not suite.takes_pytest_args:
@@ -258,6 +264,8 @@ def main(argv: Sequence[str]) -> int:
         _print_plan(opts, entries, cfg, log)
         return EXIT_OK
     backend.check()  # its preconditions: one line and exit 2 before anything starts
+    junit = args.junit or cache / "junit" / f"{suite.name}.xml"
+    _check_writable(work_dir, junit.parent, store.path)
     interrupts.check()
     ports = ExitStack()
     try:
@@ -265,6 +273,7 @@ def main(argv: Sequence[str]) -> int:
             cfg = replace(cfg, port_floor=ports.enter_context(claimed_floor(gpus)))
         pattern = backend.lock_pattern if gpu_entries else None
         if pattern is not None:
+            check_files(pattern, gpus)  # an unusable lock path: one line now, not per entry
             cfg = replace(cfg, acquire=_acquirer(gpus, pattern, args.lock_timeout))
         log.line(f"{suite.name}: {len(entries)} entries, {jobs} at a time"
                  + (f", {gpus} GPUs" + (" (emulated)" if backend.emulated else "")
@@ -278,8 +287,7 @@ def main(argv: Sequence[str]) -> int:
     finally:
         ports.close()
         backend.close()
-    code = _report(suite.name, results, wall, args.junit or cache / "junit" / f"{suite.name}.xml",
-                   store, log)
+    code = _report(suite.name, results, wall, junit, store, log)
     if gpu_entries:
         _timeline(suite.name, results, rows, work_dir, log)
     return interrupts.exit_code(code)
@@ -312,6 +320,23 @@ def _timeline(name: str, results: Sequence[Result], gpu_rows: Sequence[str], wor
     log.line(f"timeline: {page}")
 
 
+def _check_writable(work_dir: Path, junit_dir: Path, durations: Path) -> None:
+    """Everything a run writes can be written: else one line now, before any entry runs."""
+    for directory in (work_dir, junit_dir, durations.parent):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create {directory} ({exc.strerror}): the run writes its logs, "
+                             "JUnit and durations there; make the checkout writable or remove "
+                             "what is in the way") from None
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise UsageError(f"{directory} is not writable: the run writes its logs, JUnit and "
+                             "durations there; make the checkout writable")
+    if durations.exists() and not durations.is_file():
+        raise UsageError(f"{durations} is not a file: it keeps measured durations between runs; "
+                         "remove it (or pass --durations FILE)")
+
+
 def _acquirer(gpus: int, pattern: str, timeout: float) -> Acquire:
     from ci.gpu_lock import hold
 
@@ -328,8 +353,11 @@ def _report(name: str, results: Sequence[Result], wall: float, junit: Path,
     log.line(table(results))
     log.line("")
     merge_junit(results, junit)
-    store.update({r.entry.id: r.seconds for r in results
-                  if r.outcome not in UNMEASURED})
+    try:
+        store.update({r.entry.id: r.seconds for r in results
+                      if r.outcome not in UNMEASURED})
+    except UsageError as exc:  # the results stand; only the next plan's order suffers
+        log.line(f"warning: {exc}")
     line = closing(name, results)
     bad = [r for r in results if not r.ok]
     flaky = [r for r in results if r.outcome == "flaky"]
@@ -342,6 +370,9 @@ def _report(name: str, results: Sequence[Result], wall: float, junit: Path,
     log.line(f"{len(results)} entries in {wall:.1f}s; JUnit: {junit}")
     if any(r.outcome == "interrupted" for r in results):
         return EXIT_INTERRUPTED
+    if any(r.outcome == "timeout" and r.started_at is None and r.queued_at is not None
+           for r in results):
+        return EXIT_TIMEOUT  # an entry gave up waiting for its GPUs (--lock-timeout)
     if bad:
         return EXIT_FAILED
     if sum(r.passed for r in results) == 0:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
+from ci.args import Parser, existing_dir
 from ci.errors import UsageError
 from ci.registry import load_registry
 from ci.style import Style
@@ -278,7 +279,7 @@ def render_plan(event: Event, decisions: Sequence[Decision]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m ci plan",
         description="Show which CI jobs (nox sessions) an event would run, and why. "
                     "Reads the same table the workflow generator renders.",
@@ -308,7 +309,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """`python -m ci plan`: print the jobs an event would run."""
     args = _parser().parse_args(argv)
-    registry = load_registry(args.root.resolve())
+    registry = load_registry(existing_dir("--root", args.root))
     jobs = table(registry.suites, registry.style)
     event = parse_event(args, jobs)
     decisions = plan(event, jobs)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias
 
+from ci.args import Parser, existing_dir
 from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
 from ci.registry import REGISTRY_PATHS, Registry, load_registry, registry_path
@@ -441,7 +442,7 @@ def write(root: Path, changes: Sequence[Drift]) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=COMMAND,
         description=f"Write {WORKFLOW_PATH} and {ACTIONLINT_PATH} from the registry "
                     "(ci/suites.py) and the trigger table (ci/triggers.py).",
@@ -468,7 +469,10 @@ def find_root(start: Path) -> Path:
 def main(argv: list[str]) -> int:
     """`python -m ci workflows [--check | --dry-run]`."""
     args = _parser().parse_args(argv)
-    root: Path = args.root if args.root is not None else find_root(Path.cwd().resolve())
+    # Generated files are written under --root: one that does not exist must not gain a
+    # .github/ tree (a checkout without a registry of its own gets the toolkit's).
+    root: Path = (find_root(Path.cwd().resolve()) if args.root is None
+                  else existing_dir("--root", args.root))
     registry = load_registry(root)
     jobs = table(registry.suites, registry.style)
     changes = drift(root, {**render(jobs, registry.style), **readme(root, jobs), **u_generated(root),
