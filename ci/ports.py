@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-
-from ci.errors import UsageError
-from ci.lockfile import open_lock
 
 PORT_BLOCK = 200  # ports reserved per GPU entry (Ray head, dashboard, workers…)
 PORT_FLOOR = 20000  # first port of GPU 0's block
@@ -58,18 +56,24 @@ def claimed_floor(gpus: int, lock_dir: str | None = None) -> Iterator[int]:
 
 
 def _lock_block(path: str) -> int | None:
-    # Through ci/lockfile.py: a link or another user's file planted under this name in
-    # /dev/shm is refused, and the block counts as taken.
+    # A name in /dev/shm may have been planted by another user: never follow a link, and
+    # use only a plain, singly linked file of ours, root's or the directory's owner (the
+    # rules of ci/lockfile.py, kept here in the standard library because U's copy of this
+    # file runs without the toolkit). Anything else counts as a taken block.
     try:
-        fd = open_lock(path)
-    except UsageError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
     except OSError:
-        os.close(fd)
         return None
-    return fd
+    try:
+        st = os.fstat(fd)
+        owners = {os.geteuid(), 0, os.stat(os.path.dirname(path) or ".").st_uid}
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid in owners:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 def _lock_blocks(directory: str, first: int, count: int) -> list[int] | None:
