@@ -11,12 +11,18 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ci.plan import PlannedEntry
 
-Outcome = Literal["passed", "failed", "timeout", "empty", "deselected", "flaky", "interrupted", "lost"]
-OK_OUTCOMES: frozenset[str] = frozenset({"passed", "deselected", "flaky"})
+if TYPE_CHECKING:
+    from ci.history.records import MetricPoint
+
+Outcome = Literal["passed", "failed", "timeout", "empty", "deselected", "flaky", "interrupted", "lost",
+                  "quarantined"]
+# "quarantined": the registry or the flake history quarantined the entry; whatever it did,
+# it does not fail the job (ci/history/quarantine.py).
+OK_OUTCOMES: frozenset[str] = frozenset({"passed", "deselected", "flaky", "quarantined"})
 # Outcomes whose duration says nothing about the entry's next run.
 UNMEASURED: frozenset[str] = frozenset({"interrupted", "deselected", "timeout", "lost"})
 PYTEST_NO_TESTS = 5  # pytest's exit code when it collected (or selected) nothing
@@ -47,6 +53,7 @@ class Result:
     ended_at: float | None = None
     node: str = ""  # where it ran: the hostname, or the cluster node
     earlier: tuple[Result, ...] = ()  # attempts before this one (retries), oldest first
+    metrics: tuple[MetricPoint, ...] = ()  # an e2e entry's metrics.jsonl, read before its outputs go
 
     @property
     def ok(self) -> bool:

@@ -38,6 +38,7 @@ from typing import Protocol
 from ci.backends.base import Backend, EntryEnv
 from ci.backends.local import LocalBackend
 from ci.gpu_lock import Abandoned
+from ci.history.records import read_metrics
 from ci.interrupts import Interrupts
 from ci.log import Log
 from ci.plan import PlannedEntry
@@ -411,6 +412,8 @@ class Runner:
         result = replace(judge(entry, attempt, junit=junit, log=log_path, filtering=self.cfg.filtering),
                          devices=devices, queued_at=queued_at, started_at=started_at,
                          ended_at=time.time(), node=self.cfg.node)
+        if entry.kind == "script":  # e2e scripts leave metrics.jsonl for the history and its gates
+            result = replace(result, metrics=read_metrics(entry.id, out_dir))
         shutil.rmtree(tmp_dir, ignore_errors=True)
         if result.ok and not self.cfg.keep_outputs:
             shutil.rmtree(out_dir, ignore_errors=True)
