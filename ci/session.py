@@ -24,7 +24,7 @@ from ci.backends.ray import ADDRESS_ENV
 from ci.discover import discover
 from ci.docker import ENTRY_FLAG_DEFAULTS
 from ci.durations import DURATIONS_FILE, DurationStore
-from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageError
+from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, StoreError, UsageError
 from ci.gpu_lock import DEFAULT_PATTERN as DEFAULT_LOCK_PATTERN
 from ci.gpu_lock import DEFAULT_TIMEOUT as DEFAULT_LOCK_TIMEOUT
 from ci.gpu_lock import nvml_gpu_count
@@ -148,7 +148,7 @@ def parse(argv: Sequence[str]) -> Options:
         raise UsageError(f"--ray-address runs GPU suites on a cluster; {suite.name} runs on this machine")
     try:
         args.history_url = resolve_url(args.history, os.environ, root)
-    except ImportError:  # no SQLAlchemy here: recording warns and spools, the run goes on
+    except StoreError:  # no SQLAlchemy here: recording warns and spools, the run goes on
         args.history_url = args.history or f"sqlite:///{root / HISTORY_FILE}"
     if unknown and not suite.takes_pytest_args:
         raise UsageError(f"unknown option(s) for GPU suite {suite.name}: {' '.join(unknown)}")

@@ -43,12 +43,14 @@ def resolve_url(cli: str | None, env: Mapping[str, str], root: Path) -> str | No
 
 def normalise(raw: str) -> str:
     """`postgresql://…` → the psycopg 3 driver; `sqlite:///path`; anything else is refused."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
+    try:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+    except ImportError:
+        raise StoreError("the history store needs SQLAlchemy: pip install 'slime-ci[history]'") from None
     try:
         url = make_url(raw)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         raise UsageError(f"history URL {_redact(raw)!r} is malformed; use "
                          "postgresql://user@host:5432/db or sqlite:///path/history.sqlite") from None
     backend = url.get_backend_name()
@@ -144,7 +146,11 @@ class HistoryStore:
         else:
             self.engine = create_engine(url, pool_pre_ping=True,
                                         connect_args={"connect_timeout": int(max(1, connect_timeout))})
-        self._migrate()
+        try:
+            self._migrate()
+        except StoreError:
+            self.engine.dispose()  # no connection left open behind a store we refuse
+            raise
 
     def close(self) -> None:
         self.engine.dispose()
