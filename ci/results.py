@@ -208,9 +208,12 @@ def closing(suite: str, results: Sequence[Result]) -> str:
     passed = sum(r.passed for r in results)
     skipped = sum(r.skipped for r in results)
     stopped = [r for r in results if r.outcome == "interrupted"]
+    held = sum(r.outcome == "quarantined" for r in results)
     if not stopped:
-        failed = sum(r.failed for r in results)
-        return f"{suite}: {passed} passed, {failed} failed, {skipped} skipped"
+        # A quarantined entry's failures do not fail the job: they are counted apart.
+        failed = sum(r.failed for r in results if r.outcome != "quarantined")
+        tail = f", {held} quarantined" if held else ""
+        return f"{suite}: {passed} passed, {failed} failed, {skipped} skipped{tail}"
     # Entries the interrupt ended, or never started, are neither passed nor failed tests.
     failed = sum(r.failed for r in results if r.outcome != "interrupted")
     finished = len(results) - len(stopped)

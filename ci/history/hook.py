@@ -76,8 +76,9 @@ def apply_gates(run: HistoryRun, results: Sequence[Result], note: Warn) -> tuple
     gated = [r for r in results if declared.get(r.entry.id) and declared[r.entry.id].gates and r.ok]
     if not gated:
         return list(results), False
-    if run.url is None:
-        note("metric gates: inactive (history is off)")
+    if run.url is None or run.before.error:
+        note("metric gates: inactive (" + ("history is off" if run.url is None
+                                           else "the history store is unavailable") + ")")
         return list(results), False
     try:
         store = open_store(run.url)
@@ -135,4 +136,5 @@ def finish(run: HistoryRun, results: Sequence[Result], exit_code: int, *, root: 
     record = build_run(uid=run.uid, suite=run.suite.name, results=results, started_at=run.started_at,
                        ended_at=time.time(), exit_code=exit_code, context=context,
                        metrics={r.entry.id: r.metrics for r in results})
-    return write_after(run.url, record, root=root, durations=durations, warn=warn, note=note)
+    return write_after(run.url, record, root=root, durations=durations, warn=warn, note=note,
+                       known_error=run.before.error)

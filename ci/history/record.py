@@ -73,6 +73,7 @@ class Before:
     failed_here: frozenset[str] = frozenset()  # entries that failed last time on this branch
     quarantined: Mapping[str, str] = field(default_factory=dict)  # auto-quarantined entry → why
     available: bool = False
+    error: str = ""  # why the store could not be read (said once, at planning)
 
 
 def read_before(url: str | None, *, suite: str, hardware: str, branch: str,
@@ -84,8 +85,8 @@ def read_before(url: str | None, *, suite: str, hardware: str, branch: str,
         with open_store(url) as store:
             rows = store.attempts(suite=suite, hardware=hardware, last_runs=300)
     except StoreError as exc:
-        warn(f"history: not used for planning ({exc})")
-        return Before()
+        warn(f"history: unavailable ({exc}); planning from durations.json")
+        return Before(error=str(exc))
     auto = (auto_quarantine(flakiness(rows), rate=quarantine_rate, min_runs=min_runs)
             if quarantine_rate is not None else {})
     return Before(estimates=estimates(rows),
@@ -137,7 +138,7 @@ def import_durations(store: HistoryStore, durations: Mapping[str, float], *, har
 
 
 def write_after(url: str | None, run: RunRecord, *, root: Path, durations: Mapping[str, float],
-                warn: Warn, note: Warn) -> bool:
+                warn: Warn, note: Warn, known_error: str = "") -> bool:
     """Record the run; on any store problem warn in one line and spool it. Never raises StoreError."""
     if url is None:
         return False
@@ -153,7 +154,8 @@ def write_after(url: str | None, run: RunRecord, *, root: Path, durations: Mappi
         except OSError as err:
             warn(f"history: not recorded ({exc}); could not spool it either ({err})")
             return False
-        warn(f"history: not recorded ({exc}); kept in {kept} for the next run")
+        why = "the same problem" if str(exc) == known_error else str(exc)
+        warn(f"history: not recorded ({why}); kept in {kept} for the next run")
         return False
     extra = f" (+{replayed} spooled)" if replayed else ""
     note(f"history: recorded run {run.uid[:8]}{extra} in {describe(url)}")
