@@ -288,6 +288,7 @@ def main(argv: Sequence[str]) -> int:
         infinite=_bool_env(env, "SLIME_TEST_ENABLE_INFINITE_RUN"),
         keep_outputs=args.keep_outputs, backend=backend,
         prefork=_prefork_policy(opts, files=len(entries), jobs=jobs),
+        estimates=run.before.estimates,
     )
     if args.dry_run:
         _print_plan(opts, entries, cfg, log)
