@@ -115,18 +115,30 @@ def _env(**values: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(values.items()))
 
 
+# Metric gates of the megatron entries, judged against the trusted history of the same
+# entry on the same kind of hardware (ci/history/gates.py): the reward the run ends on and
+# its last gradient norm, and the KL where the entry trains with a KL loss. The floors are
+# the smallest drift that counts: emulated runs are bitwise repeatable (σ = 0), so without
+# a floor any change at all would fail, and the entries' own checks only ask for a gain.
+def _learning_gates(*, kl: bool = False) -> tuple[MetricGate, ...]:
+    gates = (MetricGate(metric="rollout/reward", steps="last", k=3.0, floor=0.05),
+             MetricGate(metric="train/grad_norm", steps="last", k=3.0, floor=0.25))
+    return gates + ((MetricGate(metric="train/kl_loss", steps="last", k=3.0, floor=0.05),) if kl else ())
+
+
 # The megatron matrix: the RL loop (train.py / train_async.py) end to end on a tiny model,
 # on CUDA when present and on CPU ranks under --emulate-gpus. Each entry names the feature
 # it proves; each fails when that feature breaks.
 MEGATRON_ENTRIES: tuple[Entry, ...] = (
-    Entry(path="tests/e2e/test_rl_grpo_colocated.py", timeout=600),
-    Entry(path="tests/e2e/test_rl_ppo_critic.py", timeout=600),
-    Entry(path="tests/e2e/test_rl_debug_replay.py", timeout=600),
-    Entry(path="tests/e2e/test_rl_async.py", timeout=600),
-    Entry(path="tests/e2e/test_rl_fanout_filter.py", timeout=600),
-    Entry(path="tests/e2e/test_rl_refit_disk.py", timeout=600),
-    Entry(path="tests/e2e/test_rl_sleep_wake.py", timeout=600),
-    Entry(path="tests/e2e/test_rl_reinforce_tensor_refit.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_grpo_colocated.py", timeout=600, gates=_learning_gates(kl=True)),
+    Entry(path="tests/e2e/test_rl_ppo_critic.py", timeout=600, gates=_learning_gates()),
+    # Its training phase replays recorded rollouts: the reward is the recording's, not learnt.
+    Entry(path="tests/e2e/test_rl_debug_replay.py", timeout=600, gates=_learning_gates()[1:]),
+    Entry(path="tests/e2e/test_rl_async.py", timeout=600, gates=_learning_gates()),
+    Entry(path="tests/e2e/test_rl_fanout_filter.py", timeout=600, gates=_learning_gates()),
+    Entry(path="tests/e2e/test_rl_refit_disk.py", timeout=600, gates=_learning_gates()),
+    Entry(path="tests/e2e/test_rl_sleep_wake.py", timeout=600, gates=_learning_gates()),
+    Entry(path="tests/e2e/test_rl_reinforce_tensor_refit.py", timeout=600, gates=_learning_gates()),
 )
 
 # Rollout-engine layouts from `--sglang-config`. The 0-GPU YAML checks run here too, as in the

@@ -115,9 +115,13 @@ def parse_metrics(entry_id: str, text: str) -> tuple[MetricPoint, ...]:
 
 
 def read_metrics(entry_id: str, out_dir: Path) -> tuple[MetricPoint, ...]:
-    """The metric series an entry left in its output directory (one `metrics.jsonl`, the first found)."""
+    """The metric series an entry left in its output directory.
+
+    An entry that trains in phases (record, then replay) leaves one file per phase: the
+    one written last is the run the entry ends on.
+    """
     try:
-        found = sorted(out_dir.rglob(METRICS_FILE))
+        found = sorted(out_dir.rglob(METRICS_FILE), key=lambda p: p.stat().st_mtime, reverse=True)
     except OSError:
         return ()
     for path in found:
