@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "workflows": ("ci.workflow", "generate .github/workflows from the registry; --check for drift"),
     "import-workflow": ("ci.import_workflow", "write .slime-ci/suites.py from slime's pr-test.yml.j2 matrix"),
     "adopt": ("ci.adopt", "switch a slime-shaped repository to this toolkit (registry, noxfile, U, CI)"),
+    "history": ("ci.history.cli", "the run history: flake rates (flaky), failure streaks (monitor), show"),
+    "coverage": ("ci.coverage", "write the coverage page: every test file, who runs it, how it fared"),
 }
 
 
@@ -30,7 +32,7 @@ def _usage() -> str:
              "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     lines += ["", "exit codes: 0 ok, 1 tests failed, 2 bad input, 3 nothing registered, "
-              "124 timed out waiting, 130 interrupted"]
+              "4 history store unusable, 124 timed out waiting, 130 interrupted"]
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -151,6 +152,15 @@ def estimate(entry: PlannedEntry, durations: Mapping[str, float]) -> float:
 def longest_first(entries: Sequence[PlannedEntry], durations: Mapping[str, float]) -> list[PlannedEntry]:
     """Order for parallel runs: longest expected first (LPT), ties by id."""
     return sorted(entries, key=lambda e: (-estimate(e, durations), e.id))
+
+
+def failure_first(entries: Sequence[PlannedEntry], durations: Mapping[str, float], *,
+                  failed: AbstractSet[str], changed: AbstractSet[str]) -> list[PlannedEntry]:
+    """Order on a branch: what failed on it before, then what its diff touches, then longest first."""
+    def rank(e: PlannedEntry) -> int:
+        return 0 if e.id in failed else 1 if e.path in changed else 2
+
+    return sorted(entries, key=lambda e: (rank(e), -estimate(e, durations), e.id))
 
 
 def shard(entries: Sequence[PlannedEntry], index: int, count: int,

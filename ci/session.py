@@ -25,10 +25,12 @@ from ci.backends.ray import ADDRESS_ENV
 from ci.discover import discover
 from ci.docker import ENTRY_FLAG_DEFAULTS
 from ci.durations import DURATIONS_FILE, DurationStore
-from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, UsageError
+from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, StoreError, UsageError
 from ci.gpu_lock import DEFAULT_PATTERN as DEFAULT_LOCK_PATTERN
 from ci.gpu_lock import DEFAULT_TIMEOUT as DEFAULT_LOCK_TIMEOUT
 from ci.gpu_lock import MAX_TOTAL_GPUS, check_files, nvml_gpu_count, validate_pattern
+from ci.history import hook as history
+from ci.history.store import HISTORY_ENV, HISTORY_FILE, resolve_url
 from ci.interrupts import PROCESS
 from ci.log import Log
 from ci.plan import PlannedEntry
@@ -91,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--junit", type=Path, help="merged JUnit file (default: .ci-cache/junit/<suite>.xml)")
     p.add_argument("--durations", type=Path,
                    help=f"durations store (default: {DURATIONS_FILE})")
+    p.add_argument("--history", metavar="URL",
+                   help=f"run-history store: postgresql://… or sqlite:///… (default: {HISTORY_ENV}, "
+                        f"else {HISTORY_FILE}); 'off' records nothing")
+    p.add_argument("--include-quarantined", action="store_true",
+                   help="quarantined entries gate again (prove a fix before lifting the quarantine)")
+    p.add_argument("--order", choices=("auto", "failure-first", "longest"), default="auto",
+                   help="run order: longest first, or on a branch (auto) what failed on it before, "
+                        "then what its diff changes or affects, then longest first")
     p.add_argument("--keep-outputs", action="store_true", help="keep output dirs of passing entries")
     p.add_argument("--no-prefork", action="store_true",
                    help="CPU suites: a fresh interpreter per file instead of forking each file "
@@ -142,13 +152,22 @@ def parse(argv: Sequence[str]) -> Options:
                          "suite, or none for all of it")
     if args.ray_address is not None and not suite.needs_gpus:
         raise UsageError(f"--ray-address runs GPU suites on a cluster; {suite.name} runs on this machine")
+    try:
+        args.history_url = resolve_url(args.history, os.environ, root)
+    except StoreError:  # no SQLAlchemy here: recording warns and spools, the run goes on
+        args.history_url = args.history or f"sqlite:///{root / HISTORY_FILE}"
     if unknown and not suite.takes_pytest_args:
         raise UsageError(f"unknown option(s) for GPU suite {suite.name}: {' '.join(unknown)}")
     return Options(suite=suite, args=args, pytest_args=tuple(unknown), root=root, registry=registry)
 
 
-def select(opts: Options, durations: Mapping[str, float]) -> list[PlannedEntry]:
-    """The entries this invocation runs, in run order."""
+def select(opts: Options, durations: Mapping[str, float],
+           first: tuple[frozenset[str], frozenset[str]] | None = None) -> list[PlannedEntry]:
+    """The entries this invocation runs, in run order.
+
+    `first`: (entry ids that failed on this branch, test files its diff changes or
+    affects): those run first, in that order, then the rest longest first.
+    """
     args, suite = opts.args, opts.suite
     if suite.dynamic:
         from ci.changed import changed_entries
@@ -167,7 +186,18 @@ def select(opts: Options, durations: Mapping[str, float]) -> list[PlannedEntry]:
         entries = planner.shard(entries, index, count, durations)
     if args.timeout is not None:
         entries = [replace(e, timeout=args.timeout) for e in entries]
+    if first is not None:
+        return planner.failure_first(entries, durations, failed=first[0], changed=first[1])
     return planner.longest_first(entries, durations)
+
+
+def _first(opts: Options, run: history.HistoryRun) -> tuple[frozenset[str], frozenset[str]] | None:
+    order = opts.args.order
+    if order == "longest" or (order == "auto" and not run.on_feature_branch):
+        return None
+    changed = history.changed_tests(opts.root, opts.args.base,
+                                    warn=lambda m: print(f"note: {m}", file=sys.stderr))
+    return run.before.failed_here, frozenset(changed)
 
 
 def _gpu_budget(opts: Options, entries: Sequence[PlannedEntry]) -> int:
@@ -232,8 +262,13 @@ def main(argv: Sequence[str]) -> int:
     log = Log.from_env()
     cache = root / ".ci-cache"
     store = DurationStore(args.durations or root / DURATIONS_FILE)
-    durations = store.load()
-    entries = select(opts, durations)
+    measured = store.load()
+    warn = lambda m: log.line(f"warning: {m}")  # noqa: E731
+    run = history.begin(args.history_url, suite=suite, root=root, env=os.environ,
+                        emulated=args.emulate_gpus, warn=warn)
+    # The history's p90 on this hardware where it has one; the last measurement otherwise.
+    durations = {**measured, **run.before.estimates}
+    entries = select(opts, durations, _first(opts, run))
     interrupts.check()
     if not entries:
         log.line(f"{suite.name}: nothing selected; nothing to run")
@@ -259,6 +294,7 @@ def main(argv: Sequence[str]) -> int:
         infinite=_bool_env(env, "SLIME_TEST_ENABLE_INFINITE_RUN"),
         keep_outputs=args.keep_outputs, backend=backend,
         prefork=_prefork_policy(opts, files=len(entries), jobs=jobs),
+        estimates=run.before.estimates,
     )
     if args.dry_run:
         _print_plan(opts, entries, cfg, log)
@@ -287,7 +323,14 @@ def main(argv: Sequence[str]) -> int:
     finally:
         ports.close()
         backend.close()
-    code = _report(suite.name, results, wall, junit, store, log)
+    results, misdeclared = history.apply_gates(run, results, note=log.line)
+    shown = (results if args.include_quarantined
+             else history.apply_quarantine(results, history.quarantine_reasons(run)))
+    code = _report(suite.name, shown, wall, junit, store, log)
+    if misdeclared and code == EXIT_FAILED:
+        code = EXIT_USAGE  # a gate names a metric the entry never writes: fix the registry
+    history.finish(run, results, code, root=root, backend=backend.describe(), durations=measured,
+                   warn=warn, note=log.line)
     if gpu_entries:
         _timeline(suite.name, results, rows, work_dir, log)
     return interrupts.exit_code(code)
@@ -364,6 +407,9 @@ def _report(name: str, results: Sequence[Result], wall: float, junit: Path,
     log.summary(markdown(name, results, line))
     for r in flaky:
         log.line(f"flaky: {r.entry.id} ({r.reason})")
+    for r in results:
+        if r.outcome == "quarantined":
+            log.line(f"QUARANTINED {r.entry.id}: {r.reason}")
     for r in bad:
         log.line(f"FAILED {r.entry.id}: {r.outcome}: {r.reason}")
     log.line(line)
@@ -375,7 +421,7 @@ def _report(name: str, results: Sequence[Result], wall: float, junit: Path,
         return EXIT_TIMEOUT  # an entry gave up waiting for its GPUs (--lock-timeout)
     if bad:
         return EXIT_FAILED
-    if sum(r.passed for r in results) == 0:
+    if sum(r.passed for r in results) == 0 and not any(r.outcome == "quarantined" for r in results):
         log.line(f"{name}: no test ran")
         return EXIT_FAILED
     return EXIT_OK

@@ -25,6 +25,29 @@ FRAMEWORK_IMAGE = "slimerl/slime:latest"
 TEST_IMAGE = "slimerl/slime-test:latest"
 
 
+GateRule = Literal["sigma", "relative", "absolute"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricGate:
+    """A check of one e2e metric against the trusted history of the same entry and hardware.
+
+    `steps`: "last", "all", or the listed steps. `rule`: "sigma" (within `k` standard
+    deviations of the trusted mean, never tighter than `floor`), "relative" (within
+    `tolerance` × |mean|), or "absolute" (between `low` and `high`; needs no history).
+    """
+
+    metric: str
+    steps: Literal["last", "all"] | tuple[int, ...] = "last"
+    rule: GateRule = "sigma"
+    k: float = 3.0
+    floor: float = 0.0
+    tolerance: float = 0.1
+    low: float | None = None
+    high: float | None = None
+    min_history: int = 3  # trusted runs needed before a sigma/relative gate judges anything
+
+
 @dataclass(frozen=True, kw_only=True)
 class Entry:
     """One run of one test file."""
@@ -40,6 +63,11 @@ class Entry:
     cores: int = 1
     # False: always a fresh interpreter, never a child of a pre-imported worker (ci/prefork.py).
     prefork: bool = True
+    # Gates on the metrics an e2e entry writes to metrics.jsonl (ci/history/gates.py).
+    gates: tuple[MetricGate, ...] = ()
+    # Non-empty: why this entry is quarantined. It still runs and is reported QUARANTINED,
+    # but does not fail the job (`--include-quarantined` makes it gate again).
+    quarantine: str = ""
 
     @property
     def id(self) -> str:
@@ -66,6 +94,10 @@ class Suite:
     # these modules once. Only modules no test stubs in sys.modules before importing them.
     preload: tuple[str, ...] = ()
     prefork: bool = True  # False: every entry starts a fresh interpreter
+    # Quarantine an entry automatically once its flake rate over the history window is
+    # above this (with at least `quarantine_min_runs` runs recorded); None: never.
+    quarantine_rate: float | None = None
+    quarantine_min_runs: int = 5
 
     # What the tier means everywhere else; the rest of the toolkit asks these, not the tier.
     @property
@@ -83,18 +115,30 @@ def _env(**values: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(values.items()))
 
 
+# Metric gates of the megatron entries, judged against the trusted history of the same
+# entry on the same kind of hardware (ci/history/gates.py): the reward the run ends on and
+# its last gradient norm, and the KL where the entry trains with a KL loss. The floors are
+# the smallest drift that counts: emulated runs are bitwise repeatable (σ = 0), so without
+# a floor any change at all would fail, and the entries' own checks only ask for a gain.
+def _learning_gates(*, kl: bool = False) -> tuple[MetricGate, ...]:
+    gates = (MetricGate(metric="rollout/reward", steps="last", k=3.0, floor=0.05),
+             MetricGate(metric="train/grad_norm", steps="last", k=3.0, floor=0.25))
+    return gates + ((MetricGate(metric="train/kl_loss", steps="last", k=3.0, floor=0.05),) if kl else ())
+
+
 # The megatron matrix: the RL loop (train.py / train_async.py) end to end on a tiny model,
 # on CUDA when present and on CPU ranks under --emulate-gpus. Each entry names the feature
 # it proves; each fails when that feature breaks.
 MEGATRON_ENTRIES: tuple[Entry, ...] = (
-    Entry(path="tests/e2e/test_rl_grpo_colocated.py", timeout=600),
-    Entry(path="tests/e2e/test_rl_ppo_critic.py", timeout=600),
-    Entry(path="tests/e2e/test_rl_debug_replay.py", timeout=600),
-    Entry(path="tests/e2e/test_rl_async.py", timeout=600),
-    Entry(path="tests/e2e/test_rl_fanout_filter.py", timeout=600),
-    Entry(path="tests/e2e/test_rl_refit_disk.py", timeout=600),
-    Entry(path="tests/e2e/test_rl_sleep_wake.py", timeout=600),
-    Entry(path="tests/e2e/test_rl_reinforce_tensor_refit.py", timeout=600),
+    Entry(path="tests/e2e/test_rl_grpo_colocated.py", timeout=600, gates=_learning_gates(kl=True)),
+    Entry(path="tests/e2e/test_rl_ppo_critic.py", timeout=600, gates=_learning_gates()),
+    # Its training phase replays recorded rollouts: the reward is the recording's, not learnt.
+    Entry(path="tests/e2e/test_rl_debug_replay.py", timeout=600, gates=_learning_gates()[1:]),
+    Entry(path="tests/e2e/test_rl_async.py", timeout=600, gates=_learning_gates()),
+    Entry(path="tests/e2e/test_rl_fanout_filter.py", timeout=600, gates=_learning_gates()),
+    Entry(path="tests/e2e/test_rl_refit_disk.py", timeout=600, gates=_learning_gates()),
+    Entry(path="tests/e2e/test_rl_sleep_wake.py", timeout=600, gates=_learning_gates()),
+    Entry(path="tests/e2e/test_rl_reinforce_tensor_refit.py", timeout=600, gates=_learning_gates()),
 )
 
 # Rollout-engine layouts from `--sglang-config`. The 0-GPU YAML checks run here too, as in the

@@ -22,6 +22,7 @@ from typing import TypeAlias
 from ci.args import Parser, existing_dir
 from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
+from ci.history.store import HISTORY_FILE
 from ci.registry import REGISTRY_PATHS, Registry, load_registry, registry_path
 from ci.style import NOX_VERSION, Style
 from ci.suites import JOB_MINUTES
@@ -207,7 +208,11 @@ def concurrency_group(job: Job) -> Folded:
 # so the prefix always decides), and a run on main saves it again under a key of
 # its own (cache entries are immutable). Only a push to main saves: pull requests
 # read main's cache and can never write one that main or another PR would read.
-# Failed runs save too: the durations they measured are still true.
+# Failed runs save too: the durations they measured are still true. The run-history
+# SQLite file travels with them, so hosted jobs keep their history the same way.
+CACHED_FILES = f"{DURATIONS_FILE}\n{HISTORY_FILE}\n"
+
+
 def durations_prefix(job: Job) -> str:
     """The cache-key prefix of a job's durations (the trailing '-' keeps cpu_unit off cpu_unit_x)."""
     return f"{DURATIONS_KEY}-{job.id}-"
@@ -215,7 +220,7 @@ def durations_prefix(job: Job) -> str:
 
 def _restore_durations(job: Job) -> dict[str, Node]:
     return {"name": "Restore measured durations (last run on main)", "uses": _uses(CACHE_RESTORE),
-            "with": {"path": DURATIONS_FILE,
+            "with": {"path": CACHED_FILES,
                      "key": durations_prefix(job) + _expr("github.run_id"),
                      "restore-keys": durations_prefix(job)}}
 
@@ -228,7 +233,7 @@ def _save_durations(job: Job) -> dict[str, Node]:
                 f"&& github.ref == 'refs/heads/{BASE_BRANCH}'",
                 f"&& hashFiles('{DURATIONS_FILE}') != ''")),
             "uses": _uses(CACHE_SAVE),
-            "with": {"path": DURATIONS_FILE,
+            "with": {"path": CACHED_FILES,
                      "key": durations_prefix(job) + shard
                      + _expr("github.run_id") + "-" + _expr("github.run_attempt")}}
 
