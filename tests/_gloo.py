@@ -44,6 +44,7 @@ import torch
 import torch.distributed  # noqa: F401
 
 _CTX = mp.get_context("forkserver")
+START_TIMEOUT = 120.0  # seconds every rank may take to start (the forkserver imports torch)
 _PRELOAD = ["torch", "torch.distributed"]
 _CTX.set_forkserver_preload(_PRELOAD)
 # The environment and cwd ranks start with: the test process's when collection ended
@@ -123,6 +124,7 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, run_dir: str,
                args: tuple[Any, ...], timeout: float) -> int:
     """In a rank's process: output to its log file, then the rank itself."""
     out = Path(run_dir)
+    (out / f"started.{rank}").touch()
     # The rank's output goes to a file the test process shows under the test that ran it.
     log = os.open(out / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
@@ -407,7 +409,10 @@ def _collect(ranks: _Ranks, world_size: int, run_dir: Path,
                 failed[r] = f"rank {r}:\n{got[1]}"
         return codes
 
-    deadline = time.monotonic() + timeout
+    # `timeout` counts from when every rank runs: a forkserver that is still importing
+    # torch on a loaded machine must not eat a rank's time. Starting has its own limit.
+    deadline = time.monotonic() + max(timeout, START_TIMEOUT)
+    started = False
     try:
         while True:
             ranks.wait(min(0.2, max(0.0, deadline - time.monotonic())))
@@ -417,9 +422,12 @@ def _collect(ranks: _Ranks, world_size: int, run_dir: Path,
                 errors.append(f"ranks {died} died (exit codes {[codes[r] for r in died]})")
             if failed or errors or len(results) == world_size:
                 break
+            if not started and all((run_dir / f"started.{r}").exists() for r in range(world_size)):
+                started, deadline = True, time.monotonic() + timeout
             if time.monotonic() > deadline:
                 missing = sorted(set(range(world_size)) - set(results))
-                errors.append(f"ranks {missing} gave no result in {timeout}s")
+                errors.append(f"ranks {missing} gave no result in {timeout}s" if started else
+                              f"ranks {missing} did not start within {max(timeout, START_TIMEOUT)}s")
                 break
     finally:
         if failed or errors:
