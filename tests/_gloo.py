@@ -112,7 +112,8 @@ def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, run_dir: Path,
         return 1
     try:
         _rendezvous(run_dir, "done", rank, world_size, timeout)
-        dist.destroy_process_group()
+        if dist.is_initialized():  # `fn` may have left the group itself (a trainer's shutdown)
+            dist.destroy_process_group()
     except BaseException:
         _report(run_dir, rank, "error", traceback.format_exc())
         return 1
