@@ -7,7 +7,6 @@ it, then leaves, and a fresh load finds it.
 """
 
 import sys
-from pathlib import Path
 
 import pytest
 from _gloo import preload, run_ranks
