@@ -20,8 +20,8 @@ from test_advantage_whitening_cp import whiten_on_rank
 from test_metric_report_distributed import reduce_on_rank
 
 NUM_GPUS = 0
-EARLY_EXIT_RUNS = 40
-REAL_RUNS = 5
+EARLY_EXIT_RUNS = 40  # with no rendezvous, 10 of 100 such runs failed under this load
+REAL_RUNS = 3
 
 
 def _leave_at_once(rank, world):
@@ -73,14 +73,14 @@ def runs_dir(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_ranks_that_run_no_collective_pass_every_time(load, world, runs_dir):
-    for out in _repeat(_leave_at_once, world, EARLY_EXIT_RUNS // (world // 2), runs_dir):
+@pytest.mark.parametrize(("world", "runs"), [(2, EARLY_EXIT_RUNS), (4, EARLY_EXIT_RUNS // 4)])
+def test_ranks_that_run_no_collective_pass_every_time(load, world, runs, runs_dir):
+    for out in _repeat(_leave_at_once, world, runs, runs_dir):
         assert out == list(range(world))
 
 
 def test_a_rank_that_is_done_first_leaves_its_peers_in_peace(load, runs_dir):
-    for out in _repeat(_leave_unevenly, 3, REAL_RUNS * 2, runs_dir):
+    for out in _repeat(_leave_unevenly, 3, 2 * REAL_RUNS, runs_dir):
         assert out == [3.0, 6.0, 6.0]
 
 
