@@ -156,5 +156,6 @@ def test_a_process_with_a_thread_gets_its_ranks_from_the_forkserver(tmp_path, mo
         stop.set()
         thread.join()
 
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
