@@ -218,7 +218,10 @@ class EngineServer:
     async def _bind(self) -> web.ServerRunner:
         lim = self.limits
         server = _Server(self._handle, max_connections=_fd_bound(lim.max_connections),
-                         keepalive_timeout=lim.header_timeout_s, max_line_size=8190, max_field_size=8190)
+                         keepalive_timeout=lim.header_timeout_s, max_line_size=8190, max_field_size=8190,
+                         # After a refusal the unread rest of a body is drained for at most this
+                         # long (closing at once would reset the connection under the answer).
+                         lingering_time=1.0)
         runner = web.ServerRunner(server, access_log=None)
         await runner.setup()
         # A rollout opens a connection per sample at once; a short listen backlog resets them.
