@@ -70,6 +70,13 @@ def _error(status: int, message: str) -> web.Response:
     return web.Response(status=status, body=_error_body(status, message), content_type="application/json")
 
 
+def _events(answers: Sequence[dict[str, Any]]) -> web.Response:
+    # SGLang's stream: `data: {answer so far}` events, then `data: [DONE]`. Generation runs as
+    # one batch step here, so each sequence is one event carrying its whole, final answer.
+    data = b"".join(b"data: " + json.dumps(a).encode() + b"\n\n" for a in answers) + b"data: [DONE]\n\n"
+    return web.Response(status=200, body=data, content_type="text/event-stream")
+
+
 def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool = False) -> Any:
     value = body.get(name)
     if value is None:
@@ -154,7 +161,7 @@ def _fd_bound(wanted: int) -> int:
     return wanted if soft == resource.RLIM_INFINITY else max(1, min(wanted, soft - 64))
 
 
-Route = Callable[["EngineServer", dict[str, Any]], Awaitable[tuple[int, Any]]]
+Route = Callable[["EngineServer", dict[str, Any]], Awaitable[Any]]
 
 
 class EngineServer:
@@ -313,7 +320,10 @@ class EngineServer:
             body = loads_strict(raw) if raw.strip() else {}
             if not isinstance(body, dict):
                 raise RequestError("the body must be a JSON object")
-        status, payload = await route(self, body)
+        result = await route(self, body)
+        if isinstance(result, web.StreamResponse):
+            return result
+        status, payload = result
         return _json(status, payload)
 
     @property
@@ -327,7 +337,7 @@ class EngineServer:
         return await asyncio.get_running_loop().run_in_executor(None, fn)
 
     # ---- endpoints ------------------------------------------------------------------------
-    async def generate(self, body: dict[str, Any]) -> tuple[int, Any]:
+    async def generate(self, body: dict[str, Any]) -> Any:
         engine = self._engine
         started = time.monotonic()
         reqs, batched = parse_generate(body, engine.encode)
@@ -342,6 +352,8 @@ class EngineServer:
             out += [build_response(r, g, weight_version=version, latency_s=latency, decode=engine.decode)
                     for g in gens[at:at + r.n]]
             at += r.n
+        if body.get("stream"):
+            return _events(out)
         return HTTPStatus.OK, out if batched or len(out) > 1 else out[0]
 
     async def health(self, body: dict[str, Any]) -> tuple[int, Any]:
