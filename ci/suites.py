@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 Tier = Literal["cpu", "gpu"]
+# A GPU entry's container privileges (ci/docker.py says what each grants).
+Isolation = Literal["minimal", "framework"]
 CPU_TIER: Tier = "cpu"
 GPU_TIER: Tier = "gpu"
 # Install profiles are extras in pyproject.toml; "image" means: use what the Docker image has.
@@ -40,6 +42,9 @@ class Entry:
     cores: int = 1
     # False: always a fresh interpreter, never a child of a pre-imported worker (ci/prefork.py).
     prefork: bool = True
+    # The container's privileges in the Docker context (ci/docker.py): "minimal" unless the
+    # entry needs the framework CI's host network, host IPC and --privileged (RDMA, DeepEP).
+    container: Isolation = "minimal"
 
     @property
     def id(self) -> str:

@@ -51,7 +51,7 @@ EVAL = {"sampling_params": {
     "spaces_between_special_tokens": False, "repetition_penalty": 1.05, "min_new_tokens": 2,
     "sampling_seed": 42 + 1}, "return_logprob": True, "input_ids": PROMPT}
 # on_policy_distillation.reward_func: the teacher scores prompt + response, generating nothing.
-OPD = {"input_ids": PROMPT + [2, 12, 8], "sampling_params": {"temperature": 1.0, "max_new_tokens": 0,
+OPD = {"input_ids": [*PROMPT, 2, 12, 8], "sampling_params": {"temperature": 1.0, "max_new_tokens": 0,
                                                              "skip_special_tokens": False},
        "return_logprob": True, "logprob_start_len": 0}
 # sglang_streaming_rollout.generate: the rollout's payload with "stream": True.
