@@ -7,8 +7,9 @@ Default mode: the engine at `--baseline` (default 941447b, the last one served b
 `http.server`) and the engine of this working tree each run in their own process on the
 same tiny Qwen2, one after the other, round after round; each round sends `--concurrent`
 one-prompt `/generate` requests at once over loopback (one connection each) and records
-every request's latency. Printed: requests/s and p50/p99 latency per side (median over the
-rounds) and the ratios new/old. `--calls`: the median latency of single calls (generate,
+every request's latency and the server process's CPU time. Printed: requests/s, p50/p99
+latency and server CPU ms per request per side (median over the rounds) and the ratios
+new/old; on a busy host the CPU column is the steadier one. `--calls`: the median latency of single calls (generate,
 refits, release/resume) on this tree's engine.
 """
 
@@ -75,6 +76,11 @@ class _Served:
             self.stop()
             raise SystemExit(f"the engine under {root} did not start")
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the server process has used (less noisy than wall time on a busy host)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -118,27 +124,31 @@ def compare(args: argparse.Namespace) -> int:
 
         model = build_tiny_model(Path(tmp) / "m", seed=0)
         sides = {f"old ({args.baseline})": _snapshot(args.baseline, Path(tmp) / "old"), "new (this tree)": ROOT}
-        rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sides}
+        rows: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in sides}
         for round_no in range(args.rounds):
             for name, root in sides.items():
                 served = _Served(root, model)
                 try:
                     asyncio.run(_burst(served.url, 8, params))  # warm-up: first batches pay setup
+                    cpu = served.cpu_seconds()
                     wall, lat = asyncio.run(_burst(served.url, args.concurrent, params))
+                    cpu = served.cpu_seconds() - cpu
                 finally:
                     served.stop()
-                rows[name].append((args.concurrent / wall, _percentile(lat, 0.5), _percentile(lat, 0.99)))
+                rows[name].append((args.concurrent / wall, _percentile(lat, 0.5), _percentile(lat, 0.99),
+                                   cpu / args.concurrent))
                 print(f"round {round_no + 1} {name}: {args.concurrent / wall:.1f} req/s", flush=True)
     print(f"\n{args.concurrent} concurrent /generate, {args.max_new_tokens} new tokens, "
           f"median of {args.rounds} rounds")
-    print(f"{'server':<24} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'server':<24} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>11}")
     med = {}
     for name, values in rows.items():
-        med[name] = tuple(statistics.median(v[i] for v in values) for i in range(3))
-        rps, p50, p99 = med[name]
-        print(f"{name:<24} {rps:8.1f} {p50 * 1000:8.1f} {p99 * 1000:8.1f}")
+        med[name] = tuple(statistics.median(v[i] for v in values) for i in range(4))
+        rps, p50, p99, cpu = med[name]
+        print(f"{name:<24} {rps:8.1f} {p50 * 1000:8.1f} {p99 * 1000:8.1f} {cpu * 1000:11.2f}")
     old, new = med.values()
-    print(f"new/old: req/s {new[0] / old[0]:.2f}, p50 {new[1] / old[1]:.2f}, p99 {new[2] / old[2]:.2f}")
+    print(f"new/old: req/s {new[0] / old[0]:.2f}, p50 {new[1] / old[1]:.2f}, p99 {new[2] / old[2]:.2f}, "
+          f"server CPU per request {new[3] / old[3]:.2f}")
     return 0
 
 
