@@ -10,7 +10,7 @@ from pathlib import PurePosixPath
 
 from ci.discover import Kind, TestFile
 from ci.errors import NothingRegistered, UsageError
-from ci.suites import Entry, Suite
+from ci.suites import Entry, Isolation, Suite
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,6 +27,7 @@ class PlannedEntry:
     why: str = ""  # why the plan selected it (shown by `changed`)
     cores: int = 1  # job slots it takes while it runs (files running their own process groups)
     prefork: bool = True  # False: the registry wants a fresh interpreter for this entry
+    container: Isolation = "minimal"  # the entry's Docker privileges (ci/docker.py)
 
 
 def _under(path: str, directory: str) -> bool:
@@ -66,6 +67,7 @@ def plan_entry(entry: Entry, tf: TestFile, *, default_timeout: float, why: str =
         why=why,
         cores=entry.cores,
         prefork=entry.prefork,
+        container=entry.container,
     )
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 Tier = Literal["cpu", "gpu"]
+# A GPU entry's container privileges (ci/docker.py says what each grants).
+Isolation = Literal["minimal", "framework"]
 CPU_TIER: Tier = "cpu"
 GPU_TIER: Tier = "gpu"
 # Install profiles are extras in pyproject.toml; "image" means: use what the Docker image has.
@@ -68,6 +70,9 @@ class Entry:
     # Non-empty: why this entry is quarantined. It still runs and is reported QUARANTINED,
     # but does not fail the job (`--include-quarantined` makes it gate again).
     quarantine: str = ""
+    # The container's privileges in the Docker context (ci/docker.py): "minimal" unless the
+    # entry needs the framework CI's host network, host IPC and --privileged (RDMA, DeepEP).
+    container: Isolation = "minimal"
 
     @property
     def id(self) -> str:

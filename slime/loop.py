@@ -101,7 +101,8 @@ def setup(args: argparse.Namespace, env: Mapping[str, str]) -> Run:
                                   backend=args.rollout_backend, config=getattr(args, "sglang_layout", None),
                                   fault_tolerance=args.use_fault_tolerance,
                                   on_restart=lambda _group: write_engines(run),
-                                  start_timeout=args.engine_start_timeout)
+                                  start_timeout=args.engine_start_timeout,
+                                  weights_dirs=[str(run.out / "weights")])
         run.frozen_digests = {s["name"]: s.get("weights_digest") for s in run.engines.info()
                               if not s["update_weights"]}
     write_engines(run)
