@@ -297,6 +297,10 @@ def _entry_code(entry: MatrixEntry, *, gpu_job: bool, cores: int) -> str:
         parts.append("cpu_only=True")
     if cores > 1:
         parts.append(f"cores={cores}")
+    if gpu_job:
+        # slime's CI runs every GPU container privileged on the host's network and IPC
+        # (NCCL, RDMA): an imported entry keeps those flags; narrowing them is the adopter's call.
+        parts.append('container="framework"')
     return f"Entry({', '.join(parts)})"
 
 

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from ci.errors import StoreError, UsageError
-from ci.history import schema
 from ci.history.records import RunRecord
+
+# `schema` (SQLAlchemy tables) is imported inside the methods that use a store, so the
+# toolkit without the `history` extra (an adopter's plain install) still imports this module.
 
 HISTORY_ENV = "SLIME_CI_HISTORY_URL"
 HISTORY_FILE = ".ci-cache/history.sqlite"
@@ -174,6 +176,8 @@ class HistoryStore:
         from sqlalchemy import select, text
         from sqlalchemy.exc import SQLAlchemyError
 
+        from ci.history import schema
+
         try:
             with self.engine.begin() as conn:
                 if self.dialect == "postgresql":
@@ -204,6 +208,8 @@ class HistoryStore:
         """Write one run with its attempts and metrics; False when it was already there."""
         from sqlalchemy import select
         from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+        from ci.history import schema
 
         try:
             with self.engine.begin() as conn:
@@ -236,6 +242,8 @@ class HistoryStore:
         """Attempts of the newest `last_runs` matching runs, oldest first."""
         from sqlalchemy import select
         from sqlalchemy.exc import SQLAlchemyError
+
+        from ci.history import schema
 
         r, a = schema.runs, schema.attempts
         newest = select(r.c.id).order_by(r.c.started_at.desc(), r.c.id.desc()).limit(last_runs)
@@ -270,6 +278,8 @@ class HistoryStore:
         from sqlalchemy import select
         from sqlalchemy.exc import SQLAlchemyError
 
+        from ci.history import schema
+
         r, a, m = schema.runs, schema.attempts, schema.metrics
         trusted = (select(r.c.id).join(a, a.c.run_id == r.c.id)
                    .where(a.c.entry_id == entry_id, a.c.final.is_(True), a.c.outcome == "passed",
@@ -291,6 +301,8 @@ class HistoryStore:
         """Rows per table (for `history show` and the tests)."""
         from sqlalchemy import func, select
         from sqlalchemy.exc import SQLAlchemyError
+
+        from ci.history import schema
 
         try:
             with self.engine.connect() as conn:
