@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "changed": ("ci.changed", "list (or run) the test files a branch adds or modifies vs its base"),
     "workflows": ("ci.workflow", "generate .github/workflows from the registry; --check for drift"),
     "import-workflow": ("ci.import_workflow", "write ci/suites.py from slime's pr-test.yml.j2 matrix"),
+    "lock": ("ci.lock", "write the constraints files every session installs from; --check for drift"),
 }
 
 

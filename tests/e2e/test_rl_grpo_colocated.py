@@ -20,13 +20,16 @@ def prepare() -> None:
     _rl.prepare()
 
 
+TRAIN_ARGS = (
+    "--colocate", "--ci-test", "--advantage-estimator", "grpo",
+    "--rollout-batch-size", "32", "--n-samples-per-prompt", "4", "--num-rollout", "30",
+    "--lr", "8e-4", "--use-kl-loss", "--kl-loss-coef", "0.001", "--kl-loss-type", "k3",
+    "--eval-interval", "4", "--ci-paired-eval-samples", "8",
+)
+
+
 def execute():
-    return _rl.train("grpo", NUM_GPUS, [
-        "--colocate", "--ci-test", "--advantage-estimator", "grpo",
-        "--rollout-batch-size", "32", "--n-samples-per-prompt", "4", "--num-rollout", str(ROLLOUTS),
-        "--lr", "8e-4", "--use-kl-loss", "--kl-loss-coef", "0.001", "--kl-loss-type", "k3",
-        "--eval-prompt-data", str(_rl.fetch()[1] / "eval.jsonl"), "--eval-interval", "4",
-    ])
+    return _rl.train("grpo", NUM_GPUS, [*TRAIN_ARGS, "--eval-prompt-data", str(_rl.fetch()[1] / "eval.jsonl")])
 
 
 def check(run_dir) -> None:

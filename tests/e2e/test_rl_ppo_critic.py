@@ -19,12 +19,16 @@ def prepare() -> None:
     _rl.prepare()
 
 
+TRAIN_ARGS = (
+    "--colocate", "--ci-test", "--advantage-estimator", "ppo", "--use-critic",
+    "--rollout-batch-size", "32", "--n-samples-per-prompt", "4", "--num-rollout", "30",
+    "--lr", "8e-4", "--critic-lr", "3e-3", "--kl-coef", "0.01", "--gamma", "1.0", "--lam", "0.95",
+    "--ci-paired-eval-samples", "8",
+)
+
+
 def execute():
-    return _rl.train("ppo", NUM_GPUS, [
-        "--colocate", "--ci-test", "--advantage-estimator", "ppo", "--use-critic",
-        "--rollout-batch-size", "32", "--n-samples-per-prompt", "4", "--num-rollout", str(ROLLOUTS),
-        "--lr", "8e-4", "--critic-lr", "3e-3", "--kl-coef", "0.01", "--gamma", "1.0", "--lam", "0.95",
-    ])
+    return _rl.train("ppo", NUM_GPUS, list(TRAIN_ARGS))
 
 
 def check(run_dir) -> None:
