@@ -84,8 +84,12 @@ def setup(args: argparse.Namespace, env: Mapping[str, str]) -> Run:
                         trainer_gpus=1.0, engine_gpus=0.0)
     else:
         layout = plan_layout(args.num_gpus, colocate=args.colocate, rollout_num_gpus=args.rollout_num_gpus)
+    import torch
+
+    # The CPU kernel set (ATEN_CPU_CAPABILITY) decides float rounding on CPU ranks and engines.
     print(f"placement: {args.num_gpus} GPU bundles; trainer on {list(layout.trainer_bundles)}, "
-          f"engines on {list(layout.engine_bundles)}{' (colocated)' if layout.colocate else ''}", flush=True)
+          f"engines on {list(layout.engine_bundles)}{' (colocated)' if layout.colocate else ''}; "
+          f"cpu capability {torch.backends.cpu.get_cpu_capability().lower()}", flush=True)
     if not replay:
         from transformers import AutoTokenizer
 

@@ -14,10 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# The paired evaluation: K samples of every training prompt, before and after, same seeds.
-PAIRED_SAMPLES = 8
-
-
 @dataclass(frozen=True, kw_only=True)
 class Quantity:
     """One checked number of a run and the bound it must clear."""
