@@ -38,7 +38,8 @@ def _install(session: nox.Session, *names: str) -> None:
     """
     pyproject = nox.project.load_toml(ROOT / "pyproject.toml")
     reqs = [r for name in names for r in profiles.requirements(pyproject, name)]
-    python = session.python if isinstance(session.python, str) else f"{sys.version_info[0]}.{sys.version_info[1]}"
+    # A session without its own `python=` runs on nox's interpreter.
+    python = session.python if isinstance(session.python, str) else "{}.{}".format(*sys.version_info[:2])
     try:
         held = lock.constraint_args(ROOT, python, disabled=lock.lock_disabled(session.posargs, os.environ))
     except lock.LockMissing as exc:

@@ -1,8 +1,9 @@
 """The separation table of the RL entries' learning checks: entry × CPU capability × seed,
 healthy and with the planted break each check guards.
 
-    python benchmarks/learning.py [--entry grpo ppo] [--capability default avx2] [--seeds 1234 1 2 3 4]
-                                  [--breaks] [-j 2] [--json OUT]
+    python benchmarks/learning.py [--entry grpo ppo] [--capability default avx2 avx512]
+                                  [--seeds 1234 1 2 3 4] [--no-breaks] [-j 2] [--json RESULTS.jsonl]
+    python benchmarks/learning.py --from-json RESULTS.jsonl [...]     # reprint a saved table
 
 For each CPU capability (`ATEN_CPU_CAPABILITY`: torch picks its vector kernels by it, so the
 float rounding differs, and a chaotic RL run diverges from the first differing sample) it
@@ -60,9 +61,9 @@ def entry_constants(entry: str) -> dict[str, Any]:
     tree = ast.parse((E2E / ENTRY_FILES[entry]).read_text())
     out: dict[str, Any] = {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            if node.targets[0].id in ("NUM_GPUS", "TRAIN_ARGS"):
-                out[node.targets[0].id] = ast.literal_eval(node.value)
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(target, ast.Name) and target.id in ("NUM_GPUS", "TRAIN_ARGS"):
+            out[target.id] = ast.literal_eval(node.value)  # type: ignore[union-attr]
     return out
 
 
@@ -206,7 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS))
     p.add_argument("--no-breaks", action="store_true", help="healthy runs only")
     p.add_argument("-j", type=int, default=min(2, os.cpu_count() or 1), help="runs at a time")
-    p.add_argument("--json", type=Path, default=None, help="also write every result here")
+    p.add_argument("--json", type=Path, default=None,
+                   help="append each result here as it comes (JSON lines); runs already there are not redone")
+    p.add_argument("--from-json", type=Path, nargs="+", default=None, metavar="JSONL",
+                   help="reprint the table from saved results; run nothing")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     # A child's roles (internal).
     p.add_argument("--prepare", type=Path, help=argparse.SUPPRESS)
@@ -218,6 +222,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.one[0], int(a.one[1]), a.one[2], a.one[3], a.one[4])
         a.result.write_text(json.dumps(out))
         return 0
+    if a.from_json is not None:
+        missing = [str(f) for f in a.from_json if not f.is_file()]
+        if missing:
+            print(f"error: no such results file: {', '.join(missing)}", file=sys.stderr)
+            return 2
+        saved = [r for f in a.from_json for r in _read_results(f)]
+        lines, ok = table(saved)
+        print("\n".join(lines))
+        print(f"\n{len(saved)} saved runs; "
+              f"{'every healthy run passes and every broken run fails' if ok else 'MISCLASSIFIED RUNS (!!)'}")
+        return 0 if ok else 1
     if a.j < 1:
         print("error: -j must be >= 1", file=sys.stderr)
         return 2
@@ -232,29 +247,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: none of the capabilities asked for runs here", file=sys.stderr)
         return 2
     start = time.monotonic()
-    results: list[dict[str, Any]] = []
+    done = _read_results(a.json) if a.json is not None and a.json.is_file() else []
+    key = lambda r: (r["capability"], r["entry"], r["seed"], r["variant"])  # noqa: E731
+    have = {key(r) for r in done}
+    jobs = [Job(capability=cap, entry=e, seed=s, variant=v) for cap in caps for e in a.entry
+            for v in ("healthy", *(() if a.no_breaks else BREAKS[e])) for s in a.seeds]
+    wanted = {(j.capability, j.entry, j.seed, j.variant) for j in jobs}
+    jobs = [j for j in jobs if (j.capability, j.entry, j.seed, j.variant) not in have]
+    if done:
+        print(f"{len(have & wanted)} runs already in {a.json}; {len(jobs)} to go", flush=True)
+    results: list[dict[str, Any]] = [r for r in done if key(r) in wanted]
     with tempfile.TemporaryDirectory(prefix="slime-learning-") as tmp:
-        assets = {cap: _child(["--prepare", str(Path(tmp) / cap)], cap, a.timeout) for cap in caps}
-        jobs = [Job(capability=cap, entry=e, seed=s, variant=v) for cap in caps for e in a.entry
-                for v in ("healthy", *(() if a.no_breaks else BREAKS[e])) for s in a.seeds]
+        assets = {cap: _child(["--prepare", str(Path(tmp) / cap)], cap, a.timeout)
+                  for cap in sorted({j.capability for j in jobs})}
 
         def do(job: Job) -> dict[str, Any]:
             got = _child(["--one", job.entry, str(job.seed), job.variant, assets[job.capability]["model"],
                           assets[job.capability]["data"]], job.capability, a.timeout)
             got["capability"] = job.capability
+            if a.json is not None:
+                with a.json.open("a") as fh:  # one line per run: an interrupted table resumes
+                    fh.write(json.dumps(got) + "\n")
             print(f"  {job.entry} {job.capability} seed {job.seed} {job.variant}: "
                   + ", ".join(f"{k} {v:+.4f}" for k, v in got["values"].items()), flush=True)
             return got
 
         with ThreadPoolExecutor(max_workers=a.j) as pool:
-            results = list(pool.map(do, jobs))
+            results += list(pool.map(do, jobs))
     lines, ok = table(results)
     print("\n".join(lines))
-    print(f"\n{len(results)} runs in {time.monotonic() - start:.0f} s; capabilities {', '.join(caps)}; "
+    print(f"\n{len(results)} runs ({len(jobs)} run now, in {time.monotonic() - start:.0f} s); capabilities "
+          f"{', '.join(caps)}; "
           f"{'every healthy run passes and every broken run fails' if ok else 'MISCLASSIFIED RUNS (!!)'}")
-    if a.json is not None:
-        a.json.write_text(json.dumps(results, indent=1))
     return 0 if ok else 1
+
+
+def _read_results(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 if __name__ == "__main__":

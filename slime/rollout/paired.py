@@ -48,7 +48,8 @@ class PairedGain:
     def of(cls, before: Sequence[float], after: Sequence[float], samples_per_prompt: int) -> PairedGain:
         """Summarise per-prompt mean rewards measured before and after training."""
         if len(before) != len(after) or len(before) < 2:
-            raise ValueError(f"paired rewards need the same prompts, at least two: {len(before)} vs {len(after)}")
+            raise ValueError("paired rewards need the same prompts, at least two: "
+                             f"{len(before)} vs {len(after)}")
         diffs = [a - b for a, b in zip(after, before, strict=True)]
         n = len(diffs)
         mean = sum(diffs) / n

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+
 @dataclass(frozen=True, kw_only=True)
 class Quantity:
     """One checked number of a run and the bound it must clear."""

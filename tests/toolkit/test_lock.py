@@ -107,7 +107,7 @@ def test_unresolvable_is_one_line_and_exit_2(tmp_path):
     assert not lock.lock_path(root, "3.11").exists()
 
 
-@pytest.mark.parametrize("args, says", [
+@pytest.mark.parametrize(("args", "says"), [
     (("--python", "3"), "--python takes versions like 3.11"),
     (("--root", "/nonexistent-dir"), "has no pyproject.toml"),
 ])
