@@ -127,6 +127,52 @@ def test_sessions_install_with_the_lock_unless_told_not_to(tmp_path):
         lock.constraint_args(tmp_path, "3.12", disabled=False)
 
 
+class _Session:
+    """What `noxfile._install` asks of a nox session; records the pip calls."""
+
+    def __init__(self, posargs):
+        self.posargs, self.python, self.calls = list(posargs), None, []
+
+    def install(self, *args):
+        self.calls.append(args)
+
+    def error(self, message):
+        raise RuntimeError(message)
+
+
+@pytest.fixture(scope="module")
+def noxfile():
+    import importlib.util
+
+    registry = pytest.importorskip("nox.registry", reason="the dev profile brings nox")
+    before = dict(registry.get())
+    spec = importlib.util.spec_from_file_location("_noxfile_for_lock", REPO / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    registry._REGISTRY.clear()  # leave nox's registry as it was
+    registry._REGISTRY.update(before)
+    return module
+
+
+def test_the_noxfile_installs_every_profile_held_to_the_lock(noxfile, monkeypatch):
+    monkeypatch.delenv(lock.NO_LOCK_ENV, raising=False)
+    held = ("-c", str(lock.lock_path(REPO, "{}.{}".format(*sys.version_info[:2]))))
+    session = _Session(["--gpus", "8"])
+    noxfile._install(session, "e2e", "gpu-host")
+    *profile_calls, own = session.calls
+    assert profile_calls and all(call[-2:] == held for call in profile_calls), session.calls
+    assert own == ("-e", ".", "--no-deps")
+    assert noxfile._posargs(_Session(["--no-lock", "--gpus", "8"])) == ["--gpus", "8"]
+
+    fresh = _Session(["--no-lock"])
+    noxfile._install(fresh, "cpu")
+    assert not any("-c" in call for call in fresh.calls)
+    monkeypatch.setenv(lock.NO_LOCK_ENV, "1")
+    env_fresh = _Session([])
+    noxfile._install(env_fresh, "cpu")
+    assert not any("-c" in call for call in env_fresh.calls)
+
+
 @pytest.mark.parametrize("python", lock.PYTHONS)
 def test_the_repository_locks_pin_every_requirement_of_every_profile(python):
     tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
