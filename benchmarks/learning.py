@@ -221,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--capability", nargs="+", default=["default", "avx2", "avx512"])
     p.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS))
     p.add_argument("--no-breaks", action="store_true", help="healthy runs only")
+    p.add_argument("--breaks-only", action="store_true", help="broken runs only")
     p.add_argument("-j", type=int, default=min(2, os.cpu_count() or 1), help="runs at a time")
     p.add_argument("--json", type=Path, default=None,
                    help="append each result here as it comes (JSON lines); runs already there are not redone")
@@ -242,7 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing:
             print(f"error: no such results file: {', '.join(missing)}", file=sys.stderr)
             return 2
-        saved = [r for f in a.from_json for r in _read_results(f)]
+        unique: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for f in a.from_json:  # a run saved in two files counts once
+            for r in _read_results(f):
+                unique.setdefault((r["capability"], r["entry"], r["seed"], r["variant"]), r)
+        saved = list(unique.values())
         lines, ok = table(saved)
         print("\n".join(lines))
         print(f"\n{len(saved)} saved runs; "
@@ -266,8 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     key = lambda r: (r["capability"], r["entry"], r["seed"], r["variant"])  # noqa: E731
     have = {key(r) for r in done}
     # Healthy runs first, then the breaks seed by seed: a table cut short still covers every break.
-    jobs = [Job(capability=cap, entry=e, seed=s, variant="healthy") for cap in caps for e in a.entry
-            for s in a.seeds]
+    jobs = [] if a.breaks_only else [Job(capability=cap, entry=e, seed=s, variant="healthy")
+                                     for cap in caps for e in a.entry for s in a.seeds]
     jobs += [] if a.no_breaks else [Job(capability=cap, entry=e, seed=s, variant=v) for s in a.seeds
                                     for cap in caps for e in a.entry for v in BREAKS[e]]
     wanted = {(j.capability, j.entry, j.seed, j.variant) for j in jobs}
