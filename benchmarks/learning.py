@@ -4,6 +4,8 @@ healthy and with the planted break each check guards.
     python benchmarks/learning.py [--entry grpo ppo] [--capability default avx2 avx512]
                                   [--seeds 1234 1 2 3 4] [--no-breaks] [-j 2] [--json RESULTS.jsonl]
     python benchmarks/learning.py --from-json RESULTS.jsonl [...]     # reprint a saved table
+    python benchmarks/learning.py --from-json benchmarks/learning.jsonl   # the runs the bounds rest on
+    python benchmarks/learning.py --json benchmarks/learning.jsonl      # complete it (runs there are kept)
 
 For each CPU capability (`ATEN_CPU_CAPABILITY`: torch picks its vector kernels by it, so the
 float rounding differs, and a chaotic RL run diverges from the first differing sample) it

@@ -47,8 +47,12 @@ def value_loss_ratio(rows: Sequence[Mapping[str, Any]], paired: Mapping[str, flo
 # advantages 0. The bound sits halfway between the worst healthy run and a policy that stalled,
 # about two paired standard errors (~0.02) from each.
 GRPO_GAIN = Quantity(name="paired reward gain", read=paired_gain, bound=0.04)
-PPO_GAIN = Quantity(name="paired reward gain", read=paired_gain, bound=0.03)
-PPO_VALUE = Quantity(name="value loss last/first", read=value_loss_ratio, bound=0.75, higher_is_better=False)
+# PPO learns the policy more slowly than GRPO here: healthy gains measured +0.051 to +0.147
+# (default kernels the low end); its reward bound is one paired standard error above a stall.
+# The critic's own check carries PPO: healthy value-loss ratios 0.59 to 0.70, while a critic
+# whose step is dropped keeps its zero head, so its loss follows the returns (ratio near 1).
+PPO_GAIN = Quantity(name="paired reward gain", read=paired_gain, bound=0.02)
+PPO_VALUE = Quantity(name="value loss last/first", read=value_loss_ratio, bound=0.8, higher_is_better=False)
 
 
 def failures(quantities: Sequence[Quantity], rows: Sequence[Mapping[str, Any]],
