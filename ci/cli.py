@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "adopt": ("ci.adopt", "switch a slime-shaped repository to this toolkit (registry, noxfile, U, CI)"),
     "history": ("ci.history.cli", "the run history: flake rates (flaky), failure streaks (monitor), show"),
     "coverage": ("ci.coverage", "write the coverage page: every test file, who runs it, how it fared"),
+    "lock": ("ci.lock", "write the constraints files every session installs from; --check for drift"),
 }
 
 

@@ -144,6 +144,13 @@ MEGATRON_ENTRIES: tuple[Entry, ...] = (
     Entry(path="tests/e2e/test_rl_refit_disk.py", timeout=600, gates=_learning_gates()),
     Entry(path="tests/e2e/test_rl_sleep_wake.py", timeout=600, gates=_learning_gates()),
     Entry(path="tests/e2e/test_rl_reinforce_tensor_refit.py", timeout=600, gates=_learning_gates()),
+    # The entries that assert learning, again on torch's portable CPU kernels: float rounding
+    # differs between the default, AVX2 and AVX-512 kernel sets, and a learning check once
+    # held on AVX2 and failed on AVX-512. With the host's own set, each runs under two.
+    Entry(path="tests/e2e/test_rl_grpo_colocated.py", test_args=("--cpu-capability", "default"), timeout=600,
+          gates=_learning_gates(kl=True)),
+    Entry(path="tests/e2e/test_rl_ppo_critic.py", test_args=("--cpu-capability", "default"), timeout=600,
+          gates=_learning_gates()),
 )
 
 # Rollout-engine layouts from `--sglang-config`. The 0-GPU YAML checks run here too, as in the
