@@ -4,7 +4,8 @@
     python -m ci lock --python 3.11       just one Python version
     python -m ci lock --check             exit 1 (and show the diff) when a fresh resolve differs
 
-One resolve (`uv pip compile`) covers every extra of pyproject.toml at once, so all profiles
+One resolve (`uv pip compile`) covers every profile of pyproject.toml at once (dependency
+groups and extras, read through ci/profiles.py, as the sessions install them), so all profiles
 agree on each version and a new release of transformers, ray or numpy reaches CI only when
 someone re-runs this command and commits the result. Torch is the project's pin (2.13.0):
 the constraint `torch==2.13.0` also admits the CPU build `2.13.0+cpu` that the sessions
@@ -44,9 +45,21 @@ def lock_path(root: Path, python: str) -> Path:
     return root / LOCK_DIR / f"py{python}.txt"
 
 
-def compile_argv(uv: str, root: Path, python: str, out: Path) -> list[str]:
+def every_requirement(root: Path) -> list[str]:
+    """Every requirement of every session profile (groups and extras), once, in order."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        raise UsageError(f"{COMMAND} reads pyproject.toml with tomllib: run it with Python 3.11+") from None
+    from ci.profiles import names, requirements
+
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    return list(dict.fromkeys(r for name in names(pyproject) for r in requirements(pyproject, name)))
+
+
+def compile_argv(uv: str, source: Path, python: str, out: Path) -> list[str]:
     """The resolver's command line for one Python version (pure)."""
-    return [uv, "pip", "compile", str(root / "pyproject.toml"), "--all-extras", "--python-version", python,
+    return [uv, "pip", "compile", str(source), "--python-version", python,
             "--python-platform", PLATFORM, "--no-annotate", "--quiet", "--custom-compile-command", COMMAND,
             "--output-file", str(out)]
 
@@ -67,7 +80,9 @@ def resolve(root: Path, python: str, env: Mapping[str, str]) -> str:
     uv = find_uv(env)
     with tempfile.TemporaryDirectory(prefix="slime-lock-") as tmp:
         out = Path(tmp) / f"py{python}.txt"
-        proc = subprocess.run(compile_argv(uv, root, python, out), env=dict(env), capture_output=True,
+        source = Path(tmp) / "profiles.in"
+        source.write_text("".join(f"{req}\n" for req in every_requirement(root)), encoding="utf-8")
+        proc = subprocess.run(compile_argv(uv, source, python, out), env=dict(env), capture_output=True,
                               text=True, check=False)
         if proc.returncode:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]

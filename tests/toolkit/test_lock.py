@@ -176,12 +176,12 @@ def test_the_noxfile_installs_every_profile_held_to_the_lock(noxfile, monkeypatc
 @pytest.mark.parametrize("python", lock.PYTHONS)
 def test_the_repository_locks_pin_every_requirement_of_every_profile(python):
     tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
-    from ci.profiles import requirements
+    from ci.profiles import names, requirements
 
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     pinned = {line.split("==")[0].lower().replace("_", "-"): line.split("==")[1]
               for line in lock.pins(lock.lock_path(REPO, python).read_text())}
-    for profile in pyproject["project"]["optional-dependencies"]:
+    for profile in names(pyproject):  # dependency groups (the sessions' profiles) and extras
         for req in requirements(pyproject, profile):
             name = req.split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip().lower().replace("_", "-")
             assert name in pinned, f"{name} ({profile}) is not in constraints/py{python}.txt: run python -m ci lock"
