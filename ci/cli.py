@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "changed": ("ci.changed", "list (or run) the test files a branch adds or modifies vs its base"),
     "workflows": ("ci.workflow", "generate .github/workflows from the registry; --check for drift"),
     "import-workflow": ("ci.import_workflow", "write ci/suites.py from slime's pr-test.yml.j2 matrix"),
+    "mutation": ("ci.mutation", "mutate the core modules; do their tests notice? (score per module)"),
 }
 
 
