@@ -33,6 +33,8 @@ from ci.suites import MUTATION_EQUIVALENT, MUTATION_TARGETS, MutationTarget
 KILLED_CODES = frozenset({1, 3, 36, 37, 24, -24, 152, 255, -11, -9})
 SURVIVED_CODES = frozenset({0})
 NO_TESTS_CODES = frozenset({5, 33})
+# Lines never mutated: what `--help` says is documentation, not the module's judgement.
+NOT_MUTATED = (r"^\s*help=", r"\bhelp=\"", r"description=")
 # What the scratch copy leaves out: build and cache folders, and the git directory.
 SKIP = (".git", ".nox", ".ci-cache", ".venv", "mutants", "__pycache__", "*.pyc", ".mypy_cache",
         ".ruff_cache", ".pytest_cache", "*.egg-info", "build", "dist")
@@ -133,9 +135,12 @@ def status_of(exit_code: int | None) -> str:
 
 
 def _functions(source: str) -> dict[str, str]:
-    tree = ast.parse(source)
-    return {node.name: ast.get_source_segment(source, node) or ""
-            for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+    # By line numbers: ast.get_source_segment splits the whole file on every call, and a
+    # mutated module holds thousands of functions.
+    lines = source.splitlines()
+    return {node.name: "\n".join(lines[node.lineno - 1:node.end_lineno])
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
 
 
 def changed_line(functions: Mapping[str, str], name: str) -> tuple[str, str]:
@@ -195,6 +200,7 @@ def mutmut_config(target: MutationTarget, copied: Iterable[str]) -> str:
         f"pytest_add_cli_args_test_selection = {json.dumps(list(target.tests))}",
         # Tests read files at the root (noxfile.py, README.md, the workflows): copy it all.
         f"also_copy = {json.dumps(sorted(copied))}",
+        f"do_not_mutate_patterns = {json.dumps(list(NOT_MUTATED))}",
         "",
     ))
 
@@ -236,7 +242,8 @@ def run_target(root: Path, target: MutationTarget, *, jobs: int, equivalents: Ma
         if proc.returncode != 0 or not mutants:
             tail = log.read_text(encoding="utf-8", errors="replace").replace("\r", "\n").splitlines()[-15:]
             print("\n".join(f"  | {line}" for line in tail), flush=True)
-            print(f"mutation: {target.source}: mutmut exited {proc.returncode}", flush=True)
+            print(f"mutation: {target.source}: mutmut exited {proc.returncode} (its log above); a test "
+                  f"that fails before any mutation must be fixed first", flush=True)
         return Score(target=target, mutants=mutants, seconds=time.monotonic() - started)
     finally:
         holder.cleanup()
@@ -257,7 +264,8 @@ def render(scores: Sequence[Score]) -> str:
     header = ("module", "mutants", "killed", "survived", "no tests", "equiv.", "score", "needs", "seconds")
     rows = [header] + [
         (s.target.source, str(len(s.mutants)), str(s.count("killed")), str(s.count("survived")),
-         str(s.count("no tests")), str(s.count("equivalent")), f"{s.score:.1%}", f"{s.target.threshold:.0%}",
+         str(s.count("no tests")), str(s.count("equivalent")), f"{s.score:.1%}" if s.counted else "-",
+         f"{s.target.threshold:.0%}",
          f"{s.seconds:.0f}")
         for s in scores
     ]
