@@ -148,8 +148,9 @@ def changed_line(functions: Mapping[str, str], name: str) -> tuple[str, str]:
     function = name.rpartition(".")[2]
     base = function.rpartition("__mutmut_")[0]
     mutated, original = functions.get(function, ""), functions.get(f"{base}__mutmut_orig", "")
-    # Only the body: the def lines differ by the mutant's own name.
-    before, after = original.splitlines()[1:], mutated.splitlines()[1:]
+    # The def lines differ by the mutant's own name (and may hold the mutation: a default).
+    before = original.replace(f"{base}__mutmut_orig", base, 1).splitlines()
+    after = mutated.replace(function, base, 1).splitlines()
     old = new = ""
     for line in difflib.unified_diff(before, after, lineterm="", n=0):
         if line.startswith("-") and not line.startswith("---") and not old:

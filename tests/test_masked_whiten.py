@@ -88,6 +88,14 @@ def test_eps_is_added_to_the_variance_and_small_variances_are_kept():
                                torch.tensor([-0.1, 0.1], dtype=torch.float64) / (var + 1.0) ** 0.5)
 
 
+def test_float32_values_are_whitened_in_float64():
+    # Sum-of-squares variance cancels catastrophically in float32 when values share a large
+    # offset; the statistics are taken in float64, so the offset changes nothing.
+    values = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    mask = torch.ones(4)
+    torch.testing.assert_close(masked_whiten(values + 1e5, mask), masked_whiten(values, mask))
+
+
 def test_whiten_returns_the_input_dtype():
     out = masked_whiten(torch.tensor([1.0, 2.0, 4.0]), torch.ones(3))
     assert out.dtype == torch.float32

@@ -76,6 +76,9 @@ def test_changed_line_diffs_the_mutant_against_the_original():
     """)
     functions = mutation._functions(source)
     assert mutation.changed_line(functions, "pkg.mod.x_f__mutmut_1") == ("b = a + 1", "b = a - 1")
+    functions = mutation._functions("def x_g__mutmut_orig(n=128):\n    return n\n"
+                                    "def x_g__mutmut_1(n=129):\n    return n\n")
+    assert mutation.changed_line(functions, "m.x_g__mutmut_1") == ("def x_g(n=128):", "def x_g(n=129):")
     assert mutation.changed_line(functions, "pkg.mod.x_f__mutmut_7")[1] == ""  # no such mutant
 
 
