@@ -184,6 +184,24 @@ def read_results(scratch: Path, target: MutationTarget,
     return tuple(found)
 
 
+def stale_equivalents(target: MutationTarget, mutants: Sequence[Mutant],
+                      equivalents: Mapping[str, Equivalent]) -> list[str]:
+    """Entries of the equivalents file for this target that matched no mutant: the code moved on."""
+    prefix = target.source.removesuffix(".py").replace("/", ".") + "."
+    by_name = {m.name: m for m in mutants}
+    out = []
+    for name, eq in sorted(equivalents.items()):
+        if not name.startswith(prefix) or (name in by_name and by_name[name].status == "equivalent"):
+            continue
+        now = by_name.get(name)
+        if now is None:
+            out.append(f"stale entry in {MUTATION_EQUIVALENT}: no mutant {name} any more")
+        elif now.status != "killed":
+            out.append(f"stale entry in {MUTATION_EQUIVALENT}: {name} now mutates `{now.line}`, "
+                       f"not `{eq.line}`; check it again")
+    return out
+
+
 def _natural(name: str) -> tuple[str, int]:
     stem, _, number = name.rpartition("__mutmut_")
     return stem, int(number) if number.isdigit() else -1
@@ -245,6 +263,8 @@ def run_target(root: Path, target: MutationTarget, *, jobs: int, equivalents: Ma
             print("\n".join(f"  | {line}" for line in tail), flush=True)
             print(f"mutation: {target.source}: mutmut exited {proc.returncode} (its log above); a test "
                   f"that fails before any mutation must be fixed first", flush=True)
+        for line in stale_equivalents(target, mutants, equivalents):
+            print(f"mutation: {line}", flush=True)
         return Score(target=target, mutants=mutants, seconds=time.monotonic() - started)
     finally:
         holder.cleanup()

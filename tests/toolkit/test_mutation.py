@@ -189,8 +189,17 @@ def test_a_real_mutmut_run_scores_a_tiny_project(tmp_path: Path):
     listed = {name: mutation.Equivalent(name=name, line="return x >= 0", reason="r")}
     again = mutation.read_results(kept / "calc.py", target(), listed)
     assert [m.name for m in again if m.status == "equivalent"] == [name]
-    stale = {name: mutation.Equivalent(name=name, line="return x + 3", reason="r")}
-    assert all(m.status != "equivalent" for m in mutation.read_results(kept / "calc.py", target(), stale))
+    stale = {name: mutation.Equivalent(name=name, line="return x + 3", reason="r"),
+             "calc.x_gone__mutmut_1": mutation.Equivalent(name="calc.x_gone__mutmut_1", line="a", reason="r"),
+             "other.x_f__mutmut_1": mutation.Equivalent(name="other.x_f__mutmut_1", line="a", reason="r")}
+    judged = mutation.read_results(kept / "calc.py", target(), stale)
+    assert all(m.status != "equivalent" for m in judged)
+    assert mutation.stale_equivalents(target(), judged, stale) == [
+        f"stale entry in {MUTATION_EQUIVALENT}: no mutant calc.x_gone__mutmut_1 any more",
+        f"stale entry in {MUTATION_EQUIVALENT}: {name} now mutates `return x >= 0`, not `return x + 3`; "
+        f"check it again",
+    ]
+    assert mutation.stale_equivalents(target(), again, listed) == []
 
 
 if __name__ == "__main__":
