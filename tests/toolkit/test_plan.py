@@ -284,6 +284,14 @@ def test_shard_counts_a_cpu_entry_as_one_gpu():
     assert ids == [["a"], ["b", "c"]]
 
 
+def test_shard_weighs_gpu_seconds_one_gpu_entries_included():
+    # a: 2 GPUs x 10 s = 20; b, c, d: one GPU each, 9 + 8 + 7 = 24.
+    durations = {"a": 10.0, "b": 9.0, "c": 8.0, "d": 7.0}
+    entries = [pe("a", gpus=2), pe("b", gpus=1), pe("c", gpus=1), pe("d", gpus=1)]
+    ids = [[e.id for e in shard(entries, i, 2, durations)] for i in (1, 2)]
+    assert ids == [["a"], ["b", "c", "d"]]
+
+
 def test_shard_weighs_unmeasured_entries_by_their_estimate():
     # "new" is unmeasured: 2 × median (10 s) = 20 s, placed first, as heavy as two others.
     durations = {"a": 10.0, "b": 10.0, "c": 10.0}
