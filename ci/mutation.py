@@ -34,7 +34,7 @@ KILLED_CODES = frozenset({1, 3, 36, 37, 24, -24, 152, 255, -11, -9})
 SURVIVED_CODES = frozenset({0})
 NO_TESTS_CODES = frozenset({5, 33})
 # Lines never mutated: what `--help` says is documentation, not the module's judgement.
-NOT_MUTATED = (r"^\s*help=", r"\bhelp=\"", r"description=")
+NOT_MUTATED = (r"^\s*help=", r"\bhelp=f?\"", r"description=", r"epilog=")
 # What the scratch copy leaves out: build and cache folders, and the git directory.
 SKIP = (".git", ".nox", ".ci-cache", ".venv", "mutants", "__pycache__", "*.pyc", ".mypy_cache",
         ".ruff_cache", ".pytest_cache", "*.egg-info", "build", "dist")
