@@ -153,6 +153,16 @@ def test_select_paths_does_not_match_a_name_prefix():
         select_paths(ENTRIES, ["tests/util"], suite="s")
 
 
+def test_select_paths_takes_paths_literally():
+    # Relative to the checkout, character for character: no stripping of spaces or of a
+    # leading slash, and a name that ends in a letter keeps it.
+    odd = [*ENTRIES, pe("tests/e2e/X")]
+    assert [e.id for e in select_paths(odd, ["tests/e2e/X"], suite="s")] == ["tests/e2e/X"]
+    for path in ("/tests/test_a.py", "tests/test_a.py "):
+        with pytest.raises(UsageError, match="is not a test of s"):
+            select_paths(odd, [path], suite="s")
+
+
 def test_select_paths_of_an_unknown_path_lists_the_known_ones():
     with pytest.raises(UsageError) as err:
         select_paths(ENTRIES, ["tests/test_a.py", "tests/nope.py"], suite="cpu_unit")
@@ -166,6 +176,9 @@ def test_select_paths_shows_twelve_known_files_and_the_count():
         select_paths(many, ["tests/nope.py"], suite="s")
     shown = ", ".join(f"tests/test_{i:02}.py" for i in range(12))
     assert str(err.value) == f"tests/nope.py is not a test of s; known: {shown}, … (14 in all)"
+    with pytest.raises(UsageError) as err:
+        select_paths(many[:13], ["tests/nope.py"], suite="s")
+    assert str(err.value).endswith(f"known: {shown}, … (13 in all)")
     twelve = many[:12]
     with pytest.raises(UsageError) as err:
         select_paths(twelve, ["tests/nope.py"], suite="s")
