@@ -58,6 +58,18 @@ def test_parse_junit_reads_a_lone_testsuite(tmp_path):
     assert parse_junit(path) == Counts(tests=4, failures=1, errors=0, skipped=0)
 
 
+def test_parse_junit_counts_every_test_once(tmp_path):
+    # Totals on <testsuites> itself, and a lone suite whose totals include a nested one:
+    # only the suites' own figures count, each once.
+    wrapped = tmp_path / "wrapped.xml"
+    wrapped.write_text('<testsuites tests="5" failures="1"><testsuite tests="5" failures="1">'
+                       '<testcase name="a"/></testsuite></testsuites>')
+    assert parse_junit(wrapped) == Counts(tests=5, failures=1)
+    nested = tmp_path / "nested.xml"
+    nested.write_text('<testsuite tests="3" failures="1"><testsuite tests="2" failures="1"/></testsuite>')
+    assert parse_junit(nested) == Counts(tests=3, failures=1)
+
+
 def test_parse_junit_of_a_missing_or_broken_file_is_none(tmp_path):
     assert parse_junit(tmp_path / "none.xml") is None
     bad = tmp_path / "bad.xml"
@@ -77,6 +89,7 @@ def test_pytest_entry_passes_when_tests_ran_and_none_failed(tmp_path):
     r = judge(PYTEST, attempt(0), junit=junit(tmp_path, (3, 0, 0, 1)), log=log(tmp_path), filtering=False)
     assert (r.outcome, r.passed, r.failed, r.skipped, r.reason) == ("passed", 2, 0, 1, "")
     assert r.ok and r.seconds == 2.5 and r.returncode == 0 and r.junit_path == tmp_path / "junit.xml"
+    assert r.entry is PYTEST and r.log_path == tmp_path / "entry.log"
 
 
 def test_pytest_entry_that_ran_nothing_is_empty_not_green(tmp_path):
@@ -115,6 +128,7 @@ def test_pytest_entry_without_a_report_fails_and_says_so(tmp_path):
 def test_script_entry_is_judged_by_its_exit_code(tmp_path):
     ok = judge(SCRIPT, attempt(0), junit=tmp_path / "none.xml", log=log(tmp_path), filtering=False)
     assert (ok.outcome, ok.passed, ok.failed, ok.reason, ok.junit_path) == ("passed", 1, 0, "", None)
+    assert ok.entry is SCRIPT and ok.log_path == tmp_path / "entry.log"
     bad = judge(SCRIPT, attempt(2), junit=tmp_path / "none.xml", log=log(tmp_path), filtering=False)
     assert (bad.outcome, bad.passed, bad.failed, bad.reason) == ("failed", 0, 1, "exit code 2")
     told = judge(SCRIPT, attempt(1), junit=tmp_path / "none.xml",
@@ -151,6 +165,9 @@ def test_reason_then_the_last_telling_line_not_noise():
     assert reason(out) == "docker: Cannot connect to the Docker daemon at unix:///var/run/docker.sock."
     assert reason("step one\nstep two\n=====\n") == "step two"
     assert reason("") == "" and reason("\n  \n-----\n") == ""
+    # A telling line beats a later plain one; a telling line that is only a hint does not count.
+    assert reason("fatal: bad object HEAD\nplain last line\n") == "fatal: bad object HEAD"
+    assert reason("fatal: bad thing\nerror: see --help for more information\n") == "fatal: bad thing"
 
 
 def test_reason_is_cut_at_200_characters():
@@ -181,11 +198,12 @@ def test_closing_line_adds_up_tests():
 
 
 def test_closing_line_of_an_interrupted_run_counts_entries_apart():
-    rs = [result("passed", 4, 0, 1), result("failed", 0, 2, 0), interrupted(PYTEST),
+    rs = [result("passed", 4, 0, 1), result("failed", 0, 3, 0), interrupted(PYTEST),
           interrupted(PYTEST, "did not run: interrupted")]
     assert closing("toolkit", rs) == ("toolkit: interrupted; 2 of 4 entries finished (2 stopped or never run); "
-                                      "tests: 4 passed, 2 failed, 1 skipped")
+                                      "tests: 4 passed, 3 failed, 1 skipped")
     assert rs[3].reason == "did not run: interrupted" and rs[2].failed == 1
+    assert (rs[2].reason, rs[2].outcome, rs[2].entry) == ("interrupted", "interrupted", PYTEST)
 
 
 if __name__ == "__main__":
