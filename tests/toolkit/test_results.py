@@ -70,6 +70,16 @@ def test_parse_junit_counts_every_test_once(tmp_path):
     assert parse_junit(nested) == Counts(tests=3, failures=1)
 
 
+def test_parse_junit_missing_counts_are_zero(tmp_path):
+    bare = tmp_path / "bare.xml"
+    bare.write_text('<testsuites><testsuite tests="2"/><testsuite failures="1"/><testsuite/></testsuites>')
+    assert parse_junit(bare) == Counts(tests=2, failures=1, errors=0, skipped=0)
+    for attr in ("tests", "failures", "errors", "skipped"):
+        one = tmp_path / f"{attr}.xml"
+        one.write_text(f'<testsuite {attr}="4"/>')
+        assert parse_junit(one) == Counts(**{attr: 4}), attr
+
+
 def test_parse_junit_of_a_missing_or_broken_file_is_none(tmp_path):
     assert parse_junit(tmp_path / "none.xml") is None
     bad = tmp_path / "bad.xml"
@@ -183,6 +193,15 @@ def test_tail_keeps_the_last_lines(tmp_path):
     assert tail(path, 3) == "line 97\nline 98\nline 99"
     assert tail(path).splitlines()[0] == "line 40"
     assert tail(tmp_path / "missing.log") == ""
+
+
+def test_tail_reads_the_last_64000_bytes_and_survives_bad_utf8(tmp_path):
+    path = tmp_path / "big.log"
+    path.write_bytes(b"a" * 70_000 + b"\nlast\n")
+    first, last = tail(path).splitlines()
+    assert (len(first), last) == (64_000 - len(b"\nlast\n"), "last")
+    path.write_bytes(b"ok\n\xff\xfe bad\n")
+    assert tail(path) == "ok\n\ufffd\ufffd bad"
 
 
 # --- the closing line -----------------------------------------------------------------------
