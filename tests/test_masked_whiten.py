@@ -96,6 +96,22 @@ def test_float32_values_are_whitened_in_float64():
     torch.testing.assert_close(masked_whiten(values + 1e5, mask), masked_whiten(values, mask))
 
 
+def test_statistics_go_through_the_group_all_reduce(tmp_path):
+    # A real one-rank gloo group: the sums are all-reduced (a no-op on one rank) and the
+    # result is the local whitening. The sharded cases run on several ranks in
+    # test_advantage_whitening_cp.py.
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        values = torch.tensor([1.0, 2.0, 4.0, 8.0])
+        mask = torch.tensor([1, 1, 0, 1])
+        torch.testing.assert_close(masked_whiten(values, mask, process_group=dist.group.WORLD),
+                                   masked_whiten(values, mask))
+    finally:
+        dist.destroy_process_group()
+
+
 def test_whiten_returns_the_input_dtype():
     out = masked_whiten(torch.tensor([1.0, 2.0, 4.0]), torch.ones(3))
     assert out.dtype == torch.float32
