@@ -124,6 +124,22 @@ def test_pytest_entry_with_a_failure_fails_with_pytests_error_line(tmp_path):
     assert r.output_tail == out.rstrip("\n")
 
 
+def test_failures_and_errors_both_count_as_failed(tmp_path):
+    r = judge(PYTEST, attempt(1), junit=junit(tmp_path, (6, 2, 1, 1)), log=log(tmp_path), filtering=False)
+    assert (r.outcome, r.passed, r.failed, r.skipped) == ("failed", 2, 3, 1)
+
+
+def test_one_test_that_passed_is_a_pass(tmp_path):
+    r = judge(PYTEST, attempt(0), junit=junit(tmp_path, (1, 0, 0, 0)), log=log(tmp_path), filtering=False)
+    assert (r.outcome, r.passed) == ("passed", 1)
+
+
+def test_a_report_with_failures_fails_even_on_exit_code_0(tmp_path):
+    # Not "empty": tests ran; the report, not the exit code, says one failed.
+    r = judge(PYTEST, attempt(0), junit=junit(tmp_path, (2, 1, 0, 0)), log=log(tmp_path), filtering=False)
+    assert (r.outcome, r.failed, r.reason) == ("failed", 1, "exit code 0")
+
+
 def test_pytest_entry_failing_by_exit_code_alone_still_fails(tmp_path):
     # A report of green tests with a non-zero exit (a crash at teardown) is not a pass.
     r = judge(PYTEST, attempt(3), junit=junit(tmp_path, (2, 0, 0, 0)), log=log(tmp_path), filtering=False)
