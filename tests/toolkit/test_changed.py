@@ -257,6 +257,13 @@ def test_parse_name_status_without_the_final_nul_keeps_the_last_path() -> None:
         ("modified", "tests/a.py"), ("deleted", "tests/b.py")]
 
 
+def test_parse_name_status_keeps_paths_that_are_not_utf8() -> None:
+    # git paths are bytes: one that is not UTF-8 survives as surrogate escapes, never an error.
+    [change] = parse_name_status(b"A\0tests/test_\xff.py\0")
+    assert change.path == "tests/test_\udcff.py"
+    assert change.path.encode("utf-8", "surrogateescape") == b"tests/test_\xff.py"
+
+
 def test_parse_name_status_skips_unmerged_and_unknown_letters() -> None:
     raw = b"U\0tests/conflict.py\0X\0tests/odd.py\0T\0tests/t.py\0"
     assert [(c.status, c.path) for c in parse_name_status(raw)] == [("modified", "tests/t.py")]
