@@ -132,6 +132,13 @@ def gpu_smoke(session: nox.Session) -> None:
                     "--retries", str(SMOKE_RETRIES), *(("--only", *only) if only else ()), *_posargs(session))
 
 
+@nox.session(tags=["nightly"])
+def mutation(session: nox.Session) -> None:
+    """Mutation score per core module (ci.suites.MUTATION_TARGETS); nightly and on demand, not -t ci."""
+    _install(session, "mutation")
+    session.run("python", "-m", "ci", "mutation", *session.posargs)
+
+
 # On the 2-core CI host an emulated entry has, once in a few dozen runs, lost a Ray worker
 # (Ray's SYSTEM_ERROR; what killed it is not known yet, and a failing job now prints the crash
 # lines of the head's worker logs). One rerun; an entry that passes on it is reported FLAKY in

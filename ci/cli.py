@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "history": ("ci.history.cli", "the run history: flake rates (flaky), failure streaks (monitor), show"),
     "coverage": ("ci.coverage", "write the coverage page: every test file, who runs it, how it fared"),
     "lock": ("ci.lock", "write the constraints files every session installs from; --check for drift"),
+    "mutation": ("ci.mutation", "mutate the core modules; do their tests notice? (score per module)"),
 }
 
 
