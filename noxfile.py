@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from ci import profiles  # noqa: E402
 from ci.registry import load_registry  # noqa: E402
-from ci.suites import Suite  # noqa: E402
+from ci.suites import PLANTS_CADENCE, Suite  # noqa: E402
 
 nox.options.sessions = ["cpu_unit"]
 nox.options.default_venv_backend = "venv"
@@ -104,6 +104,16 @@ def gpu_smoke(session: nox.Session) -> None:
     for suite, *only in SMOKE:
         session.run("python", "-m", "ci", "run", "--suite", suite, "--emulate-gpus", "--gpus", "8",
                     "--retries", str(SMOKE_RETRIES), *(("--only", *only) if only else ()), *session.posargs)
+
+
+@nox.session(tags=["cpu", PLANTS_CADENCE])
+def plants(session: nox.Session) -> None:
+    """Every planted break (tests/e2e/plants) makes the entry that claims it fail, for its reason.
+
+    The subset PLANTS_CI of ci/suites.py also runs in the toolkit suite (tests/toolkit/test_plants.py).
+    """
+    _install(session, "dev", "gpu-host")
+    session.run("python", "-m", "ci", "plants", *session.posargs)
 
 
 # On the 2-core CI host an emulated entry has, once in a few dozen runs, lost a Ray worker

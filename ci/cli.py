@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gpu-status": ("ci.lock_cli", "show each GPU: free or held, by whom, since when; waiters"),
     "changed": ("ci.changed", "list (or run) the test files a branch adds or modifies vs its base"),
     "workflows": ("ci.workflow", "generate .github/workflows from the registry; --check for drift"),
+    "plants": ("ci.plants", "apply each planted break to a scratch copy; its entry must fail for its reason"),
     "import-workflow": ("ci.import_workflow", "write ci/suites.py from slime's pr-test.yml.j2 matrix"),
 }
 

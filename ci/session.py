@@ -17,9 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
-from ci import checkout
+from ci import checkout, timeline
 from ci import plan as planner
-from ci import timeline
 from ci.backends import select_backend
 from ci.backends.ray import ADDRESS_ENV
 from ci.discover import discover
@@ -235,7 +234,8 @@ def _where_from(opts: Options, entries: Sequence[PlannedEntry],
 def _imports_line(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig) -> str:
     found = _where_from(opts, entries, cfg)
     if found is None:
-        return f"imports the checkout's packages from {opts.root} (PYTHONPATH={opts.root} on the {cfg.backend.name} side)"
+        return (f"imports the checkout's packages from {opts.root} "
+                f"(PYTHONPATH={opts.root} on the {cfg.backend.name} side)")
     bad = checkout.strangers(opts.root, found)
     return checkout.describe(opts.root, found) + (
         f"  REFUSED at run time: {', '.join(bad)} from elsewhere" if bad else "")

@@ -77,8 +77,12 @@ def probe(rank, world, root, location):
     after_dcp = _state(optimizer), optimizer.param_groups[0]["lr"]
     set_optimizer_state_dict(model, optimizer, content["optimizer"])
     after_set = _state(optimizer), optimizer.param_groups[0]["lr"]
+    # What the loop calls: checkpoint.load, into a fresh optimizer and schedule.
+    model, optimizer, scheduler = _build()
+    ck.load(root, model, optimizer, scheduler, load_optimizer=location, load_rng=False)
+    after_load = _state(optimizer), optimizer.param_groups[0]["lr"]
     return {"aliased": aliased, "tensors": len(tensors), "saved": (saved_state, saved_lr),
-            "after_dcp": after_dcp, "after_set": after_set}
+            "after_dcp": after_dcp, "after_set": after_set, "after_load": after_load}
 
 
 def _same(a, b):
@@ -98,6 +102,9 @@ def test_dcp_restores_moments_in_place_and_set_restores_the_param_groups(tmp_pat
     # ... but not the learning rate the schedule moved (1e-2 * 0.5**3): only the call does.
     assert dcp_lr == pytest.approx(1e-2) and saved_lr == pytest.approx(1e-2 * 0.5 ** 3)
     assert _same(set_state, saved) and set_lr == saved_lr
+    load_state, load_lr = result["after_load"]
+    assert _same(load_state, saved), "checkpoint.load did not restore Adam's moments"
+    assert load_lr == saved_lr, f"checkpoint.load did not restore the param groups: lr {load_lr} vs {saved_lr}"
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ NUM_GPUS = 0
 nox = pytest.importorskip("nox", reason="the dev profile brings nox")
 
 # Sessions that are not suites, written by hand in noxfile.py.
-NOT_SUITES = {"lint", "gpu_smoke"}
+NOT_SUITES = {"lint", "gpu_smoke", "plants"}
 
 
 @pytest.fixture(scope="module")
