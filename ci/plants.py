@@ -119,8 +119,9 @@ def run_argv(plant: Plant, tree: Path, gpu_suite: bool) -> list[str]:
     return [*argv, plant.only]
 
 
-def judge(code: int | None, output: str, reason: str) -> tuple[bool, str]:
-    """Caught only by a failure that shows the plant's reason."""
+def judge(code: int | None, output: str, reason: str, entry_logs: str = "") -> tuple[bool, str]:
+    """Caught only by a failure that shows the plant's reason (in the run's output or its
+    entries' logs)."""
     if code is None:
         return False, "timed out (the plant's run was killed)"
     if code == 0:
@@ -129,7 +130,7 @@ def judge(code: int | None, output: str, reason: str) -> tuple[bool, str]:
         return False, f"exit {code}, not a test failure"
     if re.search(r"\] TIMEOUT ", output):
         return False, "the entry timed out: not its stated reason"
-    if reason not in output:
+    if reason not in output and reason not in entry_logs:
         lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
         failed = [ln for ln in lines if ln.startswith("FAILED ")] or lines[-1:] or ["no output"]
         return False, f"failed, but not for {reason!r}: {failed[0][:160]}"
@@ -162,10 +163,14 @@ def run_plant(plant: Plant, root: Path, gpu_suite: bool, timeout: float,
         except BaseException:  # Ctrl-C: the run stops its own entries on SIGTERM
             _stop(proc)
             raise
+        # The run prints the last lines of a failure; the reason may sit higher up in the
+        # entry's full log (a pytest traceback), which lives in the copy's run directory.
+        entry_logs = "".join(p.read_text(encoding="utf-8", errors="replace")
+                             for p in sorted(tree.glob(".ci-cache/runs/*/logs/*.log")))
         log = root / ".ci-cache" / "plants" / f"{plant.key.replace('/', '__')}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(output, encoding="utf-8")
-    caught, why = judge(code, output, plant.reason)
+        log.write_text(output + "\n--- entry logs ---\n" + entry_logs, encoding="utf-8")
+    caught, why = judge(code, output, plant.reason, entry_logs)
     return Verdict(plant=plant, caught=caught, why=why, seconds=time.monotonic() - start)
 
 
