@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from ci import lock, profiles  # noqa: E402
 from ci.registry import load_registry  # noqa: E402
-from ci.suites import Suite  # noqa: E402
+from ci.suites import PLANTS_CADENCE, Suite  # noqa: E402
 
 nox.options.sessions = ["cpu_unit"]
 nox.options.default_venv_backend = "venv"
@@ -137,6 +137,16 @@ def mutation(session: nox.Session) -> None:
     """Mutation score per core module (ci.suites.MUTATION_TARGETS); nightly and on demand, not -t ci."""
     _install(session, "mutation")
     session.run("python", "-m", "ci", "mutation", *session.posargs)
+
+
+@nox.session(tags=["cpu", PLANTS_CADENCE])
+def plants(session: nox.Session) -> None:
+    """Every planted break (tests/e2e/plants) makes the entry that claims it fail, for its reason.
+
+    The subset PLANTS_CI of ci/suites.py also runs in the toolkit suite (tests/toolkit/test_plants.py).
+    """
+    _install(session, "dev", "gpu-host")
+    session.run("python", "-m", "ci", "plants", *session.posargs)
 
 
 # On the 2-core CI host an emulated entry has, once in a few dozen runs, lost a Ray worker

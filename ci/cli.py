@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "coverage": ("ci.coverage", "write the coverage page: every test file, who runs it, how it fared"),
     "lock": ("ci.lock", "write the constraints files every session installs from; --check for drift"),
     "mutation": ("ci.mutation", "mutate the core modules; do their tests notice? (score per module)"),
+    "plants": ("ci.plants", "apply each planted break to a scratch copy; its entry must fail for its reason"),
 }
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from ci import checkout
 from ci.backends.base import Backend, EntryEnv
 from ci.backends.local import LocalBackend
 from ci.errors import CIError, WaitTimeout
@@ -134,6 +135,9 @@ def entry_env(entry: PlannedEntry, cfg: RunConfig, *, devices: tuple[int, ...],
         "SLIME_CI_OUTPUT_DIR": str(out_dir),
         "NUM_GPUS": str(entry.num_gpus),
         "SLIME_CI_GPUS": ",".join(map(str, devices)),
+        # The framework comes from this checkout, wherever the entry runs (ci/checkout.py);
+        # in a container the workspace is mounted at the same path.
+        "PYTHONPATH": str(cfg.root),
     })
     unset = set()
     if devices:
@@ -145,6 +149,7 @@ def entry_env(entry: PlannedEntry, cfg: RunConfig, *, devices: tuple[int, ...],
         unset.add("SLIME_CI_PORT_BASE")
     return EntryEnv(inherited=cfg.base_env, own=own, unset=frozenset(unset),
                     host={"PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_dir),
+                          "PYTHONPATH": checkout.pythonpath(cfg.root, cfg.base_env.get("PYTHONPATH")),
                           # torch derives its compile cache from TMPDIR: keep one per run, not per entry
                           "TORCHINDUCTOR_CACHE_DIR": cfg.base_env.get(
                               "TORCHINDUCTOR_CACHE_DIR", compile_cache_dir(cfg.base_env))},
@@ -159,7 +164,8 @@ def _threads(cfg: RunConfig) -> int:
 
 def worker_env(cfg: RunConfig) -> dict[str, str]:
     """The environment a pre-imported worker starts with: what entries share before their own."""
-    env = {**cfg.base_env, "PYTHONUNBUFFERED": "1"}
+    env = {**cfg.base_env, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": checkout.pythonpath(cfg.root, cfg.base_env.get("PYTHONPATH"))}
     env.setdefault("OMP_NUM_THREADS", str(_threads(cfg)))
     return env
 

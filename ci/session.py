@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
+from ci import checkout, timeline
 from ci import plan as planner
-from ci import timeline
 from ci.args import existing_dir, seconds
 from ci.backends import select_backend
 from ci.backends.ray import ADDRESS_ENV
@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-j", "--jobs", type=int, help="entries run at once (default: CPU count; "
                    "GPU suites: as many as the GPUs allow)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (entries, GPUs, argv) and stop")
+    p.add_argument("--package", action="append", default=[], metavar="NAME",
+                   help="a package entries must import from this checkout (repeatable; default: "
+                        "every top-level package directory of the root)")
     p.add_argument("--only", metavar="PATTERN", help="only entries whose id matches (glob or substring)")
     p.add_argument("--shard", metavar="I/K", help="run shard I of K (balanced by measured durations)")
     p.add_argument("--timeout", type=float, help="seconds per entry (default: the registry's)")
@@ -240,8 +243,38 @@ def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, 
         cores = f"  cores={e.cores}" if e.cores > 1 else ""
         log.line(f"  {e.id}  gpus={e.num_gpus}{cores}  timeout={e.timeout:.0f}s  run={mode}{why}")
         log.line(f"      $ {shlex.join(launch.argv)}")
+    log.line(f"  {_imports_line(opts, entries, cfg)}")
     if backend.gpus and any(e.num_gpus for e in entries):
         log.line("  (GPU ids shown are placeholders: each entry takes whichever GPUs the lock grants)")
+
+
+def _where_from(opts: Options, entries: Sequence[PlannedEntry],
+                cfg: RunConfig) -> dict[str, str | None] | None:
+    """Where an entry started by this run would import the checkout's packages from; None
+    where no process of this host runs it (a container, a cluster node)."""
+    backend = cfg.backend
+    if backend.remote is not None or backend.name == "docker":
+        return None
+    e = entries[0]
+    placeholder = cfg.work_dir / "out" / "<entry>"
+    devices = tuple(range(e.num_gpus))
+    env = backend.launch(e, tuple(base_argv(e, cfg, placeholder / "junit.xml")),
+                         entry_env(e, cfg, devices=devices, out_dir=placeholder,
+                                   tmp_dir=placeholder / "tmp"), devices).env
+    # A script's sys.path[0] is its own directory; `python -m pytest` puts the cwd (root) there.
+    cwd = opts.root / Path(e.path).parent if e.kind == "script" else opts.root
+    return checkout.resolve(cfg.python, checkout.packages(opts.root, opts.args.package),
+                            env={k: v for k, v in env.items() if k != "TMPDIR"}, cwd=cwd)
+
+
+def _imports_line(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig) -> str:
+    found = _where_from(opts, entries, cfg)
+    if found is None:
+        return (f"imports the checkout's packages from {opts.root} "
+                f"(PYTHONPATH={opts.root} on the {cfg.backend.name} side)")
+    bad = checkout.strangers(opts.root, found)
+    return checkout.describe(opts.root, found) + (
+        f"  REFUSED at run time: {', '.join(bad)} from elsewhere" if bad else "")
 
 
 def _bool_env(env: Mapping[str, str], name: str) -> bool:
@@ -302,6 +335,9 @@ def main(argv: Sequence[str]) -> int:
     backend.check()  # its preconditions: one line and exit 2 before anything starts
     junit = args.junit or cache / "junit" / f"{suite.name}.xml"
     _check_writable(work_dir, junit.parent, store.path)
+    found = _where_from(opts, entries, cfg)
+    if found is not None:
+        checkout.check(root, found)  # another tree's framework: one line and exit 2
     interrupts.check()
     ports = ExitStack()
     try:

@@ -179,6 +179,16 @@ PRECISION_ENTRIES: tuple[Entry, ...] = (
     Entry(path="tests/e2e/test_tiny_parallel_check.py", timeout=900),
 )
 
+# Planted breaks (`python -m ci plants`, ci/plants.py): patches of the framework under
+# PLANTS_DIR/<entry>/<break>.patch, each naming the entry that must catch it and a line of
+# the failure. All of them run on the PLANTS_CADENCE; PLANTS_CI, cheap enough for every
+# push, also run in `nox -t ci` (tests/toolkit/test_plants.py, in the toolkit suite).
+PLANTS_DIR = "tests/e2e/plants"
+PLANTS_CADENCE = "nightly"
+PLANTS_CI: tuple[str, ...] = (
+    "test_fsdp_optimizer_restore/param-groups-not-restored",
+)
+
 SUITES: tuple[Suite, ...] = (
     Suite(
         name="cpu_unit",

@@ -25,7 +25,7 @@ from ci.errors import UsageError
 from ci.history.store import HISTORY_FILE
 from ci.registry import REGISTRY_PATHS, Registry, load_registry, registry_path
 from ci.style import NOX_VERSION, Style
-from ci.suites import JOB_MINUTES
+from ci.suites import JOB_MINUTES, PLANTS_CADENCE, PLANTS_DIR
 from ci.triggers import (
     BASE_BRANCH,
     CHECK_SESSION,
@@ -358,13 +358,21 @@ TABLE_BEGIN = f"<!-- sessions: {MARKER} from ci/suites.py; edit the registry, no
 TABLE_END = "<!-- end of sessions -->"
 
 
-def session_table(jobs: Sequence[Job]) -> str:
+# Sessions no CI job runs (yet): name, when they are meant to run, what they run.
+OFF_CI_SESSIONS: tuple[tuple[str, str, str], ...] = (
+    ("plants", f"{PLANTS_CADENCE} cadence (not scheduled yet); on demand",
+     "Planted breaks: each makes the entry that claims it fail, for its stated reason"),
+)
+
+
+def session_table(jobs: Sequence[Job], extra: Sequence[tuple[str, str, str]] = ()) -> str:
     """The README's table of sessions: CPU jobs first, then GPU ones, each in table order."""
     rows = ["| session | tier | in GitHub Actions | what it runs |", "|---|---|---|---|"]
     for job in sorted(jobs, key=lambda j: j.self_hosted):  # stable: table order within a tier
         where = f"label `{job.label}`" if job.label else "every PR, push to `main`, dispatch"
         rows.append(f"| `{job.session}` | {'GPU' if job.self_hosted else 'CPU'} | {where} | "
                     f"{job.purpose} |")
+    rows += [f"| `{name}` | CPU | {when} | {what} |" for name, when, what in extra]
     return "\n".join(rows)
 
 
@@ -377,7 +385,8 @@ def readme(root: Path, jobs: Sequence[Job]) -> dict[str, str]:
     begin, end = text.find(TABLE_BEGIN), text.find(TABLE_END)
     if begin < 0 or end < begin:
         return {}
-    table_text = f"{TABLE_BEGIN}\n{session_table(jobs)}\n"
+    extra = OFF_CI_SESSIONS if (root / PLANTS_DIR).is_dir() else ()  # a checkout with plants
+    table_text = f"{TABLE_BEGIN}\n{session_table(jobs, extra)}\n"
     return {README_PATH: text[:begin] + table_text + text[end:]}
 
 

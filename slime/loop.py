@@ -321,14 +321,26 @@ def run_async(run: Run) -> None:
         raise ValueError("train_async.py needs separate rollout GPUs: "
                          "drop --colocate, set --rollout-num-gpus")
     ids = list(range(args.start_rollout_id, args.start_rollout_id + args.num_rollout))
+    # When each rollout's generation really ended (the worker thread stamps it), not when the
+    # loop next looked: a rollout finished before training began must show no overlap.
+    generated: dict[int, float] = {}
+
+    def generate(index: int) -> TrainBatch:
+        batch = make_batch(run, ids[index])
+        generated[index] = time.time()  # before the future resolves, so the loop sees it
+        return batch
+
+    def submit(index: int) -> Future[TrainBatch]:
+        return pool.submit(generate, index)
+
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending: Future[TrainBatch] = pool.submit(make_batch, run, ids[0])
+        pending: Future[TrainBatch] = submit(0)
         for step, rollout_id in enumerate(ids):
             start = time.monotonic()
             batch = pending.result()
             gen_start = time.time()
             if step + 1 < len(ids):
-                pending = pool.submit(make_batch, run, ids[step + 1])
+                pending = submit(step + 1)
             version_before = run.trainer.version()
             lag = version_before - batch.weight_version
             if args.ci_test and step > 0:
@@ -336,7 +348,7 @@ def run_async(run: Run) -> None:
             row = train_step(run, batch, step)
             if step + 1 < len(ids):
                 pending.result()  # refit only once the overlapping rollout has its samples
-                gen_end = time.time()
+                gen_end = generated[step + 1]
                 row["async/overlap_seconds"] = max(0.0, min(gen_end, row["train/end"]) -
                                                    max(gen_start, row["train/start"]))
             _check(run, row, step, on_policy=lag == 0, untrained=version_before == 0)

@@ -4,7 +4,9 @@ Parameters, Adam state and every per-step loss must be bitwise equal to the run
 that never stopped, for each optimizer location on save × on load and for async
 save. Under CPU ranks the "gpu" location is the rank's device, the CPU itself (see
 slime/backends/fsdp/checkpoint.py): what is proven is that the on-disk format and
-the load path restore the optimizer exactly from either location.
+the load path restore the optimizer exactly from either location. The schedule (warm-up,
+then decay) matters: the lr it moved lives in the optimizer's param groups, which only
+`set_optimizer_state_dict` restores (tests/test_fsdp_optimizer_restore.py).
 """
 
 import sys

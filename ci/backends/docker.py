@@ -48,13 +48,6 @@ def daemon_problem(timeout: float = DAEMON_TIMEOUT) -> str | None:
     return (lines[0] if lines else f"docker version exited with {proc.returncode}")[:200]
 
 
-def own_checkout(root: Path) -> bool:
-    """Whether `root` is the checkout this toolkit runs from (its registry is ours)."""
-    from ci import suites
-
-    return (root / "ci" / "suites.py").resolve() == Path(suites.__file__ or "").resolve()
-
-
 class DockerBackend(LocalBackend):
     """`docker run` of the entry's command in the image, on the GPUs its lock granted."""
 
@@ -70,7 +63,6 @@ class DockerBackend(LocalBackend):
         self._cache_writer = host.cache_writer
         self._limits = read_host_limits()
         self._root = Path(root)
-        self._own_checkout = own_checkout(self._root)
         self._note = note
         self._noted: set[str] = set()
 
@@ -87,11 +79,8 @@ class DockerBackend(LocalBackend):
         inner_env = dict(env.own)
         inner_env["TEST_FILE"] = entry.path
         inner_env["TEST_ARGS"] = " ".join(entry.test_args)
-        if self._own_checkout:
-            # The toolkit's own checkout: `pip install -e .` in the container installs only the
-            # toolkit (the wheel holds no slime), so its `slime/` must come from the workspace,
-            # not from the image's installed slime. An adopter's install is its own slime.
-            inner_env["PYTHONPATH"] = str(self._root)
+        # PYTHONPATH (in env.own) names the workspace, mounted at the same path: the entry
+        # imports the checkout's framework, not the image's installed copy (ci/checkout.py).
         name = container_name(entry.id, uuid.uuid4().hex[:8])
         options = DockerOptions(image=self.image, workspace=self._root, devices=devices,
                                 env=inner_env, caches=self._caches, pull=self.pull, name=name,

@@ -11,6 +11,13 @@ Registered five times in `ckpt` with the original's arguments: `--save-optimizer
 Per-step losses and grad norms of 3 equal those of 1, and the two step-N checkpoints hold
 the same parameters and optimizer state: bitwise on CPU ranks (under --emulate-gpus,
 where "gpu" is the rank's device, the CPU), within 1e-6 on CUDA.
+
+What this entry can and cannot see (tests/test_fsdp_optimizer_restore.py proves it): on
+CPU ranks DCP reads Adam's moments straight into the optimizer's own tensors for both
+locations, and `set_optimizer_state_dict` adds only the param groups. The loop trains at a
+constant lr, so here a load that skips that call still resumes bitwise; a load that skips
+the optimizer altogether does not (plant tests/e2e/plants/test_tiny_ckpt/optimizer-not-restored).
+The skipped call is caught by the CPU tests, whose schedule moves the lr.
 """
 
 import os

@@ -15,7 +15,7 @@ NUM_GPUS = 0
 nox = pytest.importorskip("nox", reason="the dev profile brings nox")
 
 # Sessions that are not suites, written by hand in noxfile.py.
-NOT_SUITES = {"lint", "gpu_smoke", "mutation"}
+NOT_SUITES = {"lint", "gpu_smoke", "mutation", "plants"}
 # Sessions no workflow runs (nightly and on demand): not in README's table of CI jobs.
 NO_JOB = {"mutation"}
 
