@@ -41,6 +41,9 @@ def requirements(pyproject: Mapping[str, Any], profile: str) -> list[str]:
                        f"{', '.join(names(pyproject))}")
     out: list[str] = []
     seen: set[str] = set()
+    # `<this project>[extra]` refers to another profile (slime-ci here, any name elsewhere).
+    own = pyproject.get("project", {}).get("name", PROJECT_NAME)
+    self_ref = _SELF if own == PROJECT_NAME else re.compile(rf"^{re.escape(own)}\[(?P<extras>[^\]]+)\]$")
 
     def walk(name: str) -> None:
         if name in seen:
@@ -50,7 +53,7 @@ def requirements(pyproject: Mapping[str, Any], profile: str) -> list[str]:
             if isinstance(req, Mapping):
                 walk(str(req.get("include-group", "")))
                 continue
-            match = _SELF.match(req.replace(" ", ""))
+            match = self_ref.match(req.replace(" ", ""))
             if match:
                 for extra in match.group("extras").split(","):
                     walk(extra.strip())

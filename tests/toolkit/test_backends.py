@@ -152,12 +152,12 @@ def test_selection_and_what_each_backend_owns(tmp_path):
     local = LocalBackend(gpus=8).launch(entry, argv, env, (3, 5))
     assert local.argv == argv
     assert (local.env["CUDA_VISIBLE_DEVICES"], local.env["TMPDIR"], local.env["HOME"]) == ("3,5", "/tmp/e1", "/home/u")
-    # In another checkout the container's `slime` is that checkout's install; in the
-    # toolkit's own, the workspace goes on PYTHONPATH (the wheel holds no slime).
+    # The container sees the entry's own variables and nothing the runner merely inherited;
+    # PYTHONPATH (the checkout's root, ci/checkout.py) is one of the entry's own.
     inner = docker.launch(entry, argv, env, (3, 5)).argv
-    assert f"PYTHONPATH={tmp_path}" not in inner[-1] and not any(a.startswith("PYTHONPATH=") for a in inner)
-    ours = select_backend(by_name["megatron"], gpus=8, **{**pick, "root": str(REPO)})
-    assert f"PYTHONPATH={REPO}" in ours.launch(entry, argv, env, (3, 5)).argv
+    assert "SLIME_CI_GPUS=3,5" in inner and not any(a.startswith(("SECRET=", "PYTHONPATH=")) for a in inner)
+    rooted = EntryEnv(inherited=env.inherited, own={**env.own, "PYTHONPATH": str(REPO)}, host=env.host)
+    assert f"PYTHONPATH={REPO}" in docker.launch(entry, argv, rooted, (3, 5)).argv
     fake = emulated.launch(entry, argv, env, (3, 5))
     assert (fake.env["CUDA_VISIBLE_DEVICES"], fake.env["SLIME_CI_DEVICE"]) == ("", "cpu")
     pattern = emulated.lock_pattern
