@@ -21,7 +21,9 @@ from ci.registry import load_registry
 from ci.style import Style
 from ci.suites import GPU_RUNNER_LABELS, SUITES, Suite, Tier
 
-EventName = Literal["pull_request", "push", "workflow_dispatch"]
+EventName = Literal["pull_request", "push", "workflow_dispatch", "schedule"]
+# `plan --event issue_comment` answers a PR comment command (ci.gateway), not the job table.
+COMMENT_EVENT = "issue_comment"
 PullRequestAction = Literal["opened", "synchronize", "reopened", "labeled"]
 
 BASE_BRANCH = "main"
@@ -229,6 +231,10 @@ def _split(text: str) -> list[str]:
 
 def parse_event(args: argparse.Namespace, jobs: Sequence[Job]) -> Event:
     """Validate the command line into an Event."""
+    stray = [f"--{n}" for n in ("comment", "actor", "association", "pr", "sha")
+             if getattr(args, n, None) is not None]
+    if stray or getattr(args, "not_pr", False):
+        raise UsageError(f"{', '.join(stray) or '--not-pr'} only apply to --event {COMMENT_EVENT}")
     labels = _split(args.labels)
     known = gating_labels(jobs)
     for label in labels + ([args.added] if args.added else []):
@@ -289,8 +295,21 @@ def _parser() -> argparse.ArgumentParser:
                "  python -m ci plan --event push",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--event", choices=get_args(EventName), default="pull_request",
-                        help="what triggered the run (default: pull_request)")
+    parser.add_argument("--event", choices=[*get_args(EventName), COMMENT_EVENT],
+                        default="pull_request", help="what triggered the run (default: pull_request)")
+    comment = parser.add_argument_group("issue_comment (a PR comment command, see README)")
+    comment.add_argument("--comment", metavar="BODY", default=None, help="the comment's text")
+    comment.add_argument("--actor", default=None, help="the commenter's login")
+    comment.add_argument("--association", default=None,
+                         help="the commenter's author_association (OWNER, MEMBER, NONE, ...)")
+    comment.add_argument("--teams", default="", metavar="A,B",
+                         help="team slugs the commenter belongs to, comma separated")
+    comment.add_argument("--no-fork", dest="fork", action="store_false", default=False,
+                         help="the pull request comes from this repository (default)")
+    comment.add_argument("--not-pr", action="store_true",
+                         help="the comment is on an issue, not a pull request")
+    comment.add_argument("--pr", type=int, default=None, help="pull request number")
+    comment.add_argument("--sha", default=None, help="the pull request's exact head commit")
     parser.add_argument("--labels", default="", metavar="A,B",
                         help="labels on the pull request, comma separated")
     parser.add_argument("--action", choices=get_args(PullRequestAction), default=None,
@@ -308,7 +327,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """`python -m ci plan`: print the jobs an event would run."""
     args = _parser().parse_args(argv)
-    registry = load_registry(args.root.resolve())
+    root = args.root.resolve()
+    registry = load_registry(root)
+    if args.event == COMMENT_EVENT:
+        from ci.comment_cli import comment_main
+
+        return comment_main(args, root, registry.suites)
     jobs = table(registry.suites, registry.style)
     event = parse_event(args, jobs)
     decisions = plan(event, jobs)
