@@ -66,6 +66,8 @@ class Suite:
     # these modules once. Only modules no test stubs in sys.modules before importing them.
     preload: tuple[str, ...] = ()
     prefork: bool = True  # False: every entry starts a fresh interpreter
+    # Scheduled cadences (ci/cadences.py) it runs on; None: GPU suites nightly and weekly.
+    cadences: tuple[str, ...] | None = None
 
     # What the tier means everywhere else; the rest of the toolkit asks these, not the tier.
     @property
@@ -202,6 +204,7 @@ SUITES: tuple[Suite, ...] = (
         image=TEST_IMAGE,
         entries=MEGATRON_ENTRIES,
         timeout=3600,
+        cadences=("weekly",),  # the same matrix as megatron: once a week on the test image
     ),
     Suite(
         name="changed",
