@@ -11,7 +11,7 @@ from pathlib import Path
 from ci.commands import Context, load_policy
 from ci.discover import discover
 from ci.errors import UsageError
-from ci.gateway import comment_plan, render_comment_plan
+from ci.gateway import comment_plan, registered, render_comment_plan
 from ci.suites import Suite
 
 _SHA = re.compile(r"[0-9a-f]{40}")
@@ -32,4 +32,26 @@ def comment_main(args: argparse.Namespace, root: Path, suites: Sequence[Suite]) 
     plan = comment_plan(args.comment, ctx, load_policy(root), suites=suites, files=discover(root),
                         pr=args.pr, sha=args.sha)
     print(json.dumps(plan, indent=2) if args.json else render_comment_plan(plan))
+    return 0
+
+
+def resolve_main(args: argparse.Namespace, root: Path, suites: Sequence[Suite]) -> int:
+    """`plan --event workflow_dispatch --suite S [--only FILE]`: what run-ci-file.yml runs, or exit 2."""
+    if args.event != "workflow_dispatch":
+        raise UsageError("--suite only applies to --event workflow_dispatch")
+    if args.sha is not None and not _SHA.fullmatch(args.sha):
+        raise UsageError(f"--sha {args.sha!r}: expected a full 40-hex commit id")
+    suite = next((s for s in suites if s.name == args.suite), None)
+    if suite is None:
+        raise UsageError(f"unknown suite {args.suite!r}; known: {', '.join(s.name for s in suites)}")
+    resolved = None
+    if args.only:
+        resolved = registered([suite], discover(root)).get(args.only)
+        if resolved is None:
+            raise UsageError(f"{args.only} is not a registered test file of {suite.name}")
+    out = {"suite": suite.name, "tier": suite.tier, "sha": args.sha, "only": args.only or None,
+           "command_line": resolved.command if resolved else f"nox -s {suite.name}",
+           "num_gpus": resolved.num_gpus if resolved else None, "image": suite.image}
+    print(json.dumps(out, indent=2) if args.json else
+          f"{out['command_line']} on {args.sha or 'the PR head'} ({suite.tier} runner)")
     return 0

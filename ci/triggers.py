@@ -314,7 +314,7 @@ def parse_event(args: argparse.Namespace, jobs: Sequence[Job],
     cron = getattr(args, "cron", None)
     if (cron is not None) != (args.event == "schedule"):
         raise UsageError("--event schedule needs --cron '<the cron that fired>', and only it takes --cron")
-    stray = [f"--{n}" for n in ("comment", "actor", "association", "pr", "sha")
+    stray = [f"--{n}" for n in ("comment", "actor", "association", "pr", "sha", "only")
              if getattr(args, n, None) is not None]
     if stray or getattr(args, "not_pr", False):
         raise UsageError(f"{', '.join(stray) or '--not-pr'} only apply to --event {COMMENT_EVENT}")
@@ -403,6 +403,9 @@ def _parser() -> argparse.ArgumentParser:
                          help="the comment is on an issue, not a pull request")
     comment.add_argument("--pr", type=int, default=None, help="pull request number")
     comment.add_argument("--sha", default=None, help="the pull request's exact head commit")
+    one = parser.add_argument_group("workflow_dispatch of run-ci-file.yml (resolve before PR code runs)")
+    one.add_argument("--suite", default=None, help="the suite to run on the PR's head")
+    one.add_argument("--only", default=None, metavar="FILE", help="one registered file of that suite")
     parser.add_argument("--labels", default="", metavar="A,B",
                         help="labels on the pull request, comma separated")
     parser.add_argument("--action", choices=get_args(PullRequestAction), default=None,
@@ -433,6 +436,10 @@ def main(argv: list[str]) -> int:
         from ci.comment_cli import comment_main
 
         return comment_main(args, root, registry.suites)
+    if args.suite is not None:
+        from ci.comment_cli import resolve_main
+
+        return resolve_main(args, root, registry.suites)
     jobs = table(registry.suites, registry.style)
     if args.paths is not None and args.diff is not None:
         raise UsageError("pass --paths or --diff, not both")

@@ -72,6 +72,13 @@ class Flow:
 
 
 @dataclass(frozen=True)
+class Script:
+    """A shell script written as a `|` block: its lines kept as they are."""
+
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Folded:
     """A long expression written as `>-` lines; YAML joins them with single spaces."""
 
@@ -79,7 +86,7 @@ class Folded:
 
 
 Scalar: TypeAlias = "str | int | bool | None"
-Node: TypeAlias = "Scalar | Note | Flow | Folded | Mapping[str, Node] | Sequence[Node]"
+Node: TypeAlias = "Scalar | Note | Flow | Folded | Script | Mapping[str, Node] | Sequence[Node]"
 
 # YAML 1.1 readers (PyYAML among them) take these as booleans or null when unquoted.
 _SPECIAL = {"y", "n", "yes", "no", "true", "false", "on", "off", "null", "~", ""}
@@ -108,7 +115,7 @@ def _inline(value: Node) -> str | None:
         return "[" + ", ".join(_scalar(x) for x in value.items) + "]"
     if isinstance(value, Mapping):
         return "{}" if not value else None
-    if isinstance(value, (Folded, list, tuple)):
+    if isinstance(value, (Folded, Script, list, tuple)):
         return None
     assert not isinstance(value, Sequence) or isinstance(value, str)
     return _scalar(value)
@@ -129,6 +136,12 @@ def _lines(node: Node, indent: int, spaced: int = 0) -> list[str]:
             elif isinstance(value, Folded):
                 out.append(f"{head} >-")
                 out += [f"{pad}  {line}" for line in value.lines]
+            elif isinstance(value, Note) and isinstance(value.value, Mapping):
+                out.append(f"{head}  # {value.comment}")
+                out += _lines(value.value, indent + 2, spaced - 1)
+            elif isinstance(value, Script):
+                out.append(f"{head} |")
+                out += [f"{pad}  {line}".rstrip() for line in value.lines]
             else:
                 out.append(head)
                 out += _lines(value, indent + 2, spaced - 1)
@@ -351,7 +364,10 @@ def actionlint_config(jobs: Sequence[Job]) -> dict[str, Node]:
 def render(jobs: Sequence[Job], style: Style | None = None) -> dict[str, str]:
     """Every file the generator owns: repository-relative path -> text."""
     style = style or Style()
+    from ci.gateway_workflow import comment_files  # it renders with this module's writer
+
     return {
+        **comment_files(jobs, style),
         WORKFLOW_PATH: to_yaml(workflow(jobs, style), spaced=2, header=_banner(style.source)),
         ACTIONLINT_PATH: to_yaml(actionlint_config(jobs),
                                  header=_banner("the runner labels in ci/triggers.py")),
