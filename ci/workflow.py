@@ -385,7 +385,7 @@ def session_table(jobs: Sequence[Job]) -> str:
     """The README's table of sessions: CPU jobs first, then GPU ones, each in table order."""
     rows = ["| session | tier | in GitHub Actions | what it runs |", "|---|---|---|---|"]
     for job in sorted(jobs, key=lambda j: j.self_hosted):  # stable: table order within a tier
-        where = (f"label `{job.label}`" if job.label else "weekly schedule" if job.scheduled_only
+        where = (f"label `{job.label}`" if job.label else f"weekly schedule (job `{job.id}`)" if job.scheduled_only
                  else "every PR, push to `main`, dispatch")
         rows.append(f"| `{job.session}` | {'GPU' if job.self_hosted else 'CPU'} | {where} | "
                     f"{job.purpose} |")
