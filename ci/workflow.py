@@ -384,9 +384,9 @@ TABLE_END = "<!-- end of sessions -->"
 def session_table(jobs: Sequence[Job]) -> str:
     """The README's table of sessions: CPU jobs first, then GPU ones, each in table order."""
     rows = ["| session | tier | in GitHub Actions | what it runs |", "|---|---|---|---|"]
-    for job in sorted(jobs, key=lambda j: j.self_hosted):  # stable: table order within a tier
-        where = (f"label `{job.label}`" if job.label else f"weekly schedule (job `{job.id}`)" if job.scheduled_only
-                 else "every PR, push to `main`, dispatch")
+    # A scheduled-only job runs a session listed already (README: "When CI runs").
+    for job in sorted((j for j in jobs if not j.scheduled_only), key=lambda j: j.self_hosted):
+        where = f"label `{job.label}`" if job.label else "every PR, push to `main`, dispatch"
         rows.append(f"| `{job.session}` | {'GPU' if job.self_hosted else 'CPU'} | {where} | "
                     f"{job.purpose} |")
     return "\n".join(rows)

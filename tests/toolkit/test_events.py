@@ -157,6 +157,15 @@ def test_every_job_has_a_timeout_derived_from_its_entries() -> None:
     assert int(step["env"]["SLIME_CI_LOCK_TIMEOUT"]) < 60 * by_minutes(wf, "megatron")
 
 
+def test_the_ci_lock_wait_comes_from_the_job_and_a_bad_value_is_one_line() -> None:
+    from ci.session import _lock_timeout_from
+
+    assert _lock_timeout_from({"SLIME_CI_LOCK_TIMEOUT": "1800"}) == 1800.0
+    assert _lock_timeout_from({}) > 1800  # the local default is the long one
+    with pytest.raises(UsageError, match="SLIME_CI_LOCK_TIMEOUT='soon': expected seconds"):
+        _lock_timeout_from({"SLIME_CI_LOCK_TIMEOUT": "soon"})
+
+
 def by_minutes(wf: dict[str, Any], job: str) -> int:
     return int(wf["jobs"][job]["timeout-minutes"])
 
