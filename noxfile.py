@@ -17,7 +17,7 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from ci import profiles  # noqa: E402
+from ci import lock, profiles  # noqa: E402
 from ci.registry import load_registry  # noqa: E402
 from ci.suites import Suite  # noqa: E402
 
@@ -40,21 +40,36 @@ _ADD_CHECKOUT = ("import pathlib, sys, sysconfig; "
 
 
 def _install(session: nox.Session, *names: str) -> None:
-    """Install pyproject profiles (torch first, alone), then the toolkit with --no-deps and
-    this checkout on the path (for `slime/`)."""
+    """Install pyproject profiles (torch first, alone) held to the lock, then the toolkit with
+    --no-deps and this checkout on the path (for `slime/`).
+
+    The lock is constraints/py<X.Y>.txt (`python -m ci lock`); `--no-lock` among the session's
+    arguments or SLIME_CI_NO_LOCK=1 resolves fresh instead.
+    """
     pyproject = nox.project.load_toml(ROOT / "pyproject.toml")
     reqs = [r for name in names for r in profiles.requirements(pyproject, name)]
+    # A session without its own `python=` runs on nox's interpreter.
+    python = session.python if isinstance(session.python, str) else "{}.{}".format(*sys.version_info[:2])
+    try:
+        held = lock.constraint_args(ROOT, python, disabled=lock.lock_disabled(session.posargs, os.environ))
+    except lock.LockMissing as exc:
+        session.error(str(exc))
     if reqs:
         torch, rest = profiles.split_torch(list(dict.fromkeys(reqs)))
         if torch:
-            session.install(*profiles.torch_install_args(torch, os.environ))
-        session.install(*rest)
+            session.install(*profiles.torch_install_args(torch, os.environ), *held)
+        session.install(*rest, *held)
     session.install("-e", ".", "--no-deps")
     session.run("python", "-c", _ADD_CHECKOUT, WORKLOAD_PTH, str(ROOT), silent=True)
 
 
+def _posargs(session: nox.Session) -> list[str]:
+    """The session's arguments for `python -m ci run` (`--no-lock` is the install's)."""
+    return lock.strip_lock_flag(session.posargs)
+
+
 def _suite(session: nox.Session, suite: str, *extra: str) -> None:
-    session.run("python", "-m", "ci", "run", "--suite", suite, *extra, *session.posargs)
+    session.run("python", "-m", "ci", "run", "--suite", suite, *extra, *_posargs(session))
 
 
 def _suite_session(suite: Suite) -> None:
@@ -114,7 +129,14 @@ def gpu_smoke(session: nox.Session) -> None:
     _install(session, "e2e", "gpu-host")
     for suite, *only in SMOKE:
         session.run("python", "-m", "ci", "run", "--suite", suite, "--emulate-gpus", "--gpus", "8",
-                    "--retries", str(SMOKE_RETRIES), *(("--only", *only) if only else ()), *session.posargs)
+                    "--retries", str(SMOKE_RETRIES), *(("--only", *only) if only else ()), *_posargs(session))
+
+
+@nox.session(tags=["nightly"])
+def mutation(session: nox.Session) -> None:
+    """Mutation score per core module (ci.suites.MUTATION_TARGETS); nightly and on demand, not -t ci."""
+    _install(session, "mutation")
+    session.run("python", "-m", "ci", "mutation", *session.posargs)
 
 
 # On the 2-core CI host an emulated entry has, once in a few dozen runs, lost a Ray worker

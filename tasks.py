@@ -36,23 +36,16 @@ def _command_after_dashes() -> list[str]:
         "print_only": "print the GPUs that are free now and hold nothing",
     }
 )
-def lock_gpus(c: Context, count: int = 0, devices: str = "", total_gpus: int = 0,
-              timeout: float = 0.0, target_env_name: str = "", lock_path_pattern: str = "",
+def lock_gpus(c: Context, count: str = "", devices: str = "", total_gpus: str = "",
+              timeout: str = "", target_env_name: str = "", lock_path_pattern: str = "",
               print_only: bool = False) -> None:
     """Run `-- CMD…` holding GPUs exclusively (fair queue; exit code of CMD passes through)."""
-    argv: list[str] = []
-    if count:
-        argv += ["--count", str(count)]
-    if devices:
-        argv += ["--devices", devices]
-    if total_gpus:
-        argv += ["--total-gpus", str(total_gpus)]
-    if timeout:
-        argv += ["--timeout", str(timeout)]
-    if target_env_name:
-        argv += ["--target-env-name", target_env_name]
-    if lock_path_pattern:
-        argv += ["--lock-path-pattern", lock_path_pattern]
+    # Every value is passed on as typed: `python -m ci` checks it (`--count abc` is one line,
+    # exit 2) and `--timeout 0` means "do not wait" there, not "unset".
+    given = {"--count": count, "--devices": devices, "--total-gpus": total_gpus,
+             "--timeout": timeout, "--target-env-name": target_env_name,
+             "--lock-path-pattern": lock_path_pattern}
+    argv = [part for flag, value in given.items() if value != "" for part in (flag, value)]
     if print_only:
         argv.append("--print-only")
     _ci("lock-gpus", *argv, "--", *_command_after_dashes())
@@ -60,13 +53,10 @@ def lock_gpus(c: Context, count: int = 0, devices: str = "", total_gpus: int = 0
 
 @task(help={"lock_path_pattern": "lock files, must contain {gpu_id}",
             "total_gpus": "GPUs on this machine (default: NVML's count, else 8)"})
-def gpu_status(c: Context, lock_path_pattern: str = "", total_gpus: int = 0) -> None:
+def gpu_status(c: Context, lock_path_pattern: str = "", total_gpus: str = "") -> None:
     """Show each GPU: free or held, holder pid and command, since when; the waiters."""
-    argv = []
-    if lock_path_pattern:
-        argv += ["--lock-path-pattern", lock_path_pattern]
-    if total_gpus:
-        argv += ["--total-gpus", str(total_gpus)]
+    given = {"--lock-path-pattern": lock_path_pattern, "--total-gpus": total_gpus}
+    argv = [part for flag, value in given.items() if value != "" for part in (flag, value)]
     _ci("gpu-status", *argv)
 
 

@@ -1,17 +1,25 @@
-"""Benchmark the rollout engine on CPU: per-call latencies over loopback HTTP, and what batching buys.
+"""Benchmark the rollout engine's HTTP layer: two server revisions side by side, and per-call costs.
 
-    python benchmarks/engine.py [--runs 5] [--concurrent 64] [--max-new-tokens 4]
+    python benchmarks/engine.py [--baseline REV] [--concurrent 200] [--rounds 3] [--max-new-tokens 4]
+    python benchmarks/engine.py --calls [--runs 5]
 
-Side by side in one run: 64 one-prompt requests sent one after another vs. sent at once
-(the engine merges waiting requests into one batch), and one 64-prompt request; plus the
-median latency of a single short generation, a refit from disk, a refit from tensors, a
-release and a resume of the weights. The model is the tiny Qwen2 the e2e entries use.
+Default mode: the engine at `--baseline` (default 941447b, the last one served by
+`http.server`) and the engine of this working tree each run in their own process on the
+same tiny Qwen2, one after the other, round after round; each round sends `--concurrent`
+one-prompt `/generate` requests at once over loopback (one connection each) and records
+every request's latency and the server process's CPU time. Printed: requests/s, p50/p99
+latency and server CPU ms per request per side (median over the rounds) and the ratios
+new/old; on a busy host the CPU column is the steadier one. `--calls`: the median latency of single calls (generate,
+refits, release/resume) on this tree's engine.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -19,10 +27,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from slime.backends.engine import EngineClient, EngineServer
-from slime.model.tiny import build_tiny_model
-
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE = "941447b"
 PROMPT = [1, 7, 14, 8, 16]
+# The same launcher for both revisions: only the constructor and `.url` both have.
+_SERVE = """
+import signal, sys, threading
+from slime.backends.engine import EngineServer
+srv = EngineServer(sys.argv[1], seed=0)
+print(srv.start(), flush=True)
+done = threading.Event()
+signal.signal(signal.SIGTERM, lambda *a: done.set())
+done.wait()
+srv.stop()
+"""
 
 
 def _median(fn: Callable[[], object], runs: int) -> float:
@@ -34,27 +52,122 @@ def _median(fn: Callable[[], object], runs: int) -> float:
     return statistics.median(times)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--concurrent", type=int, default=64)
-    parser.add_argument("--max-new-tokens", type=int, default=4)
-    args = parser.parse_args(argv)
+def _snapshot(rev: str, dest: Path) -> Path:
+    """The `slime/` package as it was at `rev`, extracted under `dest` (an importable root)."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "slime"], capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise SystemExit(f"git archive {rev} failed: {archive.stderr.decode().strip()}; pass --baseline REV")
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest
+
+
+class _Served:
+    """An engine of the package under `root`, in its own process, on a free loopback port."""
+
+    def __init__(self, root: Path, model: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": str(root), "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+               "TRANSFORMERS_VERBOSITY": "error"}
+        self.proc = subprocess.Popen([sys.executable, "-c", _SERVE, str(model)], env=env,
+                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        if not self.url.startswith("http://"):
+            self.stop()
+            raise SystemExit(f"the engine under {root} did not start")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the server process has used (less noisy than wall time on a busy host)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+async def _burst(url: str, n: int, params: dict[str, object]) -> tuple[float, list[float]]:
+    """(wall seconds, per-request latencies) of `n` requests sent at once, one connection each."""
+    import aiohttp
+
+    body = {"input_ids": PROMPT, "sampling_params": params, "return_logprob": True}
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        async def one() -> float:
+            start = time.perf_counter()
+            async with http.post(f"{url}/generate", json=body) as resp:
+                answer = await resp.json()
+                if resp.status != 200 or len(answer["output_ids"]) != params["max_new_tokens"]:
+                    raise SystemExit(f"{url}: HTTP {resp.status}: {answer}")
+            return time.perf_counter() - start
+
+        start = time.perf_counter()
+        latencies = await asyncio.gather(*(one() for _ in range(n)))
+        return time.perf_counter() - start, list(latencies)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def compare(args: argparse.Namespace) -> int:
+    """Old and new HTTP layer, alternating per round; prints one row per side and the ratios."""
+    params = {"max_new_tokens": args.max_new_tokens, "ignore_eos": True, "temperature": 1.0}
+    with tempfile.TemporaryDirectory() as tmp:
+        from slime.model.tiny import build_tiny_model
+
+        model = build_tiny_model(Path(tmp) / "m", seed=0)
+        sides = {f"old ({args.baseline})": _snapshot(args.baseline, Path(tmp) / "old"), "new (this tree)": ROOT}
+        rows: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in sides}
+        for round_no in range(args.rounds):
+            for name, root in sides.items():
+                served = _Served(root, model)
+                try:
+                    asyncio.run(_burst(served.url, 8, params))  # warm-up: first batches pay setup
+                    cpu = served.cpu_seconds()
+                    wall, lat = asyncio.run(_burst(served.url, args.concurrent, params))
+                    cpu = served.cpu_seconds() - cpu
+                finally:
+                    served.stop()
+                rows[name].append((args.concurrent / wall, _percentile(lat, 0.5), _percentile(lat, 0.99),
+                                   cpu / args.concurrent))
+                print(f"round {round_no + 1} {name}: {args.concurrent / wall:.1f} req/s", flush=True)
+    print(f"\n{args.concurrent} concurrent /generate, {args.max_new_tokens} new tokens, "
+          f"median of {args.rounds} rounds")
+    print(f"{'server':<24} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>11}")
+    med = {}
+    for name, values in rows.items():
+        med[name] = tuple(statistics.median(v[i] for v in values) for i in range(4))
+        rps, p50, p99, cpu = med[name]
+        print(f"{name:<24} {rps:8.1f} {p50 * 1000:8.1f} {p99 * 1000:8.1f} {cpu * 1000:11.2f}")
+    old, new = med.values()
+    print(f"new/old: req/s {new[0] / old[0]:.2f}, p50 {new[1] / old[1]:.2f}, p99 {new[2] / old[2]:.2f}, "
+          f"server CPU per request {new[3] / old[3]:.2f}")
+    return 0
+
+
+def calls(args: argparse.Namespace) -> int:
+    """Median latency of single calls on this tree's engine (in this process)."""
+    from safetensors.torch import load_file
+
+    from slime.backends.engine import EngineClient, EngineServer
+    from slime.model.tiny import build_tiny_model
+
     params = {"max_new_tokens": args.max_new_tokens, "ignore_eos": True}
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_model(Path(tmp) / "m", seed=0)
         other = build_tiny_model(Path(tmp) / "o", seed=1)
-        from safetensors.torch import load_file
-
         tensors = load_file(str(other / "model.safetensors"))
-        with EngineServer(model, seed=0) as server:
+        with EngineServer(model, seed=0, weights_dirs=[tmp]) as server:
             client = EngineClient(server.url)
             client.generate(PROMPT, params)  # first call pays one-off setup
-            n = args.concurrent
-
-            def sequential() -> None:
-                for _ in range(n):
-                    client.generate(PROMPT, params)
+            n = 64
 
             def concurrent() -> None:
                 threads = [threading.Thread(target=client.generate, args=(PROMPT, params)) for _ in range(n)]
@@ -67,7 +180,6 @@ def main(argv: list[str]) -> int:
                 "generate, 1 prompt": _median(lambda: client.generate(PROMPT, params), args.runs),
                 f"generate, {n} prompts in one request": _median(lambda: client.generate([PROMPT] * n, params),
                                                                  args.runs),
-                f"{n} one-prompt requests, sequential": _median(sequential, max(1, args.runs // 2)),
                 f"{n} one-prompt requests, concurrent": _median(concurrent, max(1, args.runs // 2)),
                 "update_weights_from_disk": _median(lambda: client.update_weights_from_disk(str(other)), args.runs),
                 "update_weights_from_tensor (all)": _median(lambda: client.update_weights_from_tensor(tensors),
@@ -79,10 +191,23 @@ def main(argv: list[str]) -> int:
     width = max(map(len, rows))
     for name, seconds in rows.items():
         print(f"{name:<{width}}  {seconds * 1000:9.1f} ms")
-    seq, conc = rows[f"{n} one-prompt requests, sequential"], rows[f"{n} one-prompt requests, concurrent"]
-    print(f"concurrent / sequential: {conc / seq:.2f} (batching makes this < 1)")
     return 0
 
 
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", default=BASELINE, help="revision whose engine is 'old' (default %(default)s)")
+    parser.add_argument("--concurrent", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=4)
+    parser.add_argument("--calls", action="store_true", help="time single calls on this tree's engine instead")
+    parser.add_argument("--runs", type=int, default=5, help="with --calls: runs per row")
+    args = parser.parse_args(argv)
+    if min(args.concurrent, args.rounds, args.max_new_tokens, args.runs) < 1:
+        parser.error("--concurrent, --rounds, --max-new-tokens and --runs must be >= 1")
+    return calls(args) if args.calls else compare(args)
+
+
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
     raise SystemExit(main(sys.argv[1:]))

@@ -3,15 +3,18 @@
 The cpu_unit suite split K ways (`--shard I/K`) by the plan's LPT:
 
   without: a fresh runner, no durations file: every file weighs the same.
-  with:    the durations a first real run of the suite recorded (what the
-           workflow restores from the last run on main).
+  with:    the durations the last real run of the suite recorded (durations.json,
+           what the workflow restores from the last run on main).
+  history: the p90 of every earlier run recorded in a run-history store (the
+           estimate `run` plans with when the history has the entry).
 
-Each split is then judged against what a second real run of the suite measured
-(not the run it was planned from, so "with" is not graded on its own data):
+Runs 1..N-1 record (into one durations file and one history store); each split is
+then judged against what run N measured (not a run it was planned from, so no
+side is graded on its own data):
 the load of a shard is the sum of its files' measured seconds, and the figure is
 slowest ÷ mean shard (1.00 is perfect; the goal with durations is <= 1.15).
 
-    python benchmarks/shards.py [--shards 4] [-j N]
+    python benchmarks/shards.py [--shards 4] [--runs 3] [-j N]
 
 Run it where the `cpu` profile is installed (the cpu_unit venv, or the dev venv).
 """
@@ -36,9 +39,10 @@ from ci.plan import PlannedEntry, resolve, shard  # noqa: E402
 from ci.suites import by_name  # noqa: E402
 
 
-def measure(store: Path, jobs: int | None) -> tuple[dict[str, float], float, int]:
+def measure(store: Path, jobs: int | None, history: str = "off") -> tuple[dict[str, float], float, int]:
     """One real run of cpu_unit recording into `store`; its durations, wall seconds, exit code."""
-    argv = [sys.executable, "-m", "ci", "run", "--suite", "cpu_unit", "--durations", str(store)]
+    argv = [sys.executable, "-m", "ci", "run", "--suite", "cpu_unit", "--durations", str(store),
+            "--history", history, "--order", "longest"]
     if jobs:
         argv += ["-j", str(jobs)]
     start = time.monotonic()
@@ -65,16 +69,26 @@ def ratio(shard_loads: list[float]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", type=int, default=4, help="K of --shard I/K (default 4)")
-    parser.add_argument("-j", "--jobs", type=int, help="the runner's -j for the two measuring runs")
+    parser.add_argument("-j", "--jobs", type=int, help="the runner's -j for the measuring runs")
+    parser.add_argument("--runs", type=int, default=3, help="real runs: N-1 recorded, the last judges")
     args = parser.parse_args()
+    if args.runs < 2:
+        parser.error("--runs must be at least 2")
     entries = resolve(by_name()["cpu_unit"], discover(ROOT))
     print(f"cpu_unit: {len(entries)} files, split {args.shards} ways; {os.cpu_count()} cores, "
           f"load {os.getloadavg()[0]:.2f}")
+    from ci.history.stats import estimates
+    from ci.history.store import open_store
+
     with tempfile.TemporaryDirectory() as tmp:
-        recorded, wall1, rc1 = measure(Path(tmp) / "recorded.json", args.jobs)
-        print(f"  run 1 (recorded, the plan's input): {wall1:.1f}s, exit {rc1}, {len(recorded)} files")
+        url = f"sqlite:///{Path(tmp) / 'history.sqlite'}"
+        for n in range(1, args.runs):
+            recorded, wall1, rc1 = measure(Path(tmp) / "recorded.json", args.jobs, url)
+            print(f"  run {n} (recorded, the plans' input): {wall1:.1f}s, exit {rc1}, {len(recorded)} files")
+        with open_store(url) as store:
+            p90 = estimates(store.attempts(suite="cpu_unit"))
         truth, wall2, rc2 = measure(Path(tmp) / "truth.json", args.jobs)
-        print(f"  run 2 (measured, the judge):        {wall2:.1f}s, exit {rc2}, {len(truth)} files")
+        print(f"  run {args.runs} (measured, the judge):        {wall2:.1f}s, exit {rc2}, {len(truth)} files")
     missing = [e.id for e in entries if e.id not in truth]
     if missing:
         print(f"  warning: {len(missing)} files have no measurement (counted as 0 s): {missing[:3]}")
@@ -82,12 +96,13 @@ def main() -> int:
                               for k in truth if k in recorded)
     print(f"  per-file drift between the two runs: median {drift:.0%}")
     rows = [("without durations (fresh runner)", loads(entries, args.shards, {}, truth)),
-            ("with recorded durations (run 1)", loads(entries, args.shards, recorded, truth))]
+            ("with the last run's durations", loads(entries, args.shards, recorded, truth)),
+            (f"with history p90 ({args.runs - 1} runs)", loads(entries, args.shards, p90, truth))]
     for name, shard_loads in rows:
         shown = " ".join(f"{x:6.1f}" for x in shard_loads)
         print(f"{name:<34} shards [s]: {shown}   slowest/mean {ratio(shard_loads):.2f}")
-    print(f"ratio with durations: {ratio(rows[1][1]):.2f} (goal <= 1.15); "
-          f"without: {ratio(rows[0][1]):.2f}; load now {os.getloadavg()[0]:.2f}")
+    print(f"ratio with history: {ratio(rows[2][1]):.2f} (goal <= 1.10); last run only: "
+          f"{ratio(rows[1][1]):.2f}; without: {ratio(rows[0][1]):.2f}; load now {os.getloadavg()[0]:.2f}")
     return 0
 
 

@@ -276,6 +276,9 @@ def _report(body: Body, job_ids: dict[str, str], reg: Registry) -> list[str]:
         "jobs (the template restarted the whole run, cancelling GPU jobs, on any label)",
         "trigger (stricter, for security): GPU jobs never run for pull requests from forks on the "
         "self-hosted runners (the template ran them when a fork PR carried the label)",
+        "docker flags kept: GPU entries run with container=\"framework\" (--privileged, host network "
+        "and IPC, seccomp off); give an entry container=\"minimal\" where it needs none of them "
+        "(README, Security)",
         "concurrency: one group per job and PR instead of one per workflow (see ci/workflow.py)",
         f"new job: {CHECK_JOB} (`nox -s {CHECK_SESSION}`: the workflow and U are current with the registry)",
         "to do by hand: create the label run-ci-changed (and every run-ci-* label above) if missing; "

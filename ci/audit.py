@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ci.discover import TestFile, discover
-from ci.errors import EXIT_FAILED, EXIT_OK, UsageError
+from ci.errors import EXIT_FAILED, EXIT_OK, NothingRegistered, UsageError
 from ci.plan import rule_files
 from ci.registry import REGISTRY, Registry, load_registry
 from ci.suites import Suite
@@ -118,9 +118,16 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--root", type=Path, default=Path.cwd(), help="checkout to audit (default: .)")
     args = p.parse_args(list(argv))
     root = args.root.resolve()
-    if not (root / "tests").is_dir():
+    try:
+        has_tests = (root / "tests").is_dir()
+    except OSError as exc:  # is_dir() raises for a name too long, a loop of links
+        raise UsageError(f"--root {root}: cannot be used ({exc.strerror})") from None
+    if not has_tests:
         raise UsageError(f"{root} has no tests/ directory; pass the repository root with --root")
     findings, count, registry = audit(root, load_registry(root))
+    if not count:
+        raise NothingRegistered(f"{root / 'tests'} holds no test files (tests/**/test_*.py): "
+                                "nothing to audit")
     for finding in findings:
         print(finding)
     scope = "" if registry else f" (no {REGISTRY} here: per-file checks only)"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
+from ci.args import Parser, existing_dir
 from ci.discover import TestFile, discover, is_test_file, read_source, read_test_file
 from ci.errors import NothingRegistered, UsageError
 from ci.imports import affected_chains, describe_chain
@@ -356,7 +357,7 @@ def format_table(plan: ChangedPlan) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m ci changed",
         description="List the test files this branch adds, modifies or renames compared with "
                     "its merge base with --base, each with its NUM_GPUS and why it was "
@@ -380,7 +381,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """Entry point of `python -m ci changed`."""
     args = _parser().parse_args(argv)
-    root = args.root.resolve()
+    root = existing_dir("--root", args.root)
     plan = plan_changed(root, args.base, affected=args.affected, registry=load_registry(root))
     if args.json:
         print(to_json(plan.entries))

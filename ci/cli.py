@@ -6,6 +6,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from ci.args import one_line
 from ci.errors import EXIT_INTERRUPTED, EXIT_USAGE, CIError
 from ci.interrupts import PROCESS
 
@@ -20,6 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "workflows": ("ci.workflow", "generate .github/workflows from the registry; --check for drift"),
     "import-workflow": ("ci.import_workflow", "write .slime-ci/suites.py from slime's pr-test.yml.j2 matrix"),
     "adopt": ("ci.adopt", "switch a slime-shaped repository to this toolkit (registry, noxfile, U, CI)"),
+    "history": ("ci.history.cli", "the run history: flake rates (flaky), failure streaks (monitor), show"),
+    "coverage": ("ci.coverage", "write the coverage page: every test file, who runs it, how it fared"),
+    "lock": ("ci.lock", "write the constraints files every session installs from; --check for drift"),
+    "mutation": ("ci.mutation", "mutate the core modules; do their tests notice? (score per module)"),
 }
 
 
@@ -29,7 +34,7 @@ def _usage() -> str:
              "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     lines += ["", "exit codes: 0 ok, 1 tests failed, 2 bad input, 3 nothing registered, "
-              "124 timed out waiting, 130 interrupted"]
+              "4 history store unusable, 124 timed out waiting, 130 interrupted"]
     return "\n".join(lines)
 
 
@@ -49,8 +54,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         entry = module.status_main if name == "gpu-status" else module.main
         code = int(entry(rest))
     except CIError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         code = exc.exit_code
+    except OSError as exc:
+        # A path the user gave that the system refuses in a way no check above foresaw
+        # (a name too long, a loop of links): still one line and exit 2, never a traceback.
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        print(f"error: {one_line(f'{where}{exc.strerror or exc}')}; check the paths given",
+              file=sys.stderr)
+        code = EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = EXIT_INTERRUPTED

@@ -14,6 +14,9 @@ from typing import Literal
 
 TESTS_DIR = "tests"
 NUM_GPUS = "NUM_GPUS"
+# A test file is read whole into the parser; one far beyond any real test is a finding, not
+# minutes of parsing and gigabytes of syntax tree for every command.
+MAX_SOURCE_BYTES = 4 * 1024 * 1024
 
 Kind = Literal["pytest", "script"]
 
@@ -95,7 +98,11 @@ def _num_gpus(tree: ast.Module) -> tuple[int | None, int | None, str | None]:
             value, problem = expr.value, None
         else:
             value = None
-            shown = ast.unparse(expr) if expr is not None else ""
+            try:
+                shown = ast.unparse(expr) if expr is not None else ""
+            except RecursionError:
+                shown = "a deeply nested expression"
+            shown = shown if len(shown) <= 60 else shown[:59] + "…"
             problem = f"`{NUM_GPUS}` must be a non-negative integer literal, got `{shown}`"
     return value, line, problem
 
@@ -138,17 +145,39 @@ def _main_runs_something(block: ast.If, local_functions: set[str]) -> bool:
     return False
 
 
+def _unreadable(rel_path: str, why: str) -> TestFile:
+    return TestFile(
+        path=rel_path, num_gpus=None, num_gpus_line=None,
+        num_gpus_problem="the file does not parse", test_functions=0,
+        has_main=False, main_runs_something=False, main_line=None, syntax_error=why,
+    )
+
+
+def parse_module(source: str, filename: str) -> ast.Module:
+    """`ast.parse`, with the parser's other failures as SyntaxError.
+
+    Nesting too deep for the parser (`not not … 1` 5,000 times, 100,000 `-` signs) raises
+    RecursionError or MemoryError from `ast.parse`; one such file must be a finding about
+    that file, not the end of every command that reads the tests.
+    """
+    try:
+        return ast.parse(source, filename=filename)
+    except (RecursionError, MemoryError):
+        raise SyntaxError("nested too deeply for Python's parser", (filename, 1, 0, "")) from None
+
+
 def read_source(rel_path: str, source: str) -> TestFile:
     """Describe a test file from its source text."""
     try:
-        tree = ast.parse(source, filename=rel_path)
+        tree = parse_module(source, rel_path)
+        return _describe(rel_path, tree)
     except SyntaxError as exc:
-        return TestFile(
-            path=rel_path, num_gpus=None, num_gpus_line=None,
-            num_gpus_problem="the file does not parse", test_functions=0,
-            has_main=False, main_runs_something=False, main_line=None,
-            syntax_error=f"line {exc.lineno}: {exc.msg}",
-        )
+        return _unreadable(rel_path, f"line {exc.lineno}: {exc.msg}")
+    except RecursionError:  # a tree the parser built but walking it does not fit the stack
+        return _unreadable(rel_path, "nested too deeply to read")
+
+
+def _describe(rel_path: str, tree: ast.Module) -> TestFile:
     num_gpus, line, problem = _num_gpus(tree)
     functions = {
         n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -169,11 +198,18 @@ def read_source(rel_path: str, source: str) -> TestFile:
 
 
 def read_test_file(root: Path, rel_path: str) -> TestFile:
-    """Describe `root/rel_path`; a file that cannot be decoded is reported, not raised."""
+    """Describe `root/rel_path`; a file that cannot be read or decoded is reported, not raised."""
     try:
-        source = (root / rel_path).read_text(encoding="utf-8")
+        with (root / rel_path).open("rb") as f:
+            raw = f.read(MAX_SOURCE_BYTES + 1)
+    except OSError as exc:
+        return _unreadable(rel_path, f"cannot read it ({exc.strerror})")
+    if len(raw) > MAX_SOURCE_BYTES:
+        return _unreadable(rel_path, f"larger than {MAX_SOURCE_BYTES // (1024 * 1024)} MiB; "
+                                     "no test file is that big")
+    try:
+        source = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        source = ""
         return TestFile(
             path=rel_path, num_gpus=None, num_gpus_line=None,
             num_gpus_problem="the file is not UTF-8", test_functions=0, has_main=False,

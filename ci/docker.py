@@ -1,8 +1,13 @@
 """The Docker context of the GPU tier: the `docker run` argv of one entry, as a pure function.
 
-The flags are the framework CI's: privileged, SYS_NICE, no seccomp, host network and IPC
-(lock files in /dev/shm are shared by every container on the host), 16 GB of shm,
-unlimited locked memory (NCCL/RDMA pin buffers), a 64 MB stack, no memory cap. The
+Every entry runs with the smallest flags that serve it. "minimal" (the default): the
+container's own network and IPC namespaces, Docker's default capabilities and seccomp
+profile, `no-new-privileges`, 16 GB of its own shm. "framework" (an entry that needs RDMA,
+DeepEP or several nodes, marked so in the registry): the framework CI's flags, privileged,
+SYS_NICE, no seccomp, host network and IPC. Both get unlimited locked memory (NCCL pins
+buffers), a 64 MB stack and no memory cap. The model and dataset caches are mounted
+read-only, so a pull request's test cannot poison what the next job loads; a host that
+fills them sets SLIME_CI_CACHE_WRITER=1 for that run only (runners/README.md). The
 workspace is mounted at the same path, so paths in logs and reports mean the same thing
 inside and out. Inside, the repo is installed `--no-deps` over the image's packages, then
 the entry runs. Values read from the environment enter at the edge (`host_settings`).
@@ -17,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
+
+from ci.suites import Isolation
 
 Pull = Literal["always", "missing", "never"]
 PULL_POLICIES: tuple[Pull, ...] = ("always", "missing", "never")
@@ -54,7 +61,9 @@ class DockerOptions:
     pull: Pull = "always"
     name: str | None = None
     install: bool = True
-    privileged: bool = True
+    isolation: Isolation = "minimal"
+    privileged: bool = False  # only with isolation "framework"
+    writable_caches: bool = False
     memlock: int = UNLIMITED  # bytes, -1 for unlimited
     shm_size: str = "16g"
 
@@ -101,14 +110,17 @@ def docker_run_argv(opts: DockerOptions, inner: tuple[str, ...]) -> tuple[str, .
     argv: list[str] = ["docker", "run", f"--pull={opts.pull}", "--rm"]
     if opts.name:
         argv += ["--name", opts.name]
-    if opts.privileged:
-        argv.append("--privileged")
+    if opts.isolation == "framework":
+        if opts.privileged:
+            argv.append("--privileged")
+        argv += ["--cap-add", "SYS_NICE", "--security-opt", "seccomp=unconfined", "--network", "host",
+                 *gpus_flag(opts.devices), "--ipc=host"]
+    elif opts.isolation == "minimal":
+        # A process of the test cannot gain privileges (setuid binaries, file capabilities).
+        argv += ["--security-opt", "no-new-privileges", *gpus_flag(opts.devices)]
+    else:
+        raise ValueError(f"container isolation {opts.isolation!r}: use minimal or framework")
     argv += [
-        "--cap-add", "SYS_NICE",
-        "--security-opt", "seccomp=unconfined",
-        "--network", "host",
-        *gpus_flag(opts.devices),
-        "--ipc=host",
         f"--shm-size={opts.shm_size}",
         "--ulimit", f"memlock={opts.memlock}",
         "--ulimit", f"stack={STACK_BYTES}",
@@ -123,7 +135,7 @@ def docker_run_argv(opts: DockerOptions, inner: tuple[str, ...]) -> tuple[str, .
             argv += ["-e", key]
     argv += ["-v", f"{workspace}:{workspace}", "-w", workspace]
     for host, inside in sorted(opts.caches.items()):
-        argv += ["-v", f"{host}:{inside}"]
+        argv += ["-v", f"{host}:{inside}" if opts.writable_caches else f"{host}:{inside}:ro"]
     argv += [opts.image, "bash", "-c", inner_script(inner, install=opts.install)]
     return tuple(argv)
 
@@ -145,11 +157,12 @@ class HostSettings:
 
     caches: Mapping[str, str]
     pull: Pull | None  # None: let the caller choose (always in CI)
+    cache_writer: bool = False  # SLIME_CI_CACHE_WRITER=1: this run may write the caches
 
 
 def host_settings(env: Mapping[str, str]) -> HostSettings:
-    """Cache mounts and pull policy from SLIME_CI_MODELS_DIR, SLIME_CI_DATASETS_DIR,
-    SLIME_CI_DATA_DIR (HOST or HOST:CONTAINER) and SLIME_CI_DOCKER_PULL."""
+    """Cache mounts, pull policy and cache writing from SLIME_CI_MODELS_DIR, SLIME_CI_DATASETS_DIR,
+    SLIME_CI_DATA_DIR, SLIME_CI_DOCKER_PULL and SLIME_CI_CACHE_WRITER."""
     caches = {
         env.get("SLIME_CI_MODELS_DIR") or CONTAINER_MODELS_DIR: CONTAINER_MODELS_DIR,
         env.get("SLIME_CI_DATASETS_DIR") or CONTAINER_DATASETS_DIR: CONTAINER_DATASETS_DIR,
@@ -162,7 +175,10 @@ def host_settings(env: Mapping[str, str]) -> HostSettings:
     pull = env.get("SLIME_CI_DOCKER_PULL") or None
     if pull is not None and pull not in PULL_POLICIES:
         raise ValueError(f"SLIME_CI_DOCKER_PULL={pull!r}: use one of {', '.join(PULL_POLICIES)}")
-    return HostSettings(caches=caches, pull=pull)
+    writer = env.get("SLIME_CI_CACHE_WRITER", "").strip().lower()
+    if writer not in ("", "0", "1", "true", "false"):
+        raise ValueError(f"SLIME_CI_CACHE_WRITER={writer!r}: use 1 or 0")
+    return HostSettings(caches=caches, pull=pull, cache_writer=writer in ("1", "true"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 from collections.abc import Mapping
+from contextlib import suppress
 from pathlib import Path
+
+from ci.errors import UsageError
 
 # Where a checkout keeps measured durations (relative to its root); CI caches this file.
 DURATIONS_FILE = ".ci-cache/durations.json"
+# Ours holds a few dozen bytes per entry; anything far bigger was not written by a run and
+# is not read (a cache restored from elsewhere, a file someone put there).
+MAX_BYTES = 16 * 1024 * 1024
+
+
+def _usable(value: object) -> bool:
+    # NaN and inf would make every comparison of the LPT order and the shard loads lie.
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0)
 
 
 class DurationStore:
@@ -18,19 +32,37 @@ class DurationStore:
         self.path = path
 
     def load(self) -> dict[str, float]:
+        """What was measured; a missing, unreadable or malformed store reads as empty."""
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            # A regular file only: `--durations /dev/zero` or a FIFO would be read forever.
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    return {}
+                raw = f.read(MAX_BYTES + 1)
+            if len(raw) > MAX_BYTES:
+                return {}
+            data = json.loads(raw.decode("utf-8"))
+        except (OSError, ValueError, RecursionError):  # `[[[[…`: too deep for the parser
             return {}
         if not isinstance(data, dict):
             return {}
-        return {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float))}
+        return {str(k): float(v) for k, v in data.items() if _usable(v)}
 
     def update(self, measured: Mapping[str, float]) -> None:
-        """Merge new measurements in; written atomically so concurrent runs never see half a file."""
+        """Merge new measurements in; written atomically so concurrent runs never see half a file.
+
+        A store that cannot be written is one UsageError, and no temporary file stays behind.
+        """
         data = self.load()
-        data.update({k: round(v, 2) for k, v in measured.items()})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data.update({k: round(v, 2) for k, v in measured.items() if _usable(v)})
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+            tmp.replace(self.path)
+        except OSError as exc:
+            with suppress(OSError):
+                tmp.unlink()
+            raise UsageError(f"cannot write the durations store {self.path} ({exc.strerror}); "
+                             "remove what is in the way or pass --durations FILE") from None

@@ -7,6 +7,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # tests ran and something failed
 EXIT_USAGE = 2  # bad input: fix the command line, the registry or the checkout
 EXIT_NOTHING = 3  # a session whose suite has nothing registered
+EXIT_STORE = 4  # the run-history store cannot be used (unreachable, corrupt, newer schema)
 EXIT_TIMEOUT = 124  # gave up waiting (GPU lock), as timeout(1) does
 EXIT_INTERRUPTED = 130
 
@@ -27,3 +28,9 @@ class NothingRegistered(CIError):
 
 class WaitTimeout(CIError):
     exit_code = EXIT_TIMEOUT
+
+
+class StoreError(CIError):
+    """The run-history store cannot be opened or read; a test run only warns about it."""
+
+    exit_code = EXIT_STORE

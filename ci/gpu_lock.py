@@ -14,6 +14,11 @@ Layout for a pattern P (default `/dev/shm/custom_gpu_lock_{gpu_id}.lock`):
 - `P.format(gpu_id="queue") + ".d/<ticket>.json"`: one file per waiter, flocked by the
   waiter while it waits. A ticket whose lock is free belongs to a dead waiter and is
   dropped; flocks (unlike pids) mean the same thing across containers sharing /dev/shm.
+  The directory is sticky (01777): nobody removes another user's ticket. Anything else in
+  it (a directory, a link, a record that is no ticket) is skipped and shown by `gpu-status`.
+
+Every one of these files is opened through `ci/lockfile.py`: never through a symbolic
+link, never another user's file (any local user can create names in /dev/shm).
 
 Fairness: waiters are served in ticket order. Walking the queue, every earlier waiter
 claims the free GPUs it needs (a `--count` waiter claims up to its count, a `--devices`
@@ -27,15 +32,18 @@ import errno
 import fcntl
 import json
 import os
+import re
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from ci.args import seconds
 from ci.errors import UsageError, WaitTimeout
+from ci.lockfile import FILE_MODE, open_lock, read_capped, trusted_owners
 from ci.proc import alive
 
 DEFAULT_PATTERN = "/dev/shm/custom_gpu_lock_{gpu_id}.lock"
@@ -48,7 +56,16 @@ POLL = 0.01
 FULL_CHECK = 0.2
 
 _HEADER = 64
-_FILE_MODE = 0o666  # runners in different containers may run as different users
+# Largest holder record or ticket read: ours are a few hundred bytes; a bigger one was not
+# written by us and is never read whole.
+_RECORD_LIMIT = 65536
+_TICKET_NAME = re.compile(r"(\d{12})\.json")
+# Sticky and world-writable, like /dev/shm itself: runners of several users may queue here,
+# and nobody can remove or replace another user's ticket.
+_TICKETS_MODE = 0o1777
+# One lock file per GPU stays open while a request is decided: a bound that no real host
+# reaches keeps a typo (--total-gpus 20000) from creating thousands of files.
+MAX_TOTAL_GPUS = 256
 
 
 class Abandoned(Exception):
@@ -164,6 +181,7 @@ class Status:
 
     gpus: tuple[GpuState, ...]
     waiters: tuple[Waiter, ...]
+    ignored: tuple[str, ...] = ()  # queue entries that are no ticket of a live waiter, and why
 
 
 # ---------------------------------------------------------------- validation
@@ -174,21 +192,49 @@ def validate_pattern(pattern: str) -> str:
     if "{gpu_id}" not in pattern:
         raise UsageError(f"--lock-path-pattern {pattern!r} must contain {{gpu_id}}, "
                          f"e.g. {DEFAULT_PATTERN}")
+    if "\0" in pattern:
+        raise UsageError("--lock-path-pattern contains a NUL byte; give a file path")
     try:
-        first, second = pattern.format(gpu_id=0), pattern.format(gpu_id=1)
-    except (KeyError, IndexError, ValueError) as exc:
-        raise UsageError(f"--lock-path-pattern {pattern!r} may use only the field {{gpu_id}} "
-                         f"({exc}); write other braces as {{{{ }}}}") from None
+        # The queue's file is the pattern with the word `queue`: a format spec such as
+        # {gpu_id:02d} works for numbers only and would fail in the middle of a run.
+        first, second, queue = (pattern.format(gpu_id=0), pattern.format(gpu_id=1),
+                                pattern.format(gpu_id="queue"))
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
+        raise UsageError(f"--lock-path-pattern {pattern!r} may use only the plain field "
+                         f"{{gpu_id}} ({exc}); write other braces as {{{{ }}}}") from None
     if first == second:
         raise UsageError(f"--lock-path-pattern {pattern!r} gives the same file for every GPU")
+    if queue.endswith("/") or first.endswith("/"):
+        raise UsageError(f"--lock-path-pattern {pattern!r} names a directory; name a file in it, "
+                         f"e.g. {DEFAULT_PATTERN}")
     return pattern
+
+
+def check_files(lock_path_pattern: str, total_gpus: int) -> None:
+    """Open (creating) the queue, its ticket directory and every GPU's lock file once.
+
+    Any refusal or unwritable path is one UsageError now, before a run starts entries
+    that would each meet it while waiting for GPUs.
+    """
+    pattern = validate_pattern(lock_path_pattern)
+    check_total(total_gpus)
+    with _queue_locked(pattern):
+        _ensure_tickets_dir(tickets_dir(pattern))
+        for gpu in range(total_gpus):
+            os.close(_open(gpu_path(pattern, gpu)))
+
+
+def check_total(total_gpus: int) -> int:
+    """`--total-gpus` between 1 and MAX_TOTAL_GPUS."""
+    if not 1 <= total_gpus <= MAX_TOTAL_GPUS:
+        raise UsageError(f"--total-gpus {total_gpus}: must be between 1 and {MAX_TOTAL_GPUS}")
+    return total_gpus
 
 
 def make_request(*, count: int | None = None, devices: Sequence[int] | None = None,
                  total_gpus: int) -> Request:
     """Validate a request; impossible ones raise UsageError at once instead of waiting forever."""
-    if total_gpus <= 0:
-        raise UsageError(f"--total-gpus must be at least 1 (got {total_gpus})")
+    check_total(total_gpus)
     if count is None and devices is None:
         raise UsageError("say how many GPUs: pass --count N or --devices 0,1")
     if count is not None and devices is not None:
@@ -258,19 +304,8 @@ def tickets_dir(pattern: str) -> str:
 
 
 def _open(path: str, *, create: bool = True) -> int:
-    flags = os.O_RDWR | (os.O_CREAT if create else 0)
-    try:
-        fd = os.open(path, flags, _FILE_MODE)
-    except FileNotFoundError:
-        if not create:
-            raise
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, flags, _FILE_MODE)
-    except PermissionError:
-        # Created by another user without write permission for us: a read-only open
-        # still takes flocks on Linux.
-        fd = os.open(path, os.O_RDONLY)
-    return fd
+    # Never through a link, never another user's file: see ci/lockfile.py.
+    return open_lock(path, create=create)
 
 
 def _try_lock(fd: int, kind: int = fcntl.LOCK_EX) -> bool:
@@ -283,23 +318,15 @@ def _try_lock(fd: int, kind: int = fcntl.LOCK_EX) -> bool:
     return True
 
 
-def _read_all(fd: int) -> bytes:
-    chunks: list[bytes] = []
-    offset = 0
-    while True:
-        chunk = os.pread(fd, 65536, offset)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        offset += len(chunk)
-
-
 def _read_record_fd(fd: int) -> dict[str, object]:
-    try:
-        data = json.loads(_read_all(fd).decode("utf-8", "replace") or "{}")
-    except ValueError:
+    data = read_capped(fd, _RECORD_LIMIT)
+    if data is None:
         return {}
-    return data if isinstance(data, dict) else {}
+    try:
+        record = json.loads(data.decode("utf-8", "replace") or "{}")
+    except (ValueError, RecursionError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def _write_record_fd(fd: int, record: dict[str, object]) -> None:
@@ -371,41 +398,107 @@ class _Ticket:
     record: dict[str, object]
 
 
-def _live_tickets(pattern: str) -> list[_Ticket]:
-    """Tickets of live waiters in arrival order; call with the queue lock held."""
+def _tickets_dir_state(directory: str) -> bool:
+    """Whether the ticket directory exists; refuses one that is a link, a file or untrusted."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise UsageError(f"{directory}: cannot read the GPU queue ({exc.strerror}); pass a "
+                         "--lock-path-pattern in a directory you can write") from None
+    if not stat.S_ISDIR(st.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        raise UsageError(f"{directory} is {kind}; it must be the directory of the GPU queue's "
+                         "tickets: remove it")
+    if st.st_uid not in trusted_owners(os.path.dirname(directory) or "."):
+        raise UsageError(f"{directory} belongs to uid {st.st_uid}, not to you, root or the "
+                         "directory's owner, so it could drop anyone's place in the queue; "
+                         "remove it")
+    return True
+
+
+def _ensure_tickets_dir(directory: str) -> None:
+    if not _tickets_dir_state(directory):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise UsageError(f"{directory}: cannot create the GPU queue ({exc.strerror}); pass "
+                             "a --lock-path-pattern in a directory you can write") from None
+        _tickets_dir_state(directory)
+    st = os.lstat(directory)
+    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != _TICKETS_MODE:
+        with suppress(OSError):
+            os.chmod(directory, _TICKETS_MODE)  # also upgrades a 0777 one from an older version
+
+
+def _read_ticket(directory: str, name: str) -> _Ticket | str | None:
+    """The ticket in `name`; None when its waiter is gone; a reason when it is no ticket."""
+    match = _TICKET_NAME.fullmatch(name)
+    if match is None:
+        return "not a ticket name"
+    path = os.path.join(directory, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return "a symbolic link" if exc.errno == errno.ELOOP else f"unreadable ({exc.strerror})"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "not a regular file"
+        if _try_lock(fd):
+            # Nobody holds the ticket: its waiter died (SIGKILL, crash). Drop it (the sticky
+            # directory lets only its owner or root do so; others just skip it).
+            with suppress(OSError):
+                os.unlink(path)
+            return None
+        record = _read_record_fd(fd)
+    finally:
+        os.close(fd)
+    number = int(match.group(1))
+    # The number is the file's name, which the queue lock handed out; a record that claims
+    # another one (an earlier place in the queue) is not ours.
+    if _int_or_none(record.get("ticket")) != number:
+        return "not a ticket record"
+    count = _int_or_none(record.get("count"))
+    devices = record.get("devices")
+    devs = (tuple(d for d in devices if isinstance(d, int) and not isinstance(d, bool))
+            if isinstance(devices, list) else None)
+    if (count is None) == (devs is None):
+        return "not a ticket record"
+    return _Ticket(number=number, count=count, devices=devs, record=record)
+
+
+def _queue_entries(pattern: str) -> tuple[list[_Ticket], list[str]]:
+    """(tickets of live waiters in arrival order, entries skipped and why); queue lock held.
+
+    Anything else in the directory (a directory, a link, garbage, a record that is no
+    ticket) is skipped, never fatal: any local user can put names there.
+    """
     directory = tickets_dir(pattern)
+    if not _tickets_dir_state(directory):
+        return [], []
     try:
         names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    tickets = []
-    for name in names:
-        if not name.endswith(".json"):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            fd = _open(path, create=False)
-        except FileNotFoundError:
-            continue
-        try:
-            if _try_lock(fd):
-                # Nobody holds the ticket: its waiter died (SIGKILL, crash). Drop it.
-                with suppress(FileNotFoundError):
-                    os.unlink(path)
-                continue
-            record = _read_record_fd(fd)
-        finally:
-            os.close(fd)
-        number = _int_or_none(record.get("ticket"))
-        if number is None:
-            continue
-        devices = record.get("devices")
-        tickets.append(_Ticket(
-            number=number, count=_int_or_none(record.get("count")),
-            devices=tuple(d for d in devices if isinstance(d, int)) if isinstance(devices, list)
-            else None, record=record))
+    except OSError as exc:
+        raise UsageError(f"{directory}: cannot list the GPU queue ({exc.strerror})") from None
+    tickets, ignored = [], []
+    for name in sorted(names):
+        got = _read_ticket(directory, name)
+        if isinstance(got, _Ticket):
+            tickets.append(got)
+        elif isinstance(got, str):
+            ignored.append(f"{os.path.join(directory, name)}: {got}")
     tickets.sort(key=lambda t: t.number)
-    return tickets
+    return tickets, ignored
+
+
+def _live_tickets(pattern: str) -> list[_Ticket]:
+    """Tickets of live waiters in arrival order; call with the queue lock held."""
+    return _queue_entries(pattern)[0]
 
 
 def claim(count: int | None, devices: tuple[int, ...] | None,
@@ -421,12 +514,17 @@ def claim(count: int | None, devices: tuple[int, ...] | None,
 def _probe_free(pattern: str, total: int) -> dict[int, int]:
     """Lock every free GPU (non-blocking); returns gpu -> locked fd. Queue lock held."""
     free: dict[int, int] = {}
-    for gpu in range(total):
-        fd = _open(gpu_path(pattern, gpu))
-        if _try_lock(fd):
-            free[gpu] = fd
-        else:
+    try:
+        for gpu in range(total):
+            fd = _open(gpu_path(pattern, gpu))
+            if _try_lock(fd):
+                free[gpu] = fd
+            else:
+                os.close(fd)
+    except BaseException:
+        for fd in free.values():
             os.close(fd)
+        raise
     return free
 
 
@@ -459,16 +557,28 @@ def _new_ticket(pattern: str, req: Request, record: dict[str, object]) -> tuple[
     """Enqueue; returns (ticket number, locked ticket fd, ticket path)."""
     directory = tickets_dir(pattern)
     with _queue_locked(pattern) as qfd:
+        _ensure_tickets_dir(directory)
         ticket, gen = _read_counters(qfd)
-        ticket += 1
+        for _ in range(1000):
+            ticket += 1
+            path = os.path.join(directory, f"{ticket:012d}.json")
+            # O_EXCL: a name someone planted (a link to a file of ours, a directory) is
+            # never opened; the next number is taken instead.
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, FILE_MODE)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise UsageError(f"{path}: cannot queue for GPUs ({exc.strerror}); pass a "
+                                 "--lock-path-pattern in a directory you can write") from None
+            break
+        else:
+            raise UsageError(f"{directory}: a thousand ticket names in a row are taken; "
+                             "empty the directory")
         _write_counters(qfd, ticket, gen + 1)
-        path = os.path.join(directory, f"{ticket:012d}.json")
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        with suppress(OSError):
-            os.chmod(directory, 0o777)  # shared by runners that may run as other users
         # Created and locked under the queue lock, so nobody can see it unlocked and
         # mistake it for the ticket of a dead waiter.
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
         fcntl.flock(fd, fcntl.LOCK_EX)
         _write_record_fd(fd, dict(record, ticket=ticket, count=req.count,
                                   devices=list(req.devices) if req.devices is not None else None))
@@ -514,8 +624,7 @@ def acquire(*, count: int | None = None, devices: Sequence[int] | None = None,
     """
     pattern = validate_pattern(lock_path_pattern)
     req = make_request(count=count, devices=devices, total_gpus=total_gpus)
-    if timeout < 0:
-        raise UsageError(f"--timeout must be 0 or more seconds (got {timeout:g})")
+    seconds("--timeout", timeout, zero=True, forever=True)
     record: dict[str, object] = {"pid": os.getpid(), "command": command,
                                  "host": socket.gethostname(), "since": time.time()}
     deadline = time.monotonic() + timeout
@@ -593,6 +702,7 @@ def read_status(lock_path_pattern: str = DEFAULT_PATTERN,
                 total_gpus: int = DEFAULT_TOTAL_GPUS) -> Status:
     """Each GPU (free, or who holds it) and the waiters in arrival order."""
     pattern = validate_pattern(lock_path_pattern)
+    check_total(total_gpus)
     gpus = []
     # Probing takes a lock for an instant; under the queue lock no allocator of ours is
     # looking at the same moment, so the probe never makes a request fail.
@@ -611,14 +721,14 @@ def read_status(lock_path_pattern: str = DEFAULT_PATTERN,
             finally:
                 os.close(fd)
             gpus.append(GpuState(gpu=gpu, path=path, holder=holder))
-        tickets = _live_tickets(pattern)
+        tickets, ignored = _queue_entries(pattern)
     waiters = tuple(
         Waiter(ticket=t.number, pid=_int_or_none(t.record.get("pid")),
                command=str(t.record.get("command", "")),
                since=_float_or_none(t.record.get("since")), count=t.count, devices=t.devices,
                host=str(t.record.get("host", "")))
         for t in tickets)
-    return Status(gpus=tuple(gpus), waiters=waiters)
+    return Status(gpus=tuple(gpus), waiters=waiters, ignored=tuple(ignored))
 
 
 def free_now(lock_path_pattern: str = DEFAULT_PATTERN,

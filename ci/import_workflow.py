@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
 
+from ci.args import existing_dir
 from ci.discover import TestFile, discover, is_test_file, read_test_file
 from ci.errors import EXIT_OK, UsageError
 from ci.registry import ADOPTED_REGISTRY
@@ -48,6 +51,11 @@ CPU_TIMEOUT = 1200.0
 GPU_TIMEOUT = 3600.0  # a whole training run (model download, conversion, train) per entry
 # Files that start their own process groups (gloo ranks, mp.spawn) keep about two cores busy.
 MULTIPROCESS_CORES = 2
+# slime's template is ~20 KB with a few dozen entries; far more is not a workflow template
+# (`/dev/zero`, a generated file) and is refused before it is read or parsed. Jinja2 parses
+# ~1 ms per entry, so these bounds keep the worst import to seconds.
+MAX_TEMPLATE_BYTES = 256 * 1024
+MAX_ENTRIES = 2000
 _SPAWN_CALLS = {"spawn", "start_processes", "Process"}
 
 
@@ -170,6 +178,7 @@ def _entry(raw: Any, *, job: str, index: int, source: str, line: int, notes: lis
     test_file, num_gpus = raw.get("test_file"), raw.get("num_gpus")
     if not isinstance(test_file, str) or not test_file.endswith(".py"):
         _fail(source, line, f"{where}: test_file must be a .py path relative to tests/, got {test_file!r}")
+    _check_inside_tests(test_file, where=where, source=source, line=line)
     if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 0:
         _fail(source, line, f"{where} ({test_file}): num_gpus must be an integer >= 0, got {num_gpus!r}")
     test_args = raw.get("test_args", "")
@@ -185,6 +194,24 @@ def _entry(raw: Any, *, job: str, index: int, source: str, line: int, notes: lis
                        env=tuple(sorted(env)))
 
 
+def _check_inside_tests(test_file: str, *, where: str, source: str, line: int) -> None:
+    # The importer reads each listed file: a path that leaves tests/ would read (and register)
+    # a file outside the checkout.
+    rel = PurePosixPath(test_file)
+    if rel.is_absolute() or ".." in rel.parts or "\\" in test_file or "\0" in test_file:
+        _fail(source, line, f"{where}: test_file {test_file!r} must stay inside tests/ "
+              "(a relative path without `..`)")
+
+
+def _check_job(name: str, config: dict[str, Any], *, source: str, line: int) -> None:
+    label, image = config.get("label"), config.get("image")
+    if label is not None and (not isinstance(label, str) or not label.strip()):
+        _fail(source, line, f"job {name!r}: label must be a string such as 'run-ci-megatron', "
+              f"got {label!r}")
+    if image is not None and not isinstance(image, str):
+        _fail(source, line, f"job {name!r}: image must be a string, got {image!r}")
+
+
 def read_matrix(text: str, *, source: str = "pr-test.yml.j2") -> Matrix:
     """The template's jobs and entries, validated; an ill-formed matrix is one UsageError."""
     values, jobs_node = parse_template(text, source=source)
@@ -192,6 +219,11 @@ def read_matrix(text: str, *, source: str = "pr-test.yml.j2") -> Matrix:
     jobs = values["jobs"]
     if not isinstance(jobs, dict) or not jobs:
         _fail(source, line, "`jobs` must be a non-empty mapping of job name to job config")
+    listed = sum(len(c["tests"]) for c in jobs.values()
+                 if isinstance(c, dict) and isinstance(c.get("tests"), list))
+    if listed > MAX_ENTRIES:
+        _fail(source, line, f"{listed} entries in the matrix; more than {MAX_ENTRIES} is not a "
+              "CI matrix")
     shared = _shared_tests(jobs_node)
     notes: list[str] = []
     out = []
@@ -201,6 +233,7 @@ def read_matrix(text: str, *, source: str = "pr-test.yml.j2") -> Matrix:
         tests = config.get("tests")
         if not isinstance(tests, list):
             _fail(source, line, f"job {name!r}: `tests` must be a list of entries, got {tests!r}")
+        _check_job(name, config, source=source, line=line)
         for key in config:
             if key not in JOB_KEYS:
                 notes.append(f"job {name!r}: key {key!r} is not known; ignored")
@@ -231,7 +264,7 @@ def uses_processes(source: str) -> bool:
     """Whether a test file starts processes of its own (mp.spawn, Process, a gloo group): by AST."""
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # audit reports such files
         return False
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -264,6 +297,10 @@ def _entry_code(entry: MatrixEntry, *, gpu_job: bool, cores: int) -> str:
         parts.append("cpu_only=True")
     if cores > 1:
         parts.append(f"cores={cores}")
+    if gpu_job:
+        # slime's CI runs every GPU container privileged on the host's network and IPC
+        # (NCCL, RDMA): an imported entry keeps those flags; narrowing them is the adopter's call.
+        parts.append('container="framework"')
     return f"Entry({', '.join(parts)})"
 
 
@@ -359,10 +396,25 @@ def build(matrix: Matrix, root: Path, *, template: str,
     return Imported(text="\n".join(lines), findings=tuple(findings), suites=len(matrix.jobs), entries=total)
 
 
+def _read_template(template: Path) -> str:
+    """The template's text: a regular file of at most MAX_TEMPLATE_BYTES (checked, then read)."""
+    # O_NONBLOCK: a FIFO given as the template must not hang the command before the check.
+    with os.fdopen(os.open(template, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{template} is not a regular file; pass the path of "
+                             ".github/workflows/pr-test.yml.j2")
+        data = f.read(MAX_TEMPLATE_BYTES + 1)
+    if len(data) > MAX_TEMPLATE_BYTES:
+        raise UsageError(f"{template} is larger than {MAX_TEMPLATE_BYTES // 1024} KiB: not a "
+                         "workflow template")
+    return data.decode("utf-8")
+
+
 def import_workflow(template: Path, root: Path) -> Imported:
     """Read `template` and build the registry for `root` (nothing written)."""
     try:
-        text = template.read_text(encoding="utf-8")
+        text = _read_template(template)
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{template}: cannot read the template ({exc}); pass the path of "
                          ".github/workflows/pr-test.yml.j2") from None
@@ -396,7 +448,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--force", action="store_true",
                    help=f"overwrite a {ADOPTED_REGISTRY} that an earlier import did not write")
     args = p.parse_args(list(argv))
-    root = (args.root or _default_root(args.template)).resolve()
+    root = existing_dir("--root", args.root or _default_root(args.template))
     if not (root / "tests").is_dir():
         raise UsageError(f"{root} has no tests/ directory; pass the checkout's root with --root")
     result = import_workflow(args.template, root)

@@ -84,6 +84,14 @@ def _import_lines(source: bytes) -> bytes:
     return b"\n".join(m.lstrip() for m in _IMPORT_STATEMENT.findall(source))
 
 
+def _parse(source: bytes, filename: str) -> ast.Module:
+    # Nesting too deep for the parser is one unreadable file, as a syntax error is.
+    try:
+        return ast.parse(source, filename=filename)
+    except (RecursionError, MemoryError):
+        raise SyntaxError("nested too deeply for Python's parser") from None
+
+
 def import_statements(source: bytes, filename: str = "<source>") -> list[ast.Import | ast.ImportFrom]:
     """Every import statement of a module, read with `ast`; raises SyntaxError like `ast.parse`.
 
@@ -95,9 +103,9 @@ def import_statements(source: bytes, filename: str = "<source>") -> list[ast.Imp
     (`if x: import y`, `a = 1; import y`); write imports on their own lines.
     """
     try:
-        snippet = ast.parse(_import_lines(source), filename=filename)
+        snippet = _parse(_import_lines(source), filename)
     except (SyntaxError, ValueError):
-        return _in_order(_walk_imports(ast.parse(source, filename=filename).body))
+        return _in_order(_walk_imports(_parse(source, filename).body))
     # Walked, not just listed: a continuation may have swallowed a block (a comment
     # holding "(" keeps a parenthesis open), and its imports still count.
     return _in_order(_walk_imports(snippet.body))
@@ -228,7 +236,7 @@ class _Index:
         if found is None:
             try:
                 found = self.resolver.targets(rel, import_statements(self.sources[rel], rel))
-            except (SyntaxError, ValueError):
+            except (SyntaxError, ValueError, RecursionError):
                 found = frozenset()  # unparsable: its own test run will say so
             self._edges[rel] = found
         return found

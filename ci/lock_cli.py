@@ -16,13 +16,14 @@ import threading
 import time
 from collections.abc import Sequence
 from types import FrameType
-from typing import NoReturn
 
 from ci import gpu_lock
+from ci.args import Parser, env_name, seconds
 from ci.errors import UsageError
 from ci.proc import FORWARDED_SIGNALS, finish, signal_group, start, stop_group, wait_unreaped
 
 DEFAULT_GRACE = 5.0
+MAX_GRACE = 3600.0  # a command that needs longer to stop is a command that hangs
 _FORWARDED = FORWARDED_SIGNALS
 
 _LOCK_EPILOG = """\
@@ -39,12 +40,7 @@ the command's own exit code passes through (killed by signal N: 128+N).
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    # One line and exit 2 (via UsageError), not argparse's usage dump.
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see --help)")
-
-
+_Parser = Parser  # one line and exit 2 (via UsageError), not argparse's usage dump
 def _devices(text: str) -> list[int]:
     try:
         return [int(part) for part in text.split(",") if part.strip() != ""]
@@ -63,8 +59,8 @@ def _lock_parser() -> _Parser:
     p.add_argument("--total-gpus", type=int, default=None,
                    help="GPUs on this machine (default: NVML's count, else 8)")
     p.add_argument("--timeout", type=float, default=gpu_lock.DEFAULT_TIMEOUT,
-                   help="give up waiting after this many seconds "
-                        f"(exit 124; default {gpu_lock.DEFAULT_TIMEOUT:g})")
+                   help="give up waiting after this many seconds (exit 124; 0: do not wait; "
+                        f"inf: wait forever; default {gpu_lock.DEFAULT_TIMEOUT:g})")
     p.add_argument("--target-env-name", default="CUDA_VISIBLE_DEVICES",
                    help="variable that tells CMD its GPUs (default CUDA_VISIBLE_DEVICES)")
     p.add_argument("--lock-path-pattern", default=gpu_lock.DEFAULT_PATTERN,
@@ -72,7 +68,8 @@ def _lock_parser() -> _Parser:
     p.add_argument("--print-only", action="store_true",
                    help="print the GPUs a request could take now; hold nothing, run nothing")
     p.add_argument("--grace", type=float, default=DEFAULT_GRACE,
-                   help="seconds between forwarding a signal and SIGKILL (default 5)")
+                   help="seconds between forwarding a signal and SIGKILL "
+                        f"(default 5, at most {MAX_GRACE:g})")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     return p
 
@@ -180,13 +177,17 @@ def main(argv: Sequence[str]) -> int:
                          "put options before -- and the command after it")
     pattern = gpu_lock.validate_pattern(opts.lock_path_pattern)
     total = opts.total_gpus if opts.total_gpus is not None else gpu_lock.detect_total_gpus()
+    gpu_lock.check_total(total)
+    seconds("--timeout", opts.timeout, zero=True, forever=True)
+    # inf would overflow the SIGKILL timer, and nan would never fire it: the command would
+    # outlive the signal forever.
+    seconds("--grace", opts.grace, zero=True, most=MAX_GRACE)
+    env_name("--target-env-name", opts.target_env_name)
     if opts.print_only:
         return _print_only(opts, pattern, total)
     gpu_lock.make_request(count=opts.count, devices=opts.devices, total_gpus=total)
     if not command:
         raise UsageError("no command to run: add -- CMD [ARGS...] after the options")
-    if opts.grace < 0:
-        raise UsageError(f"--grace must be 0 or more seconds (got {opts.grace:g})")
 
     sup = _Supervisor(opts.grace)
     previous = {sig: signal.signal(sig, sup.on_signal) for sig in _FORWARDED}
@@ -247,6 +248,7 @@ def format_status(st: gpu_lock.Status) -> str:
                          f"{w.command}")
     else:
         lines.append("queue: empty")
+    lines += [f"ignored {why}" for why in st.ignored]
     return "\n".join(lines)
 
 
@@ -261,6 +263,7 @@ def status_as_json(st: gpu_lock.Status) -> str:
         "waiters": [{"ticket": w.ticket, "pid": w.pid, "command": w.command, "since": w.since,
                      "count": w.count, "devices": list(w.devices) if w.devices else None}
                     for w in st.waiters],
+        "ignored": list(st.ignored),
     }, indent=2)
 
 
@@ -276,8 +279,7 @@ def status_main(argv: Sequence[str]) -> int:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     opts = p.parse_args(list(argv))
     total = opts.total_gpus if opts.total_gpus is not None else gpu_lock.detect_total_gpus()
-    if total <= 0:
-        raise UsageError(f"--total-gpus must be at least 1 (got {total})")
+    gpu_lock.check_total(total)
     st = gpu_lock.read_status(opts.lock_path_pattern, total)
     print(status_as_json(st) if opts.json else format_status(st))
     return 0

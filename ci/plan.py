@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ci.discover import Kind, TestFile
 from ci.errors import NothingRegistered, UsageError
-from ci.suites import Entry, Suite
+from ci.suites import Entry, Isolation, Suite
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +27,7 @@ class PlannedEntry:
     why: str = ""  # why the plan selected it (shown by `changed`)
     cores: int = 1  # job slots it takes while it runs (files running their own process groups)
     prefork: bool = True  # False: the registry wants a fresh interpreter for this entry
+    container: Isolation = "minimal"  # the entry's Docker privileges (ci/docker.py)
 
 
 def _under(path: str, directory: str) -> bool:
@@ -65,6 +67,7 @@ def plan_entry(entry: Entry, tf: TestFile, *, default_timeout: float, why: str =
         why=why,
         cores=entry.cores,
         prefork=entry.prefork,
+        container=entry.container,
     )
 
 
@@ -121,6 +124,11 @@ def select_only(entries: Sequence[PlannedEntry], pattern: str) -> list[PlannedEn
     return chosen
 
 
+# A shard list is built for every K: a K of a billion was a MemoryError. No CI splits a
+# suite into more jobs than this.
+MAX_SHARDS = 1000
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """`I/K` with 1 <= I <= K."""
     try:
@@ -130,6 +138,8 @@ def parse_shard(text: str) -> tuple[int, int]:
         raise UsageError(f"--shard {text!r}: expected I/K, e.g. 1/4") from None
     if count < 1 or not 1 <= index <= count:
         raise UsageError(f"--shard {text!r}: need 1 <= I <= K")
+    if count > MAX_SHARDS:
+        raise UsageError(f"--shard {text!r}: at most {MAX_SHARDS} shards")
     return index, count
 
 
@@ -144,6 +154,15 @@ def estimate(entry: PlannedEntry, durations: Mapping[str, float]) -> float:
 def longest_first(entries: Sequence[PlannedEntry], durations: Mapping[str, float]) -> list[PlannedEntry]:
     """Order for parallel runs: longest expected first (LPT), ties by id."""
     return sorted(entries, key=lambda e: (-estimate(e, durations), e.id))
+
+
+def failure_first(entries: Sequence[PlannedEntry], durations: Mapping[str, float], *,
+                  failed: AbstractSet[str], changed: AbstractSet[str]) -> list[PlannedEntry]:
+    """Order on a branch: what failed on it before, then what its diff touches, then longest first."""
+    def rank(e: PlannedEntry) -> int:
+        return 0 if e.id in failed else 1 if e.path in changed else 2
+
+    return sorted(entries, key=lambda e: (rank(e), -estimate(e, durations), e.id))
 
 
 def shard(entries: Sequence[PlannedEntry], index: int, count: int,

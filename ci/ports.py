@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -54,14 +55,32 @@ def claimed_floor(gpus: int, lock_dir: str | None = None) -> Iterator[int]:
     yield EMULATED_FLOOR  # every range is taken: share, as before (Ray reports a busy port)
 
 
+def _lock_block(path: str) -> int | None:
+    # A name in /dev/shm may have been planted by another user: never follow a link, and
+    # use only a plain, singly linked file of ours, root's or the directory's owner (the
+    # rules of ci/lockfile.py, kept here in the standard library because U's copy of this
+    # file runs without the toolkit). Anything else counts as a taken block.
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        owners = {os.geteuid(), 0, os.stat(os.path.dirname(path) or ".").st_uid}
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid in owners:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
 def _lock_blocks(directory: str, first: int, count: int) -> list[int] | None:
     held: list[int] = []
     for block in range(first, first + count * PORT_BLOCK, PORT_BLOCK):
-        fd = os.open(os.path.join(directory, f"slime-ci-ports-{block}.lock"), os.O_CREAT | os.O_RDWR, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
+        fd = _lock_block(os.path.join(directory, f"slime-ci-ports-{block}.lock"))
+        if fd is None:
             for other in held:
                 os.close(other)
             return None

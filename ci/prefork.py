@@ -494,12 +494,25 @@ def _become_entry_and_run(request: Mapping[str, Any]) -> int:
         # Each fresh interpreter seeds the legacy global generator anew; recent numpy
         # reseeds it after a fork itself, older releases leave every child the same draws.
         numpy.random.seed()
-    torch = sys.modules.get("torch")
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if torch is not None and threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
+    _match_torch_threads(sys.modules.get("torch"), os.environ.get("OMP_NUM_THREADS", ""))
     pytest = importlib.import_module("pytest")
     return int(pytest.main(args))
+
+
+def _match_torch_threads(torch: Any, threads: str) -> None:
+    """Give torch the entry's intra-op thread count, and only when it has another.
+
+    The worker imported torch with the same OMP_NUM_THREADS (`choose` forks only such
+    entries), so torch already has it, as in a fresh interpreter. Calling
+    `torch.set_num_threads(n)` with n > 1 anyway creates torch's pthreadpool of n - 1
+    threads, which a fresh interpreter does not have and which comes back in every fork
+    of the child: a one-slot run (n = the machine's cores) then started each file with
+    a thread that made its gloo rank zygote refuse to fork.
+    """
+    if torch is None or not threads.isdigit() or int(threads) < 1:
+        return
+    if torch.get_num_threads() != int(threads):
+        torch.set_num_threads(int(threads))
 
 
 def _exit(code: int) -> NoReturn:

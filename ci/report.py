@@ -9,8 +9,25 @@ from pathlib import Path
 from ci.results import Result, junit_suites
 
 
+def _quarantined_suite(result: Result) -> ET.Element:
+    """A quarantined entry: one skipped case that says so, whatever it did (no failure to gate on)."""
+    suite = ET.Element("testsuite", {
+        "name": result.entry.id, "tests": "1", "failures": "0", "errors": "0", "skipped": "1",
+        "time": f"{result.seconds:.3f}",
+    })
+    case = ET.SubElement(suite, "testcase", {
+        "classname": result.entry.path, "name": f"{result.entry.id} [QUARANTINED]",
+        "time": f"{result.seconds:.3f}",
+    })
+    node = ET.SubElement(case, "skipped", {"type": "quarantined", "message": result.reason})
+    node.text = result.output_tail
+    return suite
+
+
 def _synthetic_suite(result: Result) -> ET.Element:
     """A one-case suite for an entry without a JUnit file of its own (scripts, crashes)."""
+    if result.outcome == "quarantined":
+        return _quarantined_suite(result)
     failed = not result.ok
     suite = ET.Element("testsuite", {
         "name": result.entry.id, "tests": "1", "failures": "1" if failed else "0",
@@ -35,7 +52,7 @@ def merge_junit(results: Iterable[Result], out: Path) -> Path:
                 suites = junit_suites(ET.parse(result.junit_path).getroot())
             except (OSError, ET.ParseError):
                 suites = []
-        if not suites or result.outcome in ("timeout", "interrupted"):
+        if not suites or result.outcome in ("timeout", "interrupted", "quarantined"):
             suites = [_synthetic_suite(result)]
         for suite in suites:
             suite.set("name", result.entry.id)
@@ -51,12 +68,16 @@ def _fmt_gpus(devices: tuple[int, ...], num_gpus: int) -> str:
     return ",".join(map(str, devices)) if devices else str(num_gpus)
 
 
+def _label(outcome: str) -> str:
+    return "QUARANTINED" if outcome == "quarantined" else outcome
+
+
 def table(results: Iterable[Result]) -> str:
     """Plain-text table of outcomes, slowest first."""
     rows = sorted(results, key=lambda r: (-r.seconds, r.entry.id))
     head = ("entry", "outcome", "passed", "failed", "skipped", "gpus", "seconds")
     body = [
-        (r.entry.id, r.outcome, str(r.passed), str(r.failed), str(r.skipped),
+        (r.entry.id, _label(r.outcome), str(r.passed), str(r.failed), str(r.skipped),
          _fmt_gpus(r.devices, r.entry.num_gpus), f"{r.seconds:.1f}")
         for r in rows
     ]
@@ -74,12 +95,12 @@ def table(results: Iterable[Result]) -> str:
 def markdown(title: str, results: Iterable[Result], closing: str) -> str:
     """The GitHub step summary: failures first, then every entry slowest first."""
     rows = sorted(results, key=lambda r: (r.ok, -r.seconds))
-    icon = {"passed": "✅", "flaky": "⚠️", "deselected": "➖"}
+    icon = {"passed": "✅", "flaky": "⚠️", "deselected": "➖", "quarantined": "🚧"}
     lines = [f"### {title}", "", closing, "",
              "| entry | outcome | passed | failed | skipped | seconds |",
              "|---|---|---:|---:|---:|---:|"]
     for r in rows:
         mark = icon.get(r.outcome, "❌")
-        lines.append(f"| `{r.entry.id}` | {mark} {r.outcome} | {r.passed} | {r.failed} | "
+        lines.append(f"| `{r.entry.id}` | {mark} {_label(r.outcome)} | {r.passed} | {r.failed} | "
                      f"{r.skipped} | {r.seconds:.1f} |")
     return "\n".join(lines)

@@ -11,12 +11,18 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ci.plan import PlannedEntry
 
-Outcome = Literal["passed", "failed", "timeout", "empty", "deselected", "flaky", "interrupted", "lost"]
-OK_OUTCOMES: frozenset[str] = frozenset({"passed", "deselected", "flaky"})
+if TYPE_CHECKING:
+    from ci.history.records import MetricPoint
+
+Outcome = Literal["passed", "failed", "timeout", "empty", "deselected", "flaky", "interrupted", "lost",
+                  "quarantined"]
+# "quarantined": the registry or the flake history quarantined the entry; whatever it did,
+# it does not fail the job (ci/history/quarantine.py).
+OK_OUTCOMES: frozenset[str] = frozenset({"passed", "deselected", "flaky", "quarantined"})
 # Outcomes whose duration says nothing about the entry's next run.
 UNMEASURED: frozenset[str] = frozenset({"interrupted", "deselected", "timeout", "lost"})
 PYTEST_NO_TESTS = 5  # pytest's exit code when it collected (or selected) nothing
@@ -47,6 +53,7 @@ class Result:
     ended_at: float | None = None
     node: str = ""  # where it ran: the hostname, or the cluster node
     earlier: tuple[Result, ...] = ()  # attempts before this one (retries), oldest first
+    metrics: tuple[MetricPoint, ...] = ()  # an e2e entry's metrics.jsonl, read before its outputs go
 
     @property
     def ok(self) -> bool:
@@ -201,9 +208,12 @@ def closing(suite: str, results: Sequence[Result]) -> str:
     passed = sum(r.passed for r in results)
     skipped = sum(r.skipped for r in results)
     stopped = [r for r in results if r.outcome == "interrupted"]
+    held = sum(r.outcome == "quarantined" for r in results)
     if not stopped:
-        failed = sum(r.failed for r in results)
-        return f"{suite}: {passed} passed, {failed} failed, {skipped} skipped"
+        # A quarantined entry's failures do not fail the job: they are counted apart.
+        failed = sum(r.failed for r in results if r.outcome != "quarantined")
+        tail = f", {held} quarantined" if held else ""
+        return f"{suite}: {passed} passed, {failed} failed, {skipped} skipped{tail}"
     # Entries the interrupt ended, or never started, are neither passed nor failed tests.
     failed = sum(r.failed for r in results if r.outcome != "interrupted")
     finished = len(results) - len(stopped)

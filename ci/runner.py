@@ -37,7 +37,9 @@ from typing import Protocol
 
 from ci.backends.base import Backend, EntryEnv
 from ci.backends.local import LocalBackend
+from ci.errors import CIError, WaitTimeout
 from ci.gpu_lock import Abandoned
+from ci.history.records import read_metrics
 from ci.interrupts import Interrupts
 from ci.log import Log
 from ci.plan import PlannedEntry
@@ -92,6 +94,8 @@ class RunConfig:
     prefork: Policy = FRESH_ONLY  # CPU suites: fork pytest files from pre-imported workers
     port_floor: int = PORT_FLOOR  # first port of GPU 0's block (an emulated run claims its own)
     node: str = field(default_factory=socket.gethostname)  # names this machine in the timeline
+    # Expected seconds per entry id (the history's p90): the ETA on the heartbeat line.
+    estimates: Mapping[str, float] = field(default_factory=dict)
 
 
 def base_argv(entry: PlannedEntry, cfg: RunConfig, junit: Path) -> list[str]:
@@ -321,6 +325,7 @@ class Runner:
         self._total = 0
         self._running: dict[str, float] = {}
         self._waiting: dict[str, float] = {}  # entries queued for their GPUs
+        self._left: dict[str, float] = {}  # expected seconds of each entry not yet finished
         self.heartbeat = 30.0  # seconds between "still running" lines on long runs
         self._tmp: str | None = None
         self._cores = CoreSlots(cfg.jobs)
@@ -345,7 +350,16 @@ class Runner:
         if running or waiting:
             shown = ", ".join(f"{name} ({now - since:.0f}s)" for name, since in running[:6])
             queued = f"; {waiting} waiting for GPUs" if waiting else ""
-            self.log.line(f"      … {self._done}/{self._total} done; running: {shown or 'none'}{queued}")
+            eta = self._eta(now, dict(running))
+            self.log.line(f"      … {self._done}/{self._total} done; running: {shown or 'none'}{queued}{eta}")
+
+    def _eta(self, now: float, running: Mapping[str, float]) -> str:
+        """'; about Ns left' from the estimates of what has not finished, spread over the job slots."""
+        if not self.cfg.estimates:
+            return ""
+        left = sum(max(0.0, est - (now - running[k])) if k in running else est
+                   for k, est in self._left.items())
+        return f"; about {left / max(1, self.cfg.jobs):.0f}s left (history estimates)"
 
     @contextmanager
     def _gpus(self, entry: PlannedEntry) -> Iterator[Lease | None]:
@@ -408,9 +422,20 @@ class Runner:
         except Abandoned:  # the run was stopped while this entry waited for its GPUs
             return replace(interrupted_result(entry), queued_at=queued_at, ended_at=time.time(),
                            node=self.cfg.node)
+        except CIError as exc:
+            # --lock-timeout ran out, or a lock file was refused: this entry's result, not a
+            # traceback that ended the runner thread and the run as "interrupted".
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            log_path.write_text(f"{exc}\n", encoding="utf-8")
+            return Result(entry=entry, outcome="timeout" if isinstance(exc, WaitTimeout) else "failed",
+                          reason=str(exc), returncode=exc.exit_code, queued_at=queued_at,
+                          ended_at=time.time(), node=self.cfg.node, log_path=log_path,
+                          output_tail=str(exc))
         result = replace(judge(entry, attempt, junit=junit, log=log_path, filtering=self.cfg.filtering),
                          devices=devices, queued_at=queued_at, started_at=started_at,
                          ended_at=time.time(), node=self.cfg.node)
+        if entry.kind == "script":  # e2e scripts leave metrics.jsonl for the history and its gates
+            result = replace(result, metrics=read_metrics(entry.id, out_dir))
         shutil.rmtree(tmp_dir, ignore_errors=True)
         if result.ok and not self.cfg.keep_outputs:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -493,6 +518,7 @@ class Runner:
     def _report_progress(self, result: Result) -> None:
         with self._print_lock:
             self._done += 1
+            self._left.pop(result.entry.id, None)
             label = {"passed": "PASS", "flaky": "FLAKY", "deselected": "SKIP"}.get(
                 result.outcome, result.outcome.upper())
             counts = f"{result.passed} passed" + (f", {result.failed} failed" if result.failed else "")
@@ -513,6 +539,8 @@ class Runner:
         without it the runner takes SIGINT/SIGTERM itself for the run and gives them back.
         """
         self._total = len(entries)
+        if self.cfg.estimates:
+            self._left = {e.id: self.cfg.estimates.get(e.id, e.timeout / 10) for e in entries}
         todo: queue.Queue[tuple[int, PlannedEntry]] = queue.Queue()
         for item in enumerate(entries):
             todo.put(item)

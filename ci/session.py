@@ -19,15 +19,18 @@ from typing import NoReturn
 
 from ci import plan as planner
 from ci import timeline
+from ci.args import existing_dir, seconds
 from ci.backends import select_backend
 from ci.backends.ray import ADDRESS_ENV
 from ci.discover import discover
 from ci.docker import ENTRY_FLAG_DEFAULTS
 from ci.durations import DURATIONS_FILE, DurationStore
-from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError
+from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, StoreError, UsageError
 from ci.gpu_lock import DEFAULT_PATTERN as DEFAULT_LOCK_PATTERN
 from ci.gpu_lock import DEFAULT_TIMEOUT as DEFAULT_LOCK_TIMEOUT
-from ci.gpu_lock import nvml_gpu_count
+from ci.gpu_lock import MAX_TOTAL_GPUS, check_files, nvml_gpu_count, validate_pattern
+from ci.history import hook as history
+from ci.history.store import HISTORY_ENV, HISTORY_FILE, resolve_url
 from ci.interrupts import PROCESS
 from ci.log import Log
 from ci.plan import PlannedEntry
@@ -92,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--junit", type=Path, help="merged JUnit file (default: .ci-cache/junit/<suite>.xml)")
     p.add_argument("--durations", type=Path,
                    help=f"durations store (default: {DURATIONS_FILE})")
+    p.add_argument("--history", metavar="URL",
+                   help=f"run-history store: postgresql://… or sqlite:///… (default: {HISTORY_ENV}, "
+                        f"else {HISTORY_FILE}); 'off' records nothing")
+    p.add_argument("--include-quarantined", action="store_true",
+                   help="quarantined entries gate again (prove a fix before lifting the quarantine)")
+    p.add_argument("--order", choices=("auto", "failure-first", "longest"), default="auto",
+                   help="run order: longest first, or on a branch (auto) what failed on it before, "
+                        "then what its diff changes or affects, then longest first")
     p.add_argument("--keep-outputs", action="store_true", help="keep output dirs of passing entries")
     p.add_argument("--no-prefork", action="store_true",
                    help="CPU suites: a fresh interpreter per file instead of forking each file "
@@ -117,7 +128,7 @@ class Options:
 def parse(argv: Sequence[str]) -> Options:
     """Parse and validate; every problem is a one-line UsageError."""
     args, unknown = build_parser().parse_known_args(list(argv))
-    root = args.root.resolve()
+    root = existing_dir("--root", args.root)
     if not (root / "tests").is_dir():
         raise UsageError(f"{root} has no tests/ directory; run from the repository root or pass --root")
     registry = load_registry(root)
@@ -128,25 +139,39 @@ def parse(argv: Sequence[str]) -> Options:
         raise UsageError(f"--timeout {args.timeout:g}: must be between 0 (exclusive) and 604800 s")
     if not 0 <= args.retries <= 10:
         raise UsageError(f"--retries {args.retries}: must be between 0 and 10")
-    if args.gpus is not None and not 0 <= args.gpus <= 1024:
-        raise UsageError(f"--gpus {args.gpus}: must be between 0 and 1024")
+    if args.gpus is not None and not 0 <= args.gpus <= MAX_TOTAL_GPUS:
+        raise UsageError(f"--gpus {args.gpus}: must be between 0 and {MAX_TOTAL_GPUS}")
     if args.lock_timeout is None:
         args.lock_timeout = _lock_timeout_from(os.environ)
-    if args.lock_timeout <= 0:
-        raise UsageError("--lock-timeout must be positive")
-    if args.lock_path_pattern is not None and "{gpu_id}" not in args.lock_path_pattern:
-        raise UsageError("--lock-path-pattern must contain {gpu_id}")
+    seconds("--lock-timeout", args.lock_timeout, forever=True)
     if args.ray_address is None:
         args.ray_address = os.environ.get(ADDRESS_ENV) or None
+    if args.lock_path_pattern is not None:
+        # The same check as lock-gpus: a bad pattern found by the runner thread of the first
+        # GPU entry used to end the run as "interrupted". On a cluster `{node}` is a field too.
+        validate_pattern(args.lock_path_pattern.replace("{node}", "node")
+                         if args.ray_address else args.lock_path_pattern)
+    if any(not p.strip() for p in args.paths):
+        raise UsageError("an empty path was given (`\"\"`); name test files or directories of the "
+                         "suite, or none for all of it")
     if args.ray_address is not None and not suite.needs_gpus:
         raise UsageError(f"--ray-address runs GPU suites on a cluster; {suite.name} runs on this machine")
+    try:
+        args.history_url = resolve_url(args.history, os.environ, root)
+    except StoreError:  # no SQLAlchemy here: recording warns and spools, the run goes on
+        args.history_url = args.history or f"sqlite:///{root / HISTORY_FILE}"
     if unknown and not suite.takes_pytest_args:
         raise UsageError(f"unknown option(s) for GPU suite {suite.name}: {' '.join(unknown)}")
     return Options(suite=suite, args=args, pytest_args=tuple(unknown), root=root, registry=registry)
 
 
-def select(opts: Options, durations: Mapping[str, float]) -> list[PlannedEntry]:
-    """The entries this invocation runs, in run order."""
+def select(opts: Options, durations: Mapping[str, float],
+           first: tuple[frozenset[str], frozenset[str]] | None = None) -> list[PlannedEntry]:
+    """The entries this invocation runs, in run order.
+
+    `first`: (entry ids that failed on this branch, test files its diff changes or
+    affects): those run first, in that order, then the rest longest first.
+    """
     args, suite = opts.args, opts.suite
     if suite.dynamic:
         from ci.changed import changed_entries
@@ -165,7 +190,18 @@ def select(opts: Options, durations: Mapping[str, float]) -> list[PlannedEntry]:
         entries = planner.shard(entries, index, count, durations)
     if args.timeout is not None:
         entries = [replace(e, timeout=args.timeout) for e in entries]
+    if first is not None:
+        return planner.failure_first(entries, durations, failed=first[0], changed=first[1])
     return planner.longest_first(entries, durations)
+
+
+def _first(opts: Options, run: history.HistoryRun) -> tuple[frozenset[str], frozenset[str]] | None:
+    order = opts.args.order
+    if order == "longest" or (order == "auto" and not run.on_feature_branch):
+        return None
+    changed = history.changed_tests(opts.root, opts.args.base,
+                                    warn=lambda m: print(f"note: {m}", file=sys.stderr))
+    return run.before.failed_here, frozenset(changed)
 
 
 def _gpu_budget(opts: Options, entries: Sequence[PlannedEntry]) -> int:
@@ -240,8 +276,13 @@ def main(argv: Sequence[str]) -> int:
     log = Log.from_env()
     cache = root / ".ci-cache"
     store = DurationStore(args.durations or root / DURATIONS_FILE)
-    durations = store.load()
-    entries = select(opts, durations)
+    measured = store.load()
+    warn = lambda m: log.line(f"warning: {m}")  # noqa: E731
+    run = history.begin(args.history_url, suite=suite, root=root, env=os.environ,
+                        emulated=args.emulate_gpus, warn=warn)
+    # The history's p90 on this hardware where it has one; the last measurement otherwise.
+    durations = {**measured, **run.before.estimates}
+    entries = select(opts, durations, _first(opts, run))
     interrupts.check()
     if not entries:
         log.line(f"{suite.name}: nothing selected; nothing to run")
@@ -267,11 +308,14 @@ def main(argv: Sequence[str]) -> int:
         infinite=_bool_env(env, "SLIME_TEST_ENABLE_INFINITE_RUN"),
         keep_outputs=args.keep_outputs, backend=backend,
         prefork=_prefork_policy(opts, files=len(entries), jobs=jobs),
+        estimates=run.before.estimates,
     )
     if args.dry_run:
         _print_plan(opts, entries, cfg, log)
         return EXIT_OK
     backend.check()  # its preconditions: one line and exit 2 before anything starts
+    junit = args.junit or cache / "junit" / f"{suite.name}.xml"
+    _check_writable(work_dir, junit.parent, store.path)
     interrupts.check()
     ports = ExitStack()
     try:
@@ -279,6 +323,7 @@ def main(argv: Sequence[str]) -> int:
             cfg = replace(cfg, port_floor=ports.enter_context(claimed_floor(gpus)))
         pattern = backend.lock_pattern if gpu_entries else None
         if pattern is not None:
+            check_files(pattern, gpus)  # an unusable lock path: one line now, not per entry
             cfg = replace(cfg, acquire=_acquirer(gpus, pattern, args.lock_timeout))
         log.line(f"{suite.name}: {len(entries)} entries, {jobs} at a time"
                  + (f", {gpus} GPUs" + (" (emulated)" if backend.emulated else "")
@@ -292,8 +337,14 @@ def main(argv: Sequence[str]) -> int:
     finally:
         ports.close()
         backend.close()
-    code = _report(suite.name, results, wall, args.junit or cache / "junit" / f"{suite.name}.xml",
-                   store, log)
+    results, misdeclared = history.apply_gates(run, results, note=log.line)
+    shown = (results if args.include_quarantined
+             else history.apply_quarantine(results, history.quarantine_reasons(run)))
+    code = _report(suite.name, shown, wall, junit, store, log)
+    if misdeclared and code == EXIT_FAILED:
+        code = EXIT_USAGE  # a gate names a metric the entry never writes: fix the registry
+    history.finish(run, results, code, root=root, backend=backend.describe(), durations=measured,
+                   warn=warn, note=log.line)
     if gpu_entries:
         _timeline(suite.name, results, rows, work_dir, log)
     return interrupts.exit_code(code)
@@ -326,6 +377,23 @@ def _timeline(name: str, results: Sequence[Result], gpu_rows: Sequence[str], wor
     log.line(f"timeline: {page}")
 
 
+def _check_writable(work_dir: Path, junit_dir: Path, durations: Path) -> None:
+    """Everything a run writes can be written: else one line now, before any entry runs."""
+    for directory in (work_dir, junit_dir, durations.parent):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create {directory} ({exc.strerror}): the run writes its logs, "
+                             "JUnit and durations there; make the checkout writable or remove "
+                             "what is in the way") from None
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise UsageError(f"{directory} is not writable: the run writes its logs, JUnit and "
+                             "durations there; make the checkout writable")
+    if durations.exists() and not durations.is_file():
+        raise UsageError(f"{durations} is not a file: it keeps measured durations between runs; "
+                         "remove it (or pass --durations FILE)")
+
+
 def _acquirer(gpus: int, pattern: str, timeout: float) -> Acquire:
     from ci.gpu_lock import hold
 
@@ -342,23 +410,32 @@ def _report(name: str, results: Sequence[Result], wall: float, junit: Path,
     log.line(table(results))
     log.line("")
     merge_junit(results, junit)
-    store.update({r.entry.id: r.seconds for r in results
-                  if r.outcome not in UNMEASURED})
+    try:
+        store.update({r.entry.id: r.seconds for r in results
+                      if r.outcome not in UNMEASURED})
+    except UsageError as exc:  # the results stand; only the next plan's order suffers
+        log.line(f"warning: {exc}")
     line = closing(name, results)
     bad = [r for r in results if not r.ok]
     flaky = [r for r in results if r.outcome == "flaky"]
     log.summary(markdown(name, results, line))
     for r in flaky:
         log.line(f"flaky: {r.entry.id} ({r.reason})")
+    for r in results:
+        if r.outcome == "quarantined":
+            log.line(f"QUARANTINED {r.entry.id}: {r.reason}")
     for r in bad:
         log.line(f"FAILED {r.entry.id}: {r.outcome}: {r.reason}")
     log.line(line)
     log.line(f"{len(results)} entries in {wall:.1f}s; JUnit: {junit}")
     if any(r.outcome == "interrupted" for r in results):
         return EXIT_INTERRUPTED
+    if any(r.outcome == "timeout" and r.started_at is None and r.queued_at is not None
+           for r in results):
+        return EXIT_TIMEOUT  # an entry gave up waiting for its GPUs (--lock-timeout)
     if bad:
         return EXIT_FAILED
-    if sum(r.passed for r in results) == 0:
+    if sum(r.passed for r in results) == 0 and not any(r.outcome == "quarantined" for r in results):
         log.line(f"{name}: no test ran")
         return EXIT_FAILED
     return EXIT_OK

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
+from ci.args import Parser, existing_dir
 from ci.cadences import (
     DEFAULT_SCHEDULES,
     WEEKLY,
@@ -377,7 +378,7 @@ def render_plan(event: Event, decisions: Sequence[Decision]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m ci plan",
         description="Show which CI jobs (nox sessions) an event would run, and why. "
                     "Reads the same table the workflow generator renders.",
@@ -430,7 +431,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """`python -m ci plan`: print the jobs an event would run."""
     args = _parser().parse_args(argv)
-    root = args.root.resolve()
+    root = existing_dir("--root", args.root)
     registry = load_registry(root)
     if args.event == COMMENT_EVENT:
         from ci.comment_cli import comment_main

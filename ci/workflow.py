@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias
 
+from ci.args import Parser, existing_dir
 from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
+from ci.history.store import HISTORY_FILE
 from ci.registry import REGISTRY_PATHS, Registry, load_registry, registry_path
 from ci.style import NOX_VERSION, Style
 from ci.timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES, SETUP_MINUTES
@@ -220,7 +222,11 @@ def concurrency_group(job: Job) -> Folded:
 # so the prefix always decides), and a run on main saves it again under a key of
 # its own (cache entries are immutable). Only a push to main saves: pull requests
 # read main's cache and can never write one that main or another PR would read.
-# Failed runs save too: the durations they measured are still true.
+# Failed runs save too: the durations they measured are still true. The run-history
+# SQLite file travels with them, so hosted jobs keep their history the same way.
+CACHED_FILES = f"{DURATIONS_FILE}\n{HISTORY_FILE}\n"
+
+
 def durations_prefix(job: Job) -> str:
     """The cache-key prefix of a job's durations (the trailing '-' keeps cpu_unit off cpu_unit_x)."""
     return f"{DURATIONS_KEY}-{job.id}-"
@@ -228,7 +234,7 @@ def durations_prefix(job: Job) -> str:
 
 def _restore_durations(job: Job) -> dict[str, Node]:
     return {"name": "Restore measured durations (last run on main)", "uses": _uses(CACHE_RESTORE),
-            "with": {"path": DURATIONS_FILE,
+            "with": {"path": CACHED_FILES,
                      "key": durations_prefix(job) + _expr("github.run_id"),
                      "restore-keys": durations_prefix(job)}}
 
@@ -241,7 +247,7 @@ def _save_durations(job: Job) -> dict[str, Node]:
                 f"&& github.ref == 'refs/heads/{BASE_BRANCH}'",
                 f"&& hashFiles('{DURATIONS_FILE}') != ''")),
             "uses": _uses(CACHE_SAVE),
-            "with": {"path": DURATIONS_FILE,
+            "with": {"path": CACHED_FILES,
                      "key": durations_prefix(job) + shard
                      + _expr("github.run_id") + "-" + _expr("github.run_attempt")}}
 
@@ -471,7 +477,7 @@ def write(root: Path, changes: Sequence[Drift]) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=COMMAND,
         description=f"Write {WORKFLOW_PATH} and {ACTIONLINT_PATH} from the registry "
                     "(ci/suites.py) and the trigger table (ci/triggers.py).",
@@ -498,7 +504,10 @@ def find_root(start: Path) -> Path:
 def main(argv: list[str]) -> int:
     """`python -m ci workflows [--check | --dry-run]`."""
     args = _parser().parse_args(argv)
-    root: Path = args.root if args.root is not None else find_root(Path.cwd().resolve())
+    # Generated files are written under --root: one that does not exist must not gain a
+    # .github/ tree (a checkout without a registry of its own gets the toolkit's).
+    root: Path = (find_root(Path.cwd().resolve()) if args.root is None
+                  else existing_dir("--root", args.root))
     registry = load_registry(root)
     jobs = table(registry.suites, registry.style)
     changes = drift(root, {**render(jobs, registry.style), **readme(root, jobs), **u_generated(root),

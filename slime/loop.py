@@ -84,8 +84,12 @@ def setup(args: argparse.Namespace, env: Mapping[str, str]) -> Run:
                         trainer_gpus=1.0, engine_gpus=0.0)
     else:
         layout = plan_layout(args.num_gpus, colocate=args.colocate, rollout_num_gpus=args.rollout_num_gpus)
+    import torch
+
+    # The CPU kernel set (ATEN_CPU_CAPABILITY) decides float rounding on CPU ranks and engines.
     print(f"placement: {args.num_gpus} GPU bundles; trainer on {list(layout.trainer_bundles)}, "
-          f"engines on {list(layout.engine_bundles)}{' (colocated)' if layout.colocate else ''}", flush=True)
+          f"engines on {list(layout.engine_bundles)}{' (colocated)' if layout.colocate else ''}; "
+          f"cpu capability {torch.backends.cpu.get_cpu_capability().lower()}", flush=True)
     if not replay:
         from transformers import AutoTokenizer
 
@@ -101,7 +105,8 @@ def setup(args: argparse.Namespace, env: Mapping[str, str]) -> Run:
                                   backend=args.rollout_backend, config=getattr(args, "sglang_layout", None),
                                   fault_tolerance=args.use_fault_tolerance,
                                   on_restart=lambda _group: write_engines(run),
-                                  start_timeout=args.engine_start_timeout)
+                                  start_timeout=args.engine_start_timeout,
+                                  weights_dirs=[str(run.out / "weights")])
         run.frozen_digests = {s["name"]: s.get("weights_digest") for s in run.engines.info()
                               if not s["update_weights"]}
     write_engines(run)
@@ -340,6 +345,29 @@ def run_async(run: Run) -> None:
             ckpt.maybe_save(run, rollout_id, in_flight=int(step + 1 < len(ids)))
 
 
+def paired_rewards(run: Run) -> list[float] | None:
+    """Per-prompt mean reward of the engines' policy now, on every training prompt, with the
+    paired evaluation's fixed seeds (`slime.rollout.paired`); None unless asked for."""
+    from slime.rollout.paired import prompt_rewards
+
+    k = run.args.ci_paired_eval_samples
+    if not k or run.engines is None or run.source is None:
+        return None
+    return prompt_rewards(run.engines.clients, run.tokenizer, run.source.prompts,
+                          _spec(run.args, n=k, temperature=1.0))
+
+
+def write_paired(run: Run, before: list[float], after: list[float]) -> None:
+    """`paired.json`: the reward of the policy before the first step and after the last."""
+    from slime.rollout.paired import PairedGain
+
+    gain = PairedGain.of(before, after, run.args.ci_paired_eval_samples)
+    (run.out / "paired.json").write_text(json.dumps({**gain.as_dict(), "per_prompt_before": before,
+                                                     "per_prompt_after": after}, indent=1))
+    print(f"paired: reward {gain.before:.3f} -> {gain.after:.3f} on the same prompts and seeds "
+          f"(gain {gain.gain:+.3f} ± {gain.stderr:.3f})", flush=True)
+
+
 def record_actors(run: Run) -> None:
     """Write `actors.json`: every actor the cluster ran for this job, as Ray's state API lists them.
 
@@ -389,7 +417,11 @@ def main(argv: list[str], *, asynchronous: bool, env: Mapping[str, str] | None =
     run = None
     try:
         run = setup(args, env)
+        before = paired_rewards(run)
         (run_async if asynchronous else run_sync)(run)
+        after = paired_rewards(run)
+        if before is not None and after is not None:
+            write_paired(run, before, after)
     except inv.InvariantViolation as exc:
         print(str(exc), flush=True)
         return inv.EXIT_INVARIANT

@@ -18,6 +18,24 @@ def test_weight_is_clipped_above():
     assert clipped.item() == 1.0
 
 
+def test_weight_is_the_ratio_of_new_to_old_probabilities():
+    # Non-zero old log-probs: the weight is exp(new - old), 0.6 / 0.5 = 1.2 (inside the clip).
+    lp = torch.log(torch.tensor([0.6, 0.2], dtype=torch.float64))
+    old = torch.log(torch.tensor([0.5, 0.4], dtype=torch.float64))
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    loss, clipped = compute_cispo_loss(lp, old, adv, eps_clip_high=0.5)
+    torch.testing.assert_close(loss, torch.stack([-1.2 * lp[0], 0.5 * lp[1]]))
+    assert clipped.tolist() == [0.0, 0.0]
+
+
+def test_weight_is_clipped_at_one_plus_eps_high_not_below_it():
+    lp = torch.log(torch.tensor([1.3, 2.0], dtype=torch.float64))
+    old = torch.zeros(2, dtype=torch.float64)
+    loss, clipped = compute_cispo_loss(lp, old, torch.ones(2, dtype=torch.float64), eps_clip_high=0.5)
+    torch.testing.assert_close(loss, torch.stack([-1.3 * lp[0], -1.5 * lp[1]]))
+    assert clipped.tolist() == [0.0, 1.0]
+
+
 def test_gradient_is_weight_times_advantage_even_when_clipped():
     lp = torch.log(torch.tensor([3.0, 0.5], dtype=torch.float64)).requires_grad_(True)
     old = torch.zeros(2, dtype=torch.float64)

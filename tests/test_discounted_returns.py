@@ -50,5 +50,25 @@ def test_bad_chunk_size():
         discounted_returns(torch.ones(3), 0.9, 0)
 
 
+def test_3d_batches_and_the_input_dtype():
+    torch.manual_seed(0)
+    rewards = torch.randn(2, 3, 7)
+    for fn in (discounted_returns_reference, lambda r, g: discounted_returns(r, g, chunk_size=3)):
+        out = fn(rewards, 0.9)
+        assert out.dtype == torch.float32
+        for i in range(2):
+            for j in range(3):
+                g, want = 0.0, []
+                for x in reversed(rewards[i, j].tolist()):
+                    g = x + 0.9 * g
+                    want.append(g)
+                torch.testing.assert_close(out[i, j], torch.tensor(want[::-1]))
+
+
+def test_a_single_step_is_its_reward():
+    assert discounted_returns(torch.tensor([2.5]), 0.5).tolist() == [2.5]
+    assert discounted_returns(torch.zeros(0), 0.5).shape == (0,)
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))

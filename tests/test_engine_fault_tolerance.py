@@ -62,7 +62,7 @@ def _checkpoint_digest(path) -> str:
 
 def test_weights_digest_is_the_checkpoint_s_and_follows_refit_and_sleep(model, tmp_path):
     other = build_tiny_model(tmp_path / "b", seed=1)
-    with EngineServer(model) as srv:
+    with EngineServer(model, weights_dirs=[tmp_path]) as srv:
         c = EngineClient(srv.url, timeout=60)
         start = c.server_info()["weights_digest"]
         assert start == _checkpoint_digest(model)

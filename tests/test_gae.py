@@ -50,5 +50,18 @@ def test_shape_mismatch():
         compute_gae(torch.zeros(3), torch.zeros(4), 0.9, 0.9)
 
 
+def test_gae_over_the_last_dimension_of_a_3d_batch_in_float32():
+    torch.manual_seed(0)
+    rewards = torch.randn(2, 3, 4, dtype=torch.float64)
+    values = torch.randn(2, 3, 4, dtype=torch.float64)
+    adv, ret = compute_gae(rewards, values, gamma=0.9, lam=0.8)
+    assert adv.dtype == ret.dtype == torch.float32
+    for i in range(2):
+        for j in range(3):
+            a, r = compute_gae(rewards[i, j], values[i, j], gamma=0.9, lam=0.8)
+            torch.testing.assert_close(adv[i, j], a)
+            torch.testing.assert_close(ret[i, j], r)
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))

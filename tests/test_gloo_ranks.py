@@ -1,11 +1,12 @@
 """The gloo rank helper itself (`tests/_gloo.py`): results, failures, hangs, and isolation.
 
 Both ways of starting ranks are exercised: the zygote forked when collection ended, and the
-forkserver the helper falls back to where forking is unsafe.
+forkserver the helper falls back to where forking is unsafe; each must keep the same promises.
 """
 
 import os
 import sys
+import threading
 import time
 
 import _gloo
@@ -34,6 +35,15 @@ def _see_state(rank, world):
 def _fail_on_one(rank, world):
     if rank == 1:
         raise ValueError("rank one refuses")
+    return rank
+
+
+def _fail_while_peer_waits(rank, world):
+    import torch.distributed as dist
+
+    if rank == 1:
+        raise ValueError("rank one refuses")
+    dist.barrier()  # fails when rank 1 leaves: its error must still be the one reported
     return rank
 
 
@@ -87,6 +97,12 @@ def test_a_rank_s_exception_is_reported_with_its_traceback(way, tmp_path):
         run_ranks(_fail_on_one, 2, tmp_path, timeout=60)
 
 
+def test_a_rank_that_fails_is_named_even_when_its_peer_fails_on_its_departure(way, tmp_path):
+    for _ in range(3):
+        with pytest.raises(AssertionError, match=r"(?s)rank 1:.*ValueError: rank one refuses"):
+            run_ranks(_fail_while_peer_waits, 2, tmp_path, timeout=60)
+
+
 def test_a_rank_that_dies_is_named_and_its_peer_is_not_waited_for(way, tmp_path):
     start = time.monotonic()
     # Whichever is seen first: rank 1's death, or rank 0's collective failing on it.
@@ -108,8 +124,7 @@ def test_a_hang_is_cut_at_the_timeout_and_no_rank_is_left(way, tmp_path):
     assert alive == []
 
 
-def test_ranks_do_not_see_what_a_test_changed_after_collection(tmp_path, monkeypatch):
-    _need_zygote()
+def test_ranks_do_not_see_what_a_test_changed_after_collection(way, tmp_path, monkeypatch):
     monkeypatch.setitem(STATE, "value", "changed by the test")
     monkeypatch.setenv("GLOO_TEST_MARK", "set by the test")
     monkeypatch.chdir(tmp_path)
@@ -117,12 +132,29 @@ def test_ranks_do_not_see_what_a_test_changed_after_collection(tmp_path, monkeyp
     assert seen[0] == "as collected" and seen[1] is None and seen[2] != str(tmp_path)
 
 
-def test_rank_output_is_shown_under_the_test(capfd, tmp_path):
-    _need_zygote()
+def test_rank_output_is_shown_under_the_test(way, capfd, tmp_path):
     run_ranks(_talk, 2, tmp_path)
     err = capfd.readouterr().err
     assert "--- output of gloo rank 0 ---\nhello from rank 0" in err
     assert "--- output of gloo rank 1 ---\nhello from rank 1" in err
+
+
+def test_a_process_with_a_thread_gets_its_ranks_from_the_forkserver(tmp_path, monkeypatch):
+    # As when a test file's import leaves a thread running at collection end: the zygote
+    # is refused, and every rank comes from the forkserver instead, and works.
+    monkeypatch.setattr(_gloo, "_ZYGOTE", None)
+    monkeypatch.setattr(_gloo, "_AS_COLLECTED", _gloo._AS_COLLECTED)
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, daemon=True)
+    thread.start()
+    try:
+        assert _gloo.start_zygote() == "2 Python threads"
+        assert _gloo._ZYGOTE is None
+        assert run_ranks(_talk, 2, tmp_path) == [0, 1]
+        assert [s for _, _, s, _ in run_ranks(_sum_ranks, 2, tmp_path)] == [3.0, 3.0]
+    finally:
+        stop.set()
+        thread.join()
 
 
 if __name__ == "__main__":

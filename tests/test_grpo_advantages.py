@@ -47,5 +47,15 @@ def test_bad_shapes():
         compute_grpo_advantages(torch.zeros(2, 2), 2)
 
 
+def test_eps_is_added_to_the_std():
+    # eps guards the division: it can only shrink an advantage, never grow or flip it.
+    rewards = torch.tensor([0.0, 2.0])
+    std = torch.tensor([0.0, 2.0]).std().item()  # sqrt(2): unbiased, as the code uses
+    adv = compute_grpo_advantages(rewards, 2, eps=1.0)
+    torch.testing.assert_close(adv, torch.tensor([-1.0, 1.0]) / (std + 1.0))
+    plain = compute_grpo_advantages(rewards, 2)
+    assert (adv.abs() < plain.abs()).all()
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))

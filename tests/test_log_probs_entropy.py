@@ -70,5 +70,20 @@ def test_response_span_errors():
         response_logits(torch.zeros(4, 2), [4], [4])
 
 
+def test_batched_logits_use_the_last_dimension():
+    # [batch, tokens, vocab]: with a 2-D input dim 1 and dim -1 coincide, with 3-D they do not.
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 5)
+    tokens = torch.randint(0, 5, (2, 3))
+    chosen, entropy = log_probs_and_entropy(logits, tokens)
+    logp = torch.log_softmax(logits, dim=-1)
+    for b in range(2):
+        for t in range(3):
+            assert chosen[b, t].item() == pytest.approx(logp[b, t, tokens[b, t]].item(), abs=1e-6)
+            p = logp[b, t].exp()
+            assert entropy[b, t].item() == pytest.approx(-(p * logp[b, t]).sum().item(), abs=1e-6)
+    assert chosen.shape == entropy.shape == (2, 3)
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))

@@ -61,9 +61,22 @@ def test_dual_clip_leaves_positive_advantages_alone():
     assert a.item() == b.item()
 
 
+def test_dual_clip_leaves_small_positive_advantages_alone():
+    adv = torch.tensor([0.5, 2.0], dtype=torch.float64)
+    a, _ = compute_policy_loss(_kl_for_ratio([10.0, 10.0]), adv, eps_clip=0.2)
+    b, _ = compute_policy_loss(_kl_for_ratio([10.0, 10.0]), adv, eps_clip=0.2, eps_clip_c=3.0)
+    torch.testing.assert_close(a, b)
+
+
 def test_dual_clip_bound_must_exceed_one():
     with pytest.raises(ValueError, match=r"> 1.0"):
         compute_policy_loss(torch.zeros(1), torch.ones(1), eps_clip=0.2, eps_clip_c=0.9)
+    with pytest.raises(ValueError) as err:
+        compute_policy_loss(torch.zeros(1), torch.ones(1), eps_clip=0.2, eps_clip_c=1.0)
+    assert str(err.value) == "eps_clip_c must be > 1.0 for dual clip, got 1.0"
+    adv = torch.tensor([-1.0], dtype=torch.float64)
+    loss, _ = compute_policy_loss(_kl_for_ratio([10.0]), adv, eps_clip=0.2, eps_clip_c=1.5)
+    assert loss.item() == pytest.approx(1.5)
 
 
 def test_no_gradient_through_clipped_tokens():

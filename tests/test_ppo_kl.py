@@ -70,5 +70,20 @@ def test_unknown_type():
         compute_approx_kl(torch.zeros(1), torch.zeros(1), "k4")
 
 
+def test_unknown_kl_type_names_the_choices():
+    with pytest.raises(ValueError) as err:
+        compute_approx_kl(torch.zeros(1), torch.zeros(1), "k4")
+    assert str(err.value) == "unknown kl_type 'k4'; pick one of k1, k2, k3, low_var_kl"
+
+
+def test_low_var_kl_is_k3_capped_at_ten():
+    lp = torch.tensor([0.0, -20.0, 0.5])
+    ref = torch.zeros(3)
+    k3 = compute_approx_kl(lp, ref, "k3")
+    low = compute_approx_kl(lp, ref, "low_var_kl")
+    assert k3[1].item() > 10
+    torch.testing.assert_close(low, torch.stack([k3[0], torch.tensor(10.0), k3[2]]))
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))

@@ -31,7 +31,7 @@ def scenario(rank, world, tmp):
     trainer = TrainRank(rank=rank, world_size=world, master_addr="", master_port=0, device="cpu",
                         config=TrainerConfig(model_path=str(model), lr=1e-2))
     out = {}
-    with EngineServer(model, device="cpu", seed=0) as server:
+    with EngineServer(model, device="cpu", seed=0, weights_dirs=[Path(tmp) / "weights"]) as server:
         client = EngineClient(server.url)
         prompt = [1, 6, 14, 7, 16]  # <bos> 2 + 3 =
         answer = client.generate(prompt, {"max_new_tokens": 3, "temperature": 1.0, "sampling_seed": 5})

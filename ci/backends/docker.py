@@ -67,6 +67,7 @@ class DockerBackend(LocalBackend):
         self.image = image or FRAMEWORK_IMAGE
         self.pull: Pull = pull or host.pull or "always"  # type: ignore[assignment]
         self._caches = host.caches
+        self._cache_writer = host.cache_writer
         self._limits = read_host_limits()
         self._root = Path(root)
         self._own_checkout = own_checkout(self._root)
@@ -93,7 +94,9 @@ class DockerBackend(LocalBackend):
             inner_env["PYTHONPATH"] = str(self._root)
         name = container_name(entry.id, uuid.uuid4().hex[:8])
         options = DockerOptions(image=self.image, workspace=self._root, devices=devices,
-                                env=inner_env, caches=self._caches, pull=self.pull, name=name)
+                                env=inner_env, caches=self._caches, pull=self.pull, name=name,
+                                isolation=entry.container, privileged=entry.container == "framework",
+                                writable_caches=self._cache_writer)
         options, notes = fit_to_host(options, self._limits)
         for text in notes:
             if text not in self._noted:

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from slime.utils.strict_json import JSONBodyError, loads_strict
+
 Role = Literal["system", "user", "assistant", "tool"]
 
 
@@ -85,9 +87,9 @@ def parse_arguments(raw: Any, *, param: str) -> dict[str, Any]:
     """Tool-call arguments from a JSON string or an object; anything else is a BadRequest."""
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw) if raw.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise BadRequest(f"{param} is not valid JSON: {exc.msg}", param=param) from None
+            raw = loads_strict(raw.encode()) if raw.strip() else {}
+        except JSONBodyError as exc:
+            raise BadRequest(f"{param} is not valid JSON: {exc}", param=param) from None
     if not isinstance(raw, dict):
         raise BadRequest(f"{param} must be a JSON object", param=param)
     return raw

@@ -109,8 +109,9 @@ class EngineGroup:
                  env: Mapping[str, str] | None = None, backend: str = "slime",
                  config: SglangConfig | None = None, fault_tolerance: bool = False,
                  on_restart: Callable[[EngineGroup], None] | None = None,
-                 start_timeout: float = 600.0) -> None:
+                 start_timeout: float = 600.0, weights_dirs: Sequence[str] = ()) -> None:
         self._pg = pg
+        self._weights_dirs = tuple(weights_dirs)  # where refits from disk may load (slime engines)
         self._layout = layout
         self._device = compute_device(env)
         self._backend = backend
@@ -160,6 +161,7 @@ class EngineGroup:
         kwargs = actor_kwargs(slot.spec, self._backend)
         if self._backend == "slime":
             kwargs["labels"] = slot.labels()
+            kwargs["weights_dirs"] = self._weights_dirs
         # max_restarts=0: Ray must not bring an engine back behind our back; a restart here
         # also restores the weights and is counted.
         return actor_cls.options(max_restarts=0,

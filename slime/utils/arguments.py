@@ -130,6 +130,9 @@ def add_training_path_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest |rollout - trainer| log-prob allowed on one token")
     g.add_argument("--ci-ratio-band", type=float, default=1e-3,
                    help="on-policy importance ratios must stay within 1 ± this")
+    g.add_argument("--ci-paired-eval-samples", type=int, default=0, metavar="K",
+                   help="before the first step and after the last, sample K answers to every training "
+                        "prompt with the same seeds; write the paired reward gain to paired.json")
     g.add_argument("--ci-sleep-check", action="store_true",
                    help="prove engines release memory while the trainer steps (colocated)")
 
@@ -216,6 +219,10 @@ def check_training_path(args: argparse.Namespace, env: Mapping[str, str]) -> arg
     if args.rollout_temperature != 1.0:
         # Engines report log-probs of the untempered distribution; the trainer recomputes those.
         _fail("--rollout-temperature must be 1.0 for train.py (log-probs are compared untempered)")
+    if args.ci_paired_eval_samples < 0:
+        _fail(f"--ci-paired-eval-samples must be >= 0, got {args.ci_paired_eval_samples}")
+    if args.ci_paired_eval_samples and args.load_debug_rollout_data is not None:
+        _fail("--ci-paired-eval-samples samples through the engines, and a replay starts none; drop one")
     if args.ci_sleep_check and not args.colocate:
         _fail("--ci-sleep-check needs --colocate (engines sleep only when they share GPUs)")
     _load_sglang_config(args)

@@ -33,6 +33,43 @@ def hub_env() -> dict[str, str]:
 os.environ.update(hub_env())
 
 
+CAPABILITY_FLAG = "--cpu-capability"
+CAPABILITIES = ("default", "avx2", "avx512")  # torch's CPU kernel sets, lowest first
+
+
+def native_cpu_capability() -> str:
+    """The kernel set torch picks on this CPU by itself (ATEN_CPU_CAPABILITY unset)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    return subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+                          env=env, capture_output=True, text=True, check=True).stdout.strip().lower()
+
+
+def pin_cpu_capability(argv: Sequence[str]) -> str | None:
+    """`--cpu-capability X` among the entry's arguments: run everything under ATEN_CPU_CAPABILITY=X.
+
+    torch reads the variable once, when first imported, to pick its CPU vector kernels: float
+    rounding differs between them, so a learning check must hold under each. Set here, before
+    anything imports torch, it reaches the warm-up in `prepare()` and, through the private Ray
+    head this process starts, every engine and trainer rank. On CUDA it changes only CPU ops.
+    """
+    if CAPABILITY_FLAG not in argv:
+        return None
+    at = list(argv).index(CAPABILITY_FLAG)
+    wanted = argv[at + 1].lower() if at + 1 < len(argv) else ""
+    if wanted not in CAPABILITIES:
+        raise SystemExit(f"{CAPABILITY_FLAG} takes one of {', '.join(CAPABILITIES)}, got {wanted!r}")
+    native = native_cpu_capability()
+    if native in CAPABILITIES and CAPABILITIES.index(wanted) > CAPABILITIES.index(native):
+        # torch would not fall back: its kernels would die of an illegal instruction.
+        raise SystemExit(f"{CAPABILITY_FLAG} {wanted}: this CPU offers up to {native}")
+    os.environ["ATEN_CPU_CAPABILITY"] = wanted
+    print(f"cpu capability: {wanted} (this CPU offers up to {native})", flush=True)
+    return wanted
+
+
 def prepare() -> None:
     """Build, warm up and publish the tiny model and data set into the entry's hub cache."""
     from slime.model.prepare import prepare_tiny_assets
@@ -68,6 +105,13 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     assert path.is_file(), f"{path} missing: the run wrote no metrics"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def paired(run_dir: Path) -> dict[str, Any]:
+    """`paired.json`: the reward before and after training on the same prompts and seeds."""
+    path = run_dir / "paired.json"
+    assert path.is_file(), f"{path} missing: run with --ci-paired-eval-samples"
+    return dict(json.loads(path.read_text()))
 
 
 def mean(values: Sequence[float]) -> float:

@@ -112,6 +112,9 @@ def post(stack: Stack, path: str, session: str, body: Any, *, raw: bytes | None 
     [
         (None, b'{"messages": [', "request body is not valid JSON"),
         (None, b"\xff\xfe", "request body is not valid JSON"),
+        # Python's json reads NaN and recurses per level: both are refused before any parsing.
+        (None, b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "NaN is not JSON"),
+        (None, b"[" * 100_000 + b"]" * 100_000, "nests 100000 levels"),
         ([1, 2], None, "must be a JSON object"),
         ({"model": "p"}, None, "'messages' must be a non-empty list"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, None, "needs a 'role'"),
@@ -184,6 +187,12 @@ def test_malformed_anthropic_body_is_400(stack: Stack, body: Any, message: str) 
     assert resp.json()["error"]["type"] == "invalid_request_error"
     assert message in resp.json()["error"]["message"]
     assert stack.manager.turns(sid) == []
+
+
+def test_a_body_over_the_cap_is_refused_before_it_is_read(stack: Stack) -> None:
+    sid = stack.manager.open_session()
+    resp = post(stack, "/v1/chat/completions", sid, None, raw=b" " * (9 * 1024 * 1024))
+    assert resp.status_code == 400 and "larger than" in resp.json()["error"]["message"]
 
 
 def test_unknown_route_and_method_answer_json(stack: Stack) -> None:

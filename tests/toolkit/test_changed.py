@@ -10,8 +10,9 @@ import pytest
 from _ci import REPO
 from _gitrepo import Clone, git, pytest_file
 
-from ci.changed import changed_entries, main, parse_name_status, plan_changed
+from ci.changed import ChangedPlan, changed_entries, format_table, main, parse_name_status, plan_changed
 from ci.errors import UsageError
+from ci.plan import PlannedEntry
 
 NUM_GPUS = 0
 
@@ -237,6 +238,57 @@ def test_parse_name_status_keeps_odd_names() -> None:
         ("added", "tests/new\nline.py", None),
     ]
     assert parse_name_status(b"") == []
+
+
+def test_parse_name_status_never_reads_a_path_as_a_record() -> None:
+    # Old paths that begin with a status letter ("Docs", "Makefile"): a parser that steps
+    # one field short after a rename or copy would report them as records of their own.
+    raw = b"R100\0Docs/old.md\0docs/new.md\0C075\0Makefile\0tests/test_m.py\0M\0Ax.py\0"
+    changes = parse_name_status(raw)
+    assert [(c.status, c.path, c.old_path) for c in changes] == [
+        ("renamed", "docs/new.md", "Docs/old.md"),
+        ("added", "tests/test_m.py", None),
+        ("modified", "Ax.py", None),
+    ]
+
+
+def test_parse_name_status_without_the_final_nul_keeps_the_last_path() -> None:
+    raw = b"M\0tests/a.py\0D\0tests/b.py"
+    assert [(c.status, c.path) for c in parse_name_status(raw)] == [
+        ("modified", "tests/a.py"), ("deleted", "tests/b.py")]
+
+
+def test_parse_name_status_keeps_paths_that_are_not_utf8() -> None:
+    # git paths are bytes: one that is not UTF-8 survives as surrogate escapes, never an error.
+    [change] = parse_name_status(b"A\0tests/test_\xff.py\0")
+    assert change.path == "tests/test_\udcff.py"
+    assert change.path.encode("utf-8", "surrogateescape") == b"tests/test_\xff.py"
+
+
+def test_parse_name_status_skips_unmerged_and_unknown_letters() -> None:
+    raw = b"U\0tests/conflict.py\0X\0tests/odd.py\0T\0tests/t.py\0"
+    assert [(c.status, c.path) for c in parse_name_status(raw)] == [("modified", "tests/t.py")]
+
+
+def test_table_columns_fit_the_longest_path() -> None:
+    entries = tuple(
+        PlannedEntry(id=p, path=p, timeout=60.0, num_gpus=g, kind=k, why=w)
+        for p, g, k, w in [("tests/test_a.py", 0, "pytest", "added"),
+                           ("tests/e2e/test_long_name.py", 8, "script", "modified")])
+    plan = ChangedPlan(base="origin/main", merge_base="0123456789abcdef", head="f" * 40, entries=entries)
+    assert format_table(plan).splitlines() == [
+        "2 test files selected vs origin/main (merge base 0123456789):",
+        "GPUs  kind    file                         why",
+        "   0  pytest  tests/test_a.py              added",
+        "   8  script  tests/e2e/test_long_name.py  modified",
+    ]
+    one = ChangedPlan(base="b", merge_base="m" * 12, head="h", entries=entries[:1])
+    assert format_table(one).splitlines()[0] == "1 test file selected vs b (merge base mmmmmmmmmm):"
+    short = (PlannedEntry(id="t.py", path="t.py", timeout=1.0, num_gpus=0, kind="pytest", why="w"),)
+    none = ChangedPlan(base="b", merge_base="m" * 12, head="h", entries=short)
+    assert format_table(none).splitlines()[1] == "GPUs  kind    file  why"
+    empty = ChangedPlan(base="b", merge_base="m" * 12, head="h", entries=())
+    assert format_table(empty) == "no test files selected vs b (merge base mmmmmmmmmm): nothing to run"
 
 
 def test_cli_table_json_and_nothing(repo: Clone, capsys: pytest.CaptureFixture[str]) -> None:

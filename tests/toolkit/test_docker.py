@@ -35,8 +35,21 @@ def _pairs(argv, flag):
     return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
 
 
-def test_original_flags_in_order_before_image():
+def test_minimal_isolation_is_the_default_and_grants_no_host_namespace():
     argv = docker_run_argv(_opts(devices=(0, 1)), INNER)
+    head = argv[: argv.index("slimerl/slime:latest")]
+    for flag in ("--privileged", "--ipc=host", "--cap-add"):
+        assert flag not in head
+    assert "--network" not in head  # Docker's own bridge, not the host's loopback services
+    assert _pairs(head, "--security-opt") == ["no-new-privileges"]
+    assert "--shm-size=16g" in head and _pairs(head, "--gpus") == ['"device=0,1"']
+    assert _pairs(head, "--ulimit") == ["memlock=-1", "stack=67108864"]
+    with pytest.raises(ValueError, match="isolation"):
+        docker_run_argv(_opts(isolation="root"), INNER)
+
+
+def test_framework_isolation_keeps_the_original_flags_in_order_before_image():
+    argv = docker_run_argv(_opts(devices=(0, 1), isolation="framework", privileged=True), INNER)
     assert argv[:4] == ("docker", "run", "--pull=always", "--rm")
     head = argv[: argv.index("slimerl/slime:latest")]
     for flag in ("--privileged", "--ipc=host", "--shm-size=16g", "--memory=0", "--memory-swap=0"):
@@ -83,7 +96,10 @@ def test_workspace_mounted_at_same_path_and_caches():
     argv = docker_run_argv(_opts(caches=caches), INNER)
     mounts = _pairs(argv, "-v")
     assert mounts[0] == f"{WS}:{WS}"
-    assert set(mounts[1:]) == {"/data/models:/root/models", "/data/datasets:/root/datasets"}
+    # Read-only: a test cannot poison the models the next job loads.
+    assert set(mounts[1:]) == {"/data/models:/root/models:ro", "/data/datasets:/root/datasets:ro"}
+    writer = _pairs(docker_run_argv(_opts(caches=caches, writable_caches=True), INNER), "-v")
+    assert set(writer[1:]) == {"/data/models:/root/models", "/data/datasets:/root/datasets"}
     assert _pairs(argv, "-w") == [str(WS)]
     inside = _pairs(docker_run_argv(_opts(caches=caches, env={"SLIME_CI_MODELS_DIR": "/data/models"}),
                                     INNER), "-e")
@@ -125,8 +141,11 @@ def test_host_settings_reads_cache_dirs_and_pull():
                        "SLIME_CI_DOCKER_PULL": "missing"})
     assert s.caches == {"/m": "/root/models", "/root/datasets": "/root/datasets",
                         "/ci-data": "/ci-data"}
-    assert s.pull == "missing"
+    assert s.pull == "missing" and s.cache_writer is False
     assert host_settings({}).pull is None
+    assert host_settings({"SLIME_CI_CACHE_WRITER": "1"}).cache_writer is True
+    with pytest.raises(ValueError, match="SLIME_CI_CACHE_WRITER"):
+        host_settings({"SLIME_CI_CACHE_WRITER": "maybe"})
     with pytest.raises(ValueError, match="SLIME_CI_DOCKER_PULL"):
         host_settings({"SLIME_CI_DOCKER_PULL": "yes"})
 
@@ -143,7 +162,7 @@ def test_host_limits_parse():
 
 
 def test_fit_to_host_lowers_only_what_a_restricted_host_cannot_grant():
-    opts = _opts()
+    opts = _opts(isolation="framework", privileged=True)
     same, notes = fit_to_host(opts, HostLimits(full_capabilities=True, memlock_max=-1))
     assert same == opts and notes == ()
     fitted, notes = fit_to_host(opts, HostLimits(full_capabilities=False, memlock_max=4096))

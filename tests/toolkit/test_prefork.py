@@ -143,6 +143,40 @@ def test_timeout_kills_the_forked_files_whole_group(tmp_path):
     assert _gone(grandchild, int(me[0]), int(me[1])), "the file, its child or the worker outlived the run"
 
 
+# Threads of this process that a fork does not stop: forking once parks the pools that
+# stop themselves at fork (OpenBLAS), as the gloo rank zygote does before it forks.
+THREADS = """
+    import os, sys
+    import torch
+    NUM_GPUS = 0
+
+    def _lasting_threads():
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        return len(os.listdir("/proc/self/task"))
+
+    LASTING = _lasting_threads()  # at import, as the zygote sees it when collection ends
+
+    def test_starts_with_no_thread_a_fresh_interpreter_lacks():
+        assert torch.get_num_threads() == 2, "OMP_NUM_THREADS not applied"
+        assert LASTING == 1, f"{LASTING} threads survive a fork"
+"""
+
+
+@pytest.mark.parametrize("mode", [["-j", "1"], ["-j", "2"], ["--no-prefork"]])
+def test_a_forked_file_has_the_threads_a_fresh_interpreter_has(tmp_path, mode):
+    # Regression: the child called torch.set_num_threads(2), whose thread pool a fresh
+    # interpreter never starts and which every fork brings back, so a one-slot run (two
+    # threads per file on two cores) refused its gloo ranks the zygote.
+    write(tmp_path, {"tests/test_threads.py": code(THREADS)})
+    proc = run_ci("run", "--suite", "cpu_unit", "--root", str(tmp_path), *mode,
+                  env={"OMP_NUM_THREADS": "2"}, timeout=180)
+    assert proc.returncode == 0, proc.stdout
+    assert "cpu_unit: 1 passed, 0 failed, 0 skipped" in proc.stdout.splitlines()
+
+
 def test_file_that_runs_no_test_fails_and_k_selects(tmp_path):
     write(tmp_path, {
         "tests/test_empty.py": code("""

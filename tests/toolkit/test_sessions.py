@@ -15,7 +15,9 @@ NUM_GPUS = 0
 nox = pytest.importorskip("nox", reason="the dev profile brings nox")
 
 # Sessions that are not suites, written by hand in noxfile.py.
-NOT_SUITES = {"lint", "gpu_smoke"}
+NOT_SUITES = {"lint", "gpu_smoke", "mutation"}
+# Sessions no workflow runs (nightly and on demand): not in README's table of CI jobs.
+NO_JOB = {"mutation"}
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +48,12 @@ def test_every_suite_has_its_session_and_every_session_a_suite(sessions):
         assert ("ci" in func.tags) == (not suite.needs_gpus), name
 
 
+def test_mutation_session_is_nightly_not_ci(sessions):
+    found, _ = sessions
+    # It takes tens of minutes on two cores: never part of `nox -t ci` (nor of `-t cpu`).
+    assert set(found["mutation"].tags) == {"nightly"}
+
+
 def test_session_steps_name_suites(sessions):
     _, module = sessions
     names = {s.name for s in load_registry(REPO)}
@@ -74,7 +82,7 @@ def _readme_sessions() -> dict[str, list[str]]:
 def test_the_readme_session_table_lists_the_registry(sessions):
     found, _ = sessions
     rows = _readme_sessions()
-    assert set(rows) == set(found), "README's session table differs from `nox -l`"
+    assert set(rows) == set(found) - NO_JOB, "README's session table differs from `nox -l`"
     for suite in load_registry(REPO):
         tier = rows[suite.name][1]
         assert tier in ("CPU", "GPU", "mixed"), suite.name

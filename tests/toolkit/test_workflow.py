@@ -155,9 +155,10 @@ def test_suite_jobs_restore_durations_from_main_before_the_run_and_save_after_it
         nox_at = job["steps"].index(_nox_step(job))
         assert restore_at < nox_at < save_at
         prefix = f"slime-ci-durations-{job_id}-"
-        assert restore["with"] == {"path": ".ci-cache/durations.json", "restore-keys": prefix,
+        cached = ".ci-cache/durations.json\n.ci-cache/history.sqlite\n"  # and the run history
+        assert restore["with"] == {"path": cached, "restore-keys": prefix,
                                    "key": prefix + "${{ github.run_id }}"}
-        assert save["with"]["path"] == ".ci-cache/durations.json"
+        assert save["with"]["path"] == cached
         # A key per run and attempt: cache entries are immutable, and the restore's prefix finds it.
         assert save["with"]["key"] == prefix + "${{ github.run_id }}-${{ github.run_attempt }}"
         # Only a push to main writes; a failed run still saves what it measured.

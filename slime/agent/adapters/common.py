@@ -20,6 +20,7 @@ from slime.agent.engine import EngineClient, EngineError, Generation, SamplingPa
 from slime.agent.messages import BadRequest, Message, ToolCall, ToolSpec
 from slime.agent.parsing import ContentStreamer, ParsedOutput, parse_output
 from slime.agent.trajectory import TrajectoryManager, Turn, UnknownSession
+from slime.utils.strict_json import JSONBodyError, loads_strict
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -73,8 +74,9 @@ async def read_json_body(request: web.Request) -> dict[str, Any]:
         raise BadRequest(f"request body is larger than {MAX_BODY_BYTES} bytes")
     raw = await request.read()
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        # Strict: NaN/Infinity would reach the sampler, and deep nesting exhausted the stack.
+        body = loads_strict(raw)
+    except JSONBodyError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")

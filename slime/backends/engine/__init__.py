@@ -6,9 +6,12 @@ The trainer talks to engines only over HTTP, through `EngineClient`, so a real S
 Python API
 ----------
 - `EngineServer(model_path, *, device="cpu", seed=0, host="127.0.0.1", port=0,
-  weight_version="0", max_batch_size=64, gpu_ids=())`: `start() -> url` loads the model and
-  serves from a daemon thread of this process (port 0: a free port); `stop()`; a context
-  manager. `.engine` is the `Engine` (model, tokenizer, worker thread).
+  weight_version="0", max_batch_size=64, gpu_ids=(), weights_dirs=(), limits=Limits())`:
+  `start() -> url` loads the model and serves (aiohttp, on an event loop in a daemon thread
+  of this process; port 0: a free port); `stop()`; a context manager. `.engine` is the
+  `Engine` (model, tokenizer, worker thread). `weights_dirs`: where
+  `/update_weights_from_disk` may load from, besides `model_path`. `server.Limits`: body
+  caps, head/body timeouts, connection bound. `python -m slime.backends.engine` serves one.
 - `EngineClient(url, *, timeout=300)`: `generate(input_ids, sampling_params=None, *,
   return_logprob=True, **extra)`, `update_weights_from_disk(model_path, *, weight_version=None)`,
   `update_weights_from_tensor(named_tensors, *, weight_version=None)`, `weight_version()`,
@@ -28,20 +31,25 @@ Python API
 - `launch_sglang_server(model_path, *, port, host="127.0.0.1", extra_args=(), env=None,
   log_path, timeout=600) -> SGLangServer` (`.url`, `.process`, `.stop()`); untested here.
 - The CPU engine sets `torch.set_num_threads(cpu_threads)` (default 1) in its process.
-- Concurrency: HTTP requests are served by threads; generations waiting together are merged
+- Concurrency: HTTP requests wait on one event loop; generations waiting together are merged
   into one batch (up to `max_batch_size` sequences) by the engine's single worker thread, and
   refits / release / resume run between batches in arrival order (`engine.Engine`).
 
-HTTP API (JSON bodies; errors are HTTP 400 `{"success": false, "message": ..., "error":
-{"message": ..., "code": 400}}`, unknown paths 404)
+HTTP API (JSON bodies; every error is `{"success": false, "message": ..., "error":
+{"message": ..., "code": N}}`: 400 bad request, 404 unknown path, 405 wrong method, 408 slow
+body, 413 body too large, 503 too many connections)
 ----------------------------------------------------------------------------------------
 `POST /generate`
   `{"input_ids": [ids] | [[ids], ...]` (or `"text": str | [str]`), `"sampling_params": {...}`
   (or one object per prompt), `"return_logprob": bool, "return_text_in_logprobs": bool,
-  "rid": str}`. Sampling params: `max_new_tokens` (128), `temperature` (1.0; 0 = greedy),
-  `top_p` (1.0), `top_k` (-1), `stop_token_ids` ([]), `ignore_eos` (false),
-  `skip_special_tokens` (true), `sampling_seed` (SGLang's name; default: drawn from the
-  engine's seed in arrival order). Unknown keys are rejected (400), not ignored.
+  "rid": str, "logprob_start_len": int, "top_logprobs_num": int, "stream": bool}`. Sampling
+  params: `max_new_tokens` (128), `temperature` (1.0; 0 = greedy), `top_p` (1.0), `top_k`
+  (-1), `min_p` (0), `stop` ([] strings), `stop_token_ids` ([]), `min_new_tokens` (0),
+  `repetition_penalty` (1), `frequency_penalty` / `presence_penalty` (0), `logit_bias` ({}),
+  `n` (1), `ignore_eos` (false), `skip_special_tokens` (true), `no_stop_trim` (false),
+  `sampling_seed` (SGLang's name; default: drawn from the engine's seed in arrival order);
+  accepted with no effect and refused keys: `api.ACCEPTED`, `api.REFUSED`, `api.TOP_REFUSED`
+  (README "The rollout engine"). Unknown keys are rejected (400), not ignored.
   Answer per prompt (a list for a batch): `{"text", "output_ids", "meta_info": {"id",
   "finish_reason": {"type": "stop", "matched": id} | {"type": "length", "length": n},
   "prompt_tokens", "completion_tokens", "cached_tokens": 0, "weight_version", "e2e_latency",
@@ -67,7 +75,8 @@ HTTP API (JSON bodies; errors are HTTP 400 `{"success": false, "message": ..., "
   work; no KV cache outlives its batch, so there is nothing else to drop).
 `GET /get_model_info` -> `{"model_path", "tokenizer_path", "is_generation", "weight_version",
   "vocab_size", "max_position_embeddings", "eos_token_id", "pad_token_id", "bos_token_id"}`.
-`GET /get_server_info` -> `{"engine": "slime", "device", "gpu_ids", "pid", "model_bytes",
+`GET /v1/models` -> `{"object": "list", "data": [{"id": model_path, ...}]}`.
+`GET /get_server_info` -> `{"engine": "slime", "weights_dirs", "device", "gpu_ids", "pid", "model_bytes",
   "memory_released", "weight_version", "seed", "max_batch_size", "requests_served",
   "batches_run", "cuda_memory_allocated", "model_path"}`.
 """

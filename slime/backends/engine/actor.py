@@ -11,7 +11,7 @@ logical GPU ids Ray gave it (`ray.get_gpu_ids()`), so placement is checkable wit
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slime.backends.engine.server import EngineServer
@@ -37,7 +37,7 @@ class EngineActor:
     def __init__(self, model_path: str, *, seed: int = 0, device: str | None = None,
                  host: str = "127.0.0.1", port: int = 0, weight_version: str = "0",
                  max_batch_size: int = 64, batch_delay_s: float = 0.0,
-                 labels: Mapping[str, Any] | None = None) -> None:
+                 labels: Mapping[str, Any] | None = None, weights_dirs: Sequence[str] = ()) -> None:
         import ray
 
         from slime.ray.placement import bundle_gpu_ids
@@ -49,7 +49,7 @@ class EngineActor:
         self.device = device or engine_device(os.environ)
         self.server = EngineServer(model_path, device=self.device, seed=seed, host=host, port=port,
                                    weight_version=weight_version, max_batch_size=max_batch_size,
-                                   batch_delay_s=batch_delay_s,
+                                   batch_delay_s=batch_delay_s, weights_dirs=weights_dirs,
                                    gpu_ids=self.gpu_ids)
 
     def start(self) -> str:
@@ -73,7 +73,8 @@ class EngineActor:
 def create_engine_actor(model_path: str, *, num_gpus: float = 1, seed: int = 0, placement_group: Any = None,
                         bundle_index: int | None = None, device: str | None = None,
                         weight_version: str = "0", max_batch_size: int = 64, host: str = "127.0.0.1",
-                        runtime_env: Mapping[str, Any] | None = None) -> Any:
+                        runtime_env: Mapping[str, Any] | None = None,
+                        weights_dirs: Sequence[str] = ()) -> Any:
     """A Ray actor handle running `EngineActor` (call `.start.remote()` to get its URL)."""
     import ray
 
@@ -88,4 +89,4 @@ def create_engine_actor(model_path: str, *, num_gpus: float = 1, seed: int = 0, 
         options["runtime_env"] = dict(runtime_env)
     return ray.remote(EngineActor).options(**options).remote(
         model_path, seed=seed, device=device, host=host, weight_version=weight_version,
-        max_batch_size=max_batch_size)
+        max_batch_size=max_batch_size, weights_dirs=tuple(weights_dirs))

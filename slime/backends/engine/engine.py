@@ -147,6 +147,24 @@ class Engine:
                 f"prompt of {len(input_ids)} tokens + max_new_tokens {params.max_new_tokens} exceeds "
                 f"the model's {self.max_positions} positions; shorten one of them")
 
+    def submit(self, requests: Sequence[GenerateRequest]) -> cf.Future[tuple[list[Generation], str]]:
+        """Queue `requests` (batched with whatever else is waiting); a future of what `generate` returns.
+
+        The HTTP layer awaits this future on its event loop instead of parking a thread per request.
+        """
+        for r in requests:
+            self.check_request(r.input_ids, r.params)
+        future: cf.Future[tuple[list[Generation], str]] = cf.Future()
+        with self._seed_lock:
+            self.requests_in_flight += len(requests)
+
+        def done(_: object) -> None:
+            with self._seed_lock:
+                self.requests_in_flight -= len(requests)
+        future.add_done_callback(done)
+        self._queue.put(("generate", list(requests), future))
+        return future
+
     def generate(self, requests: Sequence[GenerateRequest],
                  timeout: float | None = None) -> tuple[list[Generation], str]:
         """Sample `requests` (batched with whatever else is waiting); blocks until done.
@@ -154,17 +172,7 @@ class Engine:
         Returns the generations and the weight version that produced them (read inside the
         batch: a refit queued behind it cannot be reported in its place).
         """
-        for r in requests:
-            self.check_request(r.input_ids, r.params)
-        future: cf.Future[tuple[list[Generation], str]] = cf.Future()
-        with self._seed_lock:
-            self.requests_in_flight += len(requests)
-        try:
-            self._queue.put(("generate", list(requests), future))
-            return future.result(timeout)
-        finally:
-            with self._seed_lock:
-                self.requests_in_flight -= len(requests)
+        return self.submit(requests).result(timeout)
 
     def call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
         """Run `fn` on the worker thread, between batches; returns its result or raises its error."""
@@ -220,7 +228,8 @@ class Engine:
                 time.sleep(self.batch_delay_s)
             outs = generate(self.model, [r.input_ids for r in flat], [r.params for r in flat],
                             eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id,
-                            seeds=[r.seed for r in flat])
+                            seeds=[r.seed for r in flat],
+                            decode=lambda ids: self.decode(ids, skip_special_tokens=False))
         except BaseException as exc:
             for _, future in jobs:
                 future.set_exception(exc)

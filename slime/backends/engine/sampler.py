@@ -9,7 +9,7 @@ with its `seed`, so a request's tokens do not depend on which other requests sha
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,15 +17,35 @@ import torch
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
-    """SGLang's sampling parameters (the subset supported); temperature 0 means greedy."""
+    """SGLang's sampling parameters (those that change sampling here); temperature 0 means greedy.
+
+    Order per step, as SGLang applies them: logit bias, repetition / frequency / presence
+    penalties (over the tokens generated so far), the stop-token mask until `min_new_tokens`,
+    then temperature, top-k, top-p and min-p.
+    """
 
     max_new_tokens: int = 128
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()  # stop strings, matched on the decoded output (special tokens kept)
+    min_new_tokens: int = 0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
     ignore_eos: bool = False
     seed: int | None = None  # `sampling_seed` on the wire, as SGLang names it
+    # What to report rather than how to sample: prompt log-probs from this position (-1: none)
+    # and the top-N alternatives of every reported position.
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+
+
+TopLogprobs = tuple[tuple[float, int], ...]
+PromptReport = tuple[tuple[float | None, ...], tuple[TopLogprobs | None, ...]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,11 +54,16 @@ class Generation:
 
     output_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
-    finish_reason: dict[str, object]  # {"type": "stop", "matched": id} | {"type": "length", "length": n}
+    # {"type": "stop", "matched": id | str} | {"type": "length", "length": n}
+    finish_reason: dict[str, object]
+    output_top: tuple[TopLogprobs, ...] = ()  # per output token, when top_logprobs_num > 0
+    input_logprobs: tuple[float | None, ...] = ()  # from logprob_start_len; the first prompt token has none
+    input_top: tuple[TopLogprobs | None, ...] = ()
 
 
-def _filter_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
-    """Tempered logits with everything outside top-k / the top-p nucleus set to -inf (one row)."""
+def _filter_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
+                   min_p: float = 0.0) -> torch.Tensor:
+    """Tempered logits with everything outside top-k / the top-p nucleus / min-p set to -inf (one row)."""
     scaled = logits / temperature
     if 0 < top_k < scaled.numel():
         kth = torch.topk(scaled, top_k).values[-1]
@@ -50,17 +75,54 @@ def _filter_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k
         drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
         drop[0] = False
         scaled = scaled.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
+    if min_p > 0.0:
+        probs = torch.softmax(scaled, dim=-1)
+        scaled = scaled.masked_fill(probs < min_p * probs.max(), float("-inf"))
     return scaled
+
+
+def _adjust(logits: torch.Tensor, params: SamplingParams, generated: Sequence[int],
+            stop_ids: set[int]) -> torch.Tensor:
+    """Logit bias, penalties and the min-new-tokens stop mask applied to one row."""
+    out = logits
+    if params.logit_bias:
+        out = out.clone()
+        for token, bias in params.logit_bias:
+            out[token] += bias
+    penalised = params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty
+    if generated and penalised:
+        ids = torch.tensor(sorted(set(generated)), device=out.device)
+        counts = torch.tensor([generated.count(int(t)) for t in ids], dtype=out.dtype, device=out.device)
+        seen = out[ids]
+        if params.repetition_penalty != 1.0:
+            # CTRL's penalty: a seen token's logit moves toward less likely, whatever its sign.
+            seen = torch.where(seen > 0, seen / params.repetition_penalty, seen * params.repetition_penalty)
+        seen = seen - params.frequency_penalty * counts - params.presence_penalty
+        out = out.clone() if out is logits else out
+        out[ids] = seen
+    if len(generated) < params.min_new_tokens and stop_ids:
+        out = out.clone() if out is logits else out
+        out[list(stop_ids)] = float("-inf")
+    return out
 
 
 def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     if params.temperature == 0.0:
         return int(torch.argmax(logits))
-    filtered = _filter_logits(logits, params.temperature, params.top_p, params.top_k)
+    filtered = _filter_logits(logits, params.temperature, params.top_p, params.top_k, params.min_p)
     probs = torch.softmax(filtered, dim=-1)
     # Exponential race: argmax p_i / E_i, E_i ~ Exp(1), picks i with probability p_i.
     noise = torch.empty(probs.shape, dtype=torch.float32).exponential_(generator=generator)
     return int(torch.argmax(probs.cpu() / noise))
+
+
+def _top(row: torch.Tensor, n: int) -> TopLogprobs:
+    values, ids = torch.topk(row, min(n, row.numel()))
+    return tuple((float(v), int(i)) for v, i in zip(values, ids, strict=True))
+
+
+def _stop_string(text: str, stops: Sequence[str]) -> str | None:
+    return next((s for s in stops if s and s in text), None)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,8 +139,12 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tenso
 
 @torch.no_grad()
 def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
-             *, eos_token_id: int | None, pad_token_id: int, seeds: Sequence[int]) -> list[Generation]:
-    """Sample every prompt to its stop token or its own `max_new_tokens`, in one batch."""
+             *, eos_token_id: int | None, pad_token_id: int, seeds: Sequence[int],
+             decode: Callable[[Sequence[int]], str] | None = None) -> list[Generation]:
+    """Sample every prompt to its stop token or string or its own `max_new_tokens`, in one batch.
+
+    `decode` (ids to text, special tokens kept) is needed only for stop strings.
+    """
     from transformers import DynamicCache
 
     if not prompts:
@@ -99,7 +165,9 @@ def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: S
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                 **{cache_arg: cache})
     logits = out.logits[:, -1, :].float()
+    prompt_report = _prompt_logprobs(out.logits, prompts, params)
     tokens: list[list[int]] = [[] for _ in prompts]
+    tops: list[list[TopLogprobs]] = [[] for _ in prompts]
     logps: list[list[float]] = [[] for _ in prompts]
     reasons: list[dict[str, object] | None] = [None] * len(prompts)
     for row, p in enumerate(params):
@@ -113,11 +181,16 @@ def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: S
             if reasons[row] is not None:
                 step.append(pad_token_id)
                 continue
-            token = _draw(logits[row], p, generators[row])
+            token = _draw(_adjust(logits[row], p, tokens[row], stops[row]), p, generators[row])
             tokens[row].append(token)
             logps[row].append(float(logprobs[row, token]))
+            if p.top_logprobs_num > 0:
+                tops[row].append(_top(logprobs[row], p.top_logprobs_num))
+            matched = _stop_string(decode(tokens[row]), p.stop) if p.stop and decode is not None else None
             if token in stops[row]:
                 reasons[row] = {"type": "stop", "matched": token}
+            elif matched is not None:
+                reasons[row] = {"type": "stop", "matched": matched}
             elif len(tokens[row]) >= p.max_new_tokens:
                 reasons[row] = {"type": "length", "length": p.max_new_tokens}
             step.append(token)
@@ -128,5 +201,31 @@ def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: S
         out = model(input_ids=torch.tensor(step, device=device).unsqueeze(1), attention_mask=mask,
                     position_ids=last_pos.unsqueeze(1), use_cache=True, **{cache_arg: cache})
         logits = out.logits[:, -1, :].float()
-    return [Generation(output_ids=tuple(t), logprobs=tuple(lp), finish_reason=r or {})
-            for t, lp, r in zip(tokens, logps, reasons, strict=True)]
+    return [Generation(output_ids=tuple(t), logprobs=tuple(lp), finish_reason=r or {}, output_top=tuple(top),
+                       input_logprobs=inp[0], input_top=inp[1])
+            for t, lp, r, top, inp in zip(tokens, logps, reasons, tops, prompt_report, strict=True)]
+
+
+def _prompt_logprobs(all_logits: torch.Tensor, prompts: Sequence[Sequence[int]],
+                     params: Sequence[SamplingParams]) -> list[PromptReport]:
+    """Per row, the log-probs of its prompt tokens from `logprob_start_len` (first token: None)."""
+    width = all_logits.shape[1]
+    out: list[PromptReport] = []
+    for row, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        if p.logprob_start_len < 0:
+            out.append(((), ()))
+            continue
+        offset = width - len(prompt)  # left padding
+        lps: list[float | None] = []
+        tops: list[TopLogprobs | None] = []
+        for k in range(min(p.logprob_start_len, len(prompt)), len(prompt)):
+            if k == 0:
+                lps.append(None)
+                tops.append(None)
+                continue
+            # Position k-1 predicts token k.
+            row_lp = torch.log_softmax(all_logits[row, offset + k - 1].float(), dim=-1).cpu()
+            lps.append(float(row_lp[prompt[k]]))
+            tops.append(_top(row_lp, p.top_logprobs_num) if p.top_logprobs_num > 0 else None)
+        out.append((tuple(lps), tuple(tops)))
+    return out

@@ -110,6 +110,11 @@ class TrainGroup:
         import ray
 
         try:
+            # Two rounds: every rank finishes what it was doing (its last step's collectives,
+            # a background save) before any rank leaves the group. A rank that destroyed it
+            # straight after its own last collective returned would hang up on a peer still
+            # completing that collective, or still writing its save.
+            self._all("wait_checkpoint")
             self._all("shutdown")
         finally:
             for a in self.actors:

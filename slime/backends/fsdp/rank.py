@@ -337,6 +337,9 @@ class TrainRank:
         return os.getpid()
 
     def shutdown(self) -> None:
-        """Leave the process group."""
+        """Finish a background save, then leave the process group."""
+        # Destroying the groups under a save still in flight would end its gloo group
+        # mid-collective, on this rank first, while the peers' writes still talk to it.
+        self.wait_checkpoint()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,97 @@
+"""The history schema and its versioned migrations (SQLAlchemy Core, one schema for every dialect)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Connection,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+# One row: the schema version this store was migrated to.
+meta = Table(
+    "slime_ci_meta", metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", String(256), nullable=False),
+)
+
+runs = Table(
+    "runs", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    # Chosen by the writer: recording the same run twice (a replayed spool file, two
+    # processes replaying it at once) can never make two rows.
+    Column("uid", String(64), nullable=False, unique=True),
+    Column("suite", String(128), nullable=False),
+    Column("commit", String(64), nullable=False),
+    Column("branch", String(256), nullable=False),
+    Column("event", String(64), nullable=False),
+    Column("host", String(256), nullable=False),
+    Column("runner", String(256), nullable=False),
+    Column("backend", String(256), nullable=False),
+    # The kind of hardware ("cuda", "emulated", "cpu"): estimates and metric baselines
+    # never mix kinds.
+    Column("hardware", String(64), nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("ended_at", Float, nullable=False),
+    Column("exit_code", Integer, nullable=False),
+    Index("runs_by_suite", "suite", "hardware", "started_at"),
+    Index("runs_by_branch", "branch", "started_at"),
+)
+
+attempts = Table(
+    "attempts", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("entry_id", Text, nullable=False),
+    Column("path", Text, nullable=False),
+    Column("attempt", Integer, nullable=False),  # 1 = first try
+    Column("final", Boolean, nullable=False),  # the attempt whose outcome the run reported
+    Column("outcome", String(32), nullable=False),
+    Column("passed", Integer, nullable=False),
+    Column("failed", Integer, nullable=False),
+    Column("skipped", Integer, nullable=False),
+    Column("num_gpus", Integer, nullable=False),
+    Column("devices", String(256), nullable=False),
+    Column("node", String(256), nullable=False),
+    Column("seconds", Float, nullable=False),
+    Column("reason", Text, nullable=False),
+    UniqueConstraint("run_id", "entry_id", "attempt", name="attempt_once"),
+    Index("attempts_by_entry", "entry_id"),
+)
+
+metrics = Table(
+    "metrics", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("entry_id", Text, nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("name", String(256), nullable=False),
+    Column("value", Float, nullable=False),
+    UniqueConstraint("run_id", "entry_id", "step", "name", name="metric_once"),
+    Index("metrics_by_entry", "entry_id", "name"),
+)
+
+
+def _v1(conn: Connection) -> None:
+    for table in (runs, attempts, metrics):
+        table.create(conn, checkfirst=True)
+
+
+# (version, what it does, the step). Append only: a store at version N runs N+1… in order.
+MIGRATIONS: tuple[tuple[int, str, Callable[[Connection], None]], ...] = (
+    (1, "runs, entry attempts and e2e metric series", _v1),
+)
+LATEST = MIGRATIONS[-1][0]

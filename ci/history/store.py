@@ -1,0 +1,327 @@
+"""The history store: where runs are written and read back. SQLite by default, PostgreSQL shared.
+
+Every run writes in one transaction; a run's `uid` is unique, so recording it again
+(a spooled record replayed by two processes at once) is a no-op, never a duplicate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ci.errors import StoreError, UsageError
+from ci.history.records import RunRecord
+
+# `schema` (SQLAlchemy tables) is imported inside the methods that use a store, so the
+# toolkit without the `history` extra (an adopter's plain install) still imports this module.
+
+HISTORY_ENV = "SLIME_CI_HISTORY_URL"
+HISTORY_FILE = ".ci-cache/history.sqlite"
+OFF = ("off", "none", "0")
+# Any constant: the key of PostgreSQL's advisory lock that serialises migrations.
+_MIGRATION_LOCK = 0x51_1CE_C1
+_SQLITE_WAIT_S = 60.0
+
+
+def default_url(root: Path) -> str:
+    return f"sqlite:///{root / HISTORY_FILE}"
+
+
+def resolve_url(cli: str | None, env: Mapping[str, str], root: Path) -> str | None:
+    """The store this command uses: --history, else SLIME_CI_HISTORY_URL, else the SQLite file.
+
+    None means recording is off (`--history off`). A URL that cannot be a store is a
+    UsageError (exit 2) before anything runs.
+    """
+    raw = (cli if cli is not None else env.get(HISTORY_ENV, "")).strip()
+    if raw.lower() in OFF:
+        return None
+    if not raw:
+        return default_url(root)
+    return normalise(raw)
+
+
+def normalise(raw: str) -> str:
+    """`postgresql://…` → the psycopg 3 driver; `sqlite:///path`; anything else is refused."""
+    try:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+    except ImportError:
+        raise StoreError("the history store needs SQLAlchemy: pip install 'slime-ci[history]'") from None
+    try:
+        url = make_url(raw)
+    except (ArgumentError, ValueError):
+        raise UsageError(f"history URL {_redact(raw)!r} is malformed; use "
+                         "postgresql://user@host:5432/db or sqlite:///path/history.sqlite") from None
+    backend = url.get_backend_name()
+    if backend in ("postgresql", "postgres"):
+        if url.drivername in ("postgresql", "postgres", "postgresql+psycopg"):
+            url = url.set(drivername="postgresql+psycopg")
+        else:
+            raise UsageError(f"history URL driver {url.drivername!r}: use postgresql:// (psycopg 3)")
+        if not url.database:
+            raise UsageError(f"history URL {_redact(raw)!r} names no database")
+    elif backend == "sqlite":
+        if not url.database or url.database == ":memory:":
+            raise UsageError("a sqlite history URL needs a file: sqlite:///path/history.sqlite")
+    else:
+        raise UsageError(f"history URL {_redact(raw)!r}: only postgresql:// and sqlite:/// stores exist")
+    return url.render_as_string(hide_password=False)
+
+
+def _redact(raw: str) -> str:
+    # Never print a password from a URL in a log.
+    head, sep, tail = raw.rpartition("@")
+    if not sep or "://" not in head:
+        return raw
+    scheme, _, cred = head.partition("://")
+    user = cred.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{tail}" if ":" in cred else raw
+
+
+def describe(url: str) -> str:
+    """The URL for a log line, password hidden."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptRow:
+    """An attempt as read back, with the run it belongs to."""
+
+    run_uid: str
+    suite: str
+    commit: str
+    branch: str
+    event: str
+    hardware: str
+    started_at: float
+    entry_id: str
+    path: str
+    attempt: int
+    final: bool
+    outcome: str
+    seconds: float
+    reason: str
+    num_gpus: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricRow:
+    run_uid: str
+    started_at: float
+    step: int
+    name: str
+    value: float
+
+
+class HistoryStore:
+    """An open, migrated store."""
+
+    def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
+        from sqlalchemy import create_engine, event
+
+        self.url = url
+        self.dialect = "postgresql" if url.startswith("postgresql") else "sqlite"
+        if self.dialect == "sqlite":
+            path = Path(url.split(":///", 1)[1])
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"history store {path}: cannot create its directory ({exc})") from None
+            self.engine = create_engine(url, connect_args={"timeout": _SQLITE_WAIT_S})
+
+            # Several runs may write one file at once: take the write lock when a
+            # transaction begins (BEGIN IMMEDIATE), and wait for it, instead of
+            # failing later on a lock upgrade.
+            @event.listens_for(self.engine, "connect")
+            def _connect(dbapi_conn: Any, _record: Any) -> None:
+                dbapi_conn.isolation_level = None
+                dbapi_conn.execute("PRAGMA foreign_keys=ON")
+
+            @event.listens_for(self.engine, "begin")
+            def _begin(conn: Any) -> None:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            self.engine = create_engine(url, pool_pre_ping=True,
+                                        connect_args={"connect_timeout": int(max(1, connect_timeout))})
+        try:
+            self._migrate()
+        except StoreError:
+            self.engine.dispose()  # no connection left open behind a store we refuse
+            raise
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> HistoryStore:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _fail(self, exc: Exception, doing: str) -> StoreError:
+        text = str(getattr(exc, "orig", exc) or exc).strip().splitlines()
+        first = text[0] if text else type(exc).__name__
+        where = describe(self.url)
+        if self.dialect == "sqlite" and "not a database" in first:
+            return StoreError(f"history store {where} is not a SQLite database (corrupt?): move it "
+                              "aside and rerun; a new one is made, the old file is left as it is")
+        return StoreError(f"history store {where}: cannot {doing}: {first}")
+
+    def _migrate(self) -> None:
+        from sqlalchemy import select, text
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ci.history import schema
+
+        try:
+            with self.engine.begin() as conn:
+                if self.dialect == "postgresql":
+                    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
+                schema.meta.create(conn, checkfirst=True)
+                raw = conn.execute(select(schema.meta.c.value)
+                                   .where(schema.meta.c.key == "schema_version")).scalar()
+                version = int(raw) if raw is not None else 0
+                if version > schema.LATEST:
+                    raise StoreError(
+                        f"history store {describe(self.url)} has schema version {version}, newer than "
+                        f"this slime-ci knows ({schema.LATEST}): upgrade slime-ci, or use another store")
+                for number, _what, step in schema.MIGRATIONS:
+                    if number > version:
+                        step(conn)
+                if version < schema.LATEST:
+                    if raw is None:
+                        conn.execute(schema.meta.insert().values(key="schema_version",
+                                                                 value=str(schema.LATEST)))
+                    else:
+                        conn.execute(schema.meta.update().where(schema.meta.c.key == "schema_version")
+                                     .values(value=str(schema.LATEST)))
+                self.version = schema.LATEST
+        except SQLAlchemyError as exc:
+            raise self._fail(exc, "open it") from None
+
+    def record(self, run: RunRecord) -> bool:
+        """Write one run with its attempts and metrics; False when it was already there."""
+        from sqlalchemy import select
+        from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+        from ci.history import schema
+
+        try:
+            with self.engine.begin() as conn:
+                if conn.execute(select(schema.runs.c.id).where(schema.runs.c.uid == run.uid)).first():
+                    return False
+                row = {k: getattr(run, k) for k in ("uid", "suite", "commit", "branch", "event", "host",
+                                                    "runner", "backend", "hardware", "started_at",
+                                                    "ended_at", "exit_code")}
+                pk = conn.execute(schema.runs.insert().values(**row)).inserted_primary_key
+                run_id = pk[0] if pk is not None else None
+                if run.attempts:
+                    conn.execute(schema.attempts.insert(), [
+                        {"run_id": run_id, **{k: getattr(a, k) for k in (
+                            "entry_id", "path", "attempt", "final", "outcome", "passed", "failed",
+                            "skipped", "num_gpus", "devices", "node", "seconds", "reason")}}
+                        for a in run.attempts])
+                if run.metrics:
+                    conn.execute(schema.metrics.insert(), [
+                        {"run_id": run_id, "entry_id": m.entry_id, "step": m.step, "name": m.name,
+                         "value": m.value} for m in run.metrics])
+        except IntegrityError:
+            return False  # another writer recorded this very run a moment ago
+        except SQLAlchemyError as exc:
+            raise self._fail(exc, "record the run") from None
+        return True
+
+    def attempts(self, *, suite: str | None = None, hardware: str | None = None,
+                 branch: str | None = None, entries: Iterable[str] | None = None,
+                 last_runs: int = 500) -> list[AttemptRow]:
+        """Attempts of the newest `last_runs` matching runs, oldest first."""
+        from sqlalchemy import select
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ci.history import schema
+
+        r, a = schema.runs, schema.attempts
+        newest = select(r.c.id).order_by(r.c.started_at.desc(), r.c.id.desc()).limit(last_runs)
+        if suite is not None:
+            newest = newest.where(r.c.suite == suite)
+        if hardware is not None:
+            newest = newest.where(r.c.hardware == hardware)
+        if branch is not None:
+            newest = newest.where(r.c.branch == branch)
+        query = (select(r.c.uid, r.c.suite, r.c.commit, r.c.branch, r.c.event, r.c.hardware,
+                        r.c.started_at, a.c.entry_id, a.c.path, a.c.attempt, a.c.final, a.c.outcome,
+                        a.c.seconds, a.c.reason, a.c.num_gpus)
+                 .join(a, a.c.run_id == r.c.id)
+                 .where(r.c.id.in_(newest.scalar_subquery()))
+                 .order_by(r.c.started_at, r.c.id, a.c.entry_id, a.c.attempt))
+        if entries is not None:
+            query = query.where(a.c.entry_id.in_(list(entries)))
+        try:
+            with self.engine.connect() as conn:
+                return [AttemptRow(run_uid=x.uid, suite=x.suite, commit=x.commit, branch=x.branch,
+                                   event=x.event, hardware=x.hardware, started_at=x.started_at,
+                                   entry_id=x.entry_id, path=x.path, attempt=x.attempt,
+                                   final=bool(x.final), outcome=x.outcome, seconds=x.seconds,
+                                   reason=x.reason, num_gpus=x.num_gpus)
+                        for x in conn.execute(query)]
+        except SQLAlchemyError as exc:
+            raise self._fail(exc, "read it") from None
+
+    def metric_series(self, entry_id: str, *, hardware: str, names: Sequence[str],
+                      last_runs: int = 15, exclude_uid: str = "") -> list[MetricRow]:
+        """Metric points of the entry's last trusted runs (its final attempt passed) on this hardware."""
+        from sqlalchemy import select
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ci.history import schema
+
+        r, a, m = schema.runs, schema.attempts, schema.metrics
+        trusted = (select(r.c.id).join(a, a.c.run_id == r.c.id)
+                   .where(a.c.entry_id == entry_id, a.c.final.is_(True), a.c.outcome == "passed",
+                          r.c.hardware == hardware, r.c.uid != exclude_uid)
+                   .order_by(r.c.started_at.desc(), r.c.id.desc()).limit(last_runs))
+        query = (select(r.c.uid, r.c.started_at, m.c.step, m.c.name, m.c.value)
+                 .join(m, m.c.run_id == r.c.id)
+                 .where(m.c.entry_id == entry_id, m.c.name.in_(list(names)),
+                        r.c.id.in_(trusted.scalar_subquery()))
+                 .order_by(r.c.started_at, m.c.step))
+        try:
+            with self.engine.connect() as conn:
+                return [MetricRow(run_uid=x.uid, started_at=x.started_at, step=x.step, name=x.name,
+                                  value=x.value) for x in conn.execute(query)]
+        except SQLAlchemyError as exc:
+            raise self._fail(exc, "read it") from None
+
+    def counts(self) -> dict[str, int]:
+        """Rows per table (for `history show` and the tests)."""
+        from sqlalchemy import func, select
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ci.history import schema
+
+        try:
+            with self.engine.connect() as conn:
+                return {t.name: int(conn.execute(select(func.count()).select_from(t)).scalar() or 0)
+                        for t in (schema.runs, schema.attempts, schema.metrics)}
+        except SQLAlchemyError as exc:
+            raise self._fail(exc, "read it") from None
+
+
+def open_store(url: str) -> HistoryStore:
+    """Open (and migrate) a store; every failure is one StoreError line."""
+    try:
+        import sqlalchemy  # noqa: F401
+    except ImportError:
+        raise StoreError("the history store needs SQLAlchemy: pip install 'slime-ci[history]'") from None
+    if url.startswith("postgresql"):
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            raise StoreError("a PostgreSQL history store needs psycopg 3: "
+                             "pip install 'slime-ci[history]'") from None
+    return HistoryStore(url)
