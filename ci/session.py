@@ -41,6 +41,7 @@ from ci.report import markdown, merge_junit, table
 from ci.results import UNMEASURED, Result, closing
 from ci.runner import Acquire, Lease, RunConfig, Runner, base_argv, entry_env, entry_mode
 from ci.suites import SUITES, Suite
+from ci.timeouts import LOCK_TIMEOUT_ENV
 
 MAX_JOBS = 256
 # The original CI's feature flags, unless the environment or the entry says otherwise.
@@ -88,8 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="docker run --pull policy (default: SLIME_CI_DOCKER_PULL, else always)")
     p.add_argument("--lock-path-pattern", help=f"GPU lock files (default: {DEFAULT_LOCK_PATTERN}; "
                    "a private temp dir when emulating)")
-    p.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT,
-                   help=f"seconds an entry may wait for its GPUs (default: {DEFAULT_LOCK_TIMEOUT:g})")
+    p.add_argument("--lock-timeout", type=float, default=None,
+                   help=f"seconds an entry may wait for its GPUs (default: {LOCK_TIMEOUT_ENV}, "
+                        f"which CI sets below the job's own timeout, else {DEFAULT_LOCK_TIMEOUT:g})")
     p.add_argument("--base", default="origin/main", help="changed suite: compare with this ref")
     p.add_argument("--affected", action="store_true",
                    help="changed suite: also tests that import changed modules")
@@ -142,6 +144,8 @@ def parse(argv: Sequence[str]) -> Options:
         raise UsageError(f"--retries {args.retries}: must be between 0 and 10")
     if args.gpus is not None and not 0 <= args.gpus <= MAX_TOTAL_GPUS:
         raise UsageError(f"--gpus {args.gpus}: must be between 0 and {MAX_TOTAL_GPUS}")
+    if args.lock_timeout is None:
+        args.lock_timeout = _lock_timeout_from(os.environ)
     seconds("--lock-timeout", args.lock_timeout, forever=True)
     if args.ray_address is None:
         args.ray_address = os.environ.get(ADDRESS_ENV) or None
@@ -275,6 +279,16 @@ def _imports_line(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig
     bad = checkout.strangers(opts.root, found)
     return checkout.describe(opts.root, found) + (
         f"  REFUSED at run time: {', '.join(bad)} from elsewhere" if bad else "")
+
+
+def _lock_timeout_from(env: Mapping[str, str]) -> float:
+    raw = env.get(LOCK_TIMEOUT_ENV)
+    if raw is None:
+        return DEFAULT_LOCK_TIMEOUT
+    try:
+        return float(raw)
+    except ValueError:
+        raise UsageError(f"{LOCK_TIMEOUT_ENV}={raw!r}: expected seconds, e.g. 1800") from None
 
 
 def _bool_env(env: Mapping[str, str], name: str) -> bool:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ci.cadences import DEFAULT_SCHEDULES
 from ci.errors import UsageError
 from ci.suites import GPU_RUNNER_LABELS
 
@@ -34,6 +35,14 @@ class Style:
     suite_env: Mapping[str, str] = field(default_factory=dict)  # every suite job's step
     gpu_env: Mapping[str, str] = field(default_factory=dict)  # GPU jobs' step (secrets, caches)
     source: str = "ci/suites.py and ci/triggers.py"
+    # cron -> cadence of the scheduled runs (ci/cadences.py); {} turns schedules off.
+    schedules: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_SCHEDULES))
+    # The weekly stability job: this suite in the infinite mode for at most these minutes.
+    stability_suite: str | None = "megatron"
+    stability_minutes: int = 240
+    # Paths no GPU job can be affected by (globs; a trailing / is a directory).
+    gpu_irrelevant: tuple[str, ...] = ("docs/", "*.md", "*.png", "*.jpg", "*.jpeg", "*.svg", "*.gif")
+    comment_commands: bool = True  # the comment gateway and the one-file workflow
 
 
 def style_from(settings: Mapping[str, Any] | None) -> Style:

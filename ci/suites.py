@@ -99,6 +99,8 @@ class Suite:
     # these modules once. Only modules no test stubs in sys.modules before importing them.
     preload: tuple[str, ...] = ()
     prefork: bool = True  # False: every entry starts a fresh interpreter
+    # Scheduled cadences (ci/cadences.py) it runs on; None: GPU suites nightly and weekly.
+    cadences: tuple[str, ...] | None = None
     # Quarantine an entry automatically once its flake rate over the history window is
     # above this (with at least `quarantine_min_runs` runs recorded); None: never.
     quarantine_rate: float | None = None
@@ -268,6 +270,7 @@ SUITES: tuple[Suite, ...] = (
         image=TEST_IMAGE,
         entries=MEGATRON_ENTRIES,
         timeout=3600,
+        cadences=("weekly",),  # the same matrix as megatron: once a week on the test image
     ),
     Suite(
         name="changed",

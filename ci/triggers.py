@@ -11,18 +11,30 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
 from ci.args import Parser, existing_dir
+from ci.cadences import (
+    DEFAULT_SCHEDULES,
+    WEEKLY,
+    cadence_of,
+    check_schedules,
+    gpu_skip_reason,
+    suite_cadences,
+)
+from ci.discover import is_test_file
 from ci.errors import UsageError
 from ci.registry import load_registry
 from ci.style import Style
 from ci.suites import GPU_RUNNER_LABELS, SUITES, Suite, Tier
+from ci.timeouts import CPU_MINUTES, LINT_MINUTES, MAX_MINUTES, SETUP_MINUTES, suite_minutes
 
-EventName = Literal["pull_request", "push", "workflow_dispatch"]
+EventName = Literal["pull_request", "push", "workflow_dispatch", "schedule"]
+# `plan --event issue_comment` answers a PR comment command (ci.gateway), not the job table.
+COMMENT_EVENT = "issue_comment"
 PullRequestAction = Literal["opened", "synchronize", "reopened", "labeled"]
 
 BASE_BRANCH = "main"
@@ -45,6 +57,10 @@ class Job:
     label: str | None = None  # None: every pull request, push and dispatch
     shards: int = 1
     full_history: bool = False  # the session diffs against origin/main
+    minutes: int = LINT_MINUTES  # timeout-minutes (ci/timeouts.py)
+    crons: tuple[str, ...] = ()  # the scheduled runs that run it (ci/cadences.py)
+    scheduled_only: bool = False  # the stability job: only its cron, never a PR, push or dispatch
+    infinite: bool = False  # runs its suite with SLIME_TEST_ENABLE_INFINITE_RUN=1
 
     @property
     def self_hosted(self) -> bool:
@@ -64,6 +80,7 @@ LINT = Job(
     tier="cpu",
     purpose="Workflow checks: generated files up to date, zizmor, workflow schema",
     runs_on=HOSTED_RUNNER,
+    minutes=LINT_MINUTES,
 )
 
 # Not a suite either: the GPU entries on emulated GPUs under real locks (see noxfile.py), so every
@@ -74,6 +91,7 @@ GPU_SMOKE = Job(
     tier="cpu",
     purpose="GPU tier smoke: megatron, precision, a ckpt entry and sglang_config on emulated GPUs",
     runs_on=HOSTED_RUNNER,
+    minutes=CPU_MINUTES,
 )
 
 
@@ -94,7 +112,33 @@ def job_for(suite: Suite, style: Style | None = None) -> Job:
         label=suite.label,
         shards=suite.shards,
         full_history=suite.dynamic,
+        minutes=suite_minutes(suite),
+        crons=_crons(style, suite_cadences(suite)),
     )
+
+
+def _crons(style: Style, cadences: Iterable[str]) -> tuple[str, ...]:
+    wanted = set(cadences)
+    return tuple(cron for cron, cadence in style.schedules.items() if cadence in wanted)
+
+
+def stability_job(suites: Sequence[Suite], style: Style) -> Job | None:
+    """The weekly job that runs one GPU suite in the infinite mode for a bounded time."""
+    if style.stability_suite is None or not style.schedules:
+        return None
+    suite = next((s for s in suites if s.name == style.stability_suite), None)
+    if suite is None and style.stability_suite == Style().stability_suite:
+        return None  # the default names this repository's suite; an adopter may have none
+    if suite is None or not suite.needs_gpus:
+        raise UsageError(f"WORKFLOW['stability_suite'] = {style.stability_suite!r}: not a GPU suite of "
+                         "the registry (name one, or set it to None)")
+    if not 1 <= style.stability_minutes <= MAX_MINUTES - SETUP_MINUTES:
+        raise UsageError(f"WORKFLOW['stability_minutes'] must be 1..{MAX_MINUTES - SETUP_MINUTES}")
+    return Job(id=f"{suite.name}_stability", session=suite.name, tier="gpu",
+               purpose=f"Weekly: {suite.name} repeated until a failure, for at most "
+                       f"{style.stability_minutes} minutes",
+               runs_on=style.gpu_runner, minutes=style.stability_minutes + SETUP_MINUTES,
+               crons=_crons(style, [WEEKLY]), scheduled_only=True, infinite=True)
 
 
 # A repository that adopted the toolkit checks its generated workflow in CI with this job
@@ -105,6 +149,7 @@ CHECK_SESSION = "workflows"
 def check_job(job_id: str, style: Style) -> Job:
     """The `workflows --check` job of an adopting repository."""
     return Job(id=job_id, session=CHECK_SESSION, tier="cpu", runs_on=style.hosted_runner,
+               minutes=LINT_MINUTES,
                purpose="Generated workflow and U files are current with the registry")
 
 
@@ -112,7 +157,11 @@ def table(suites: Sequence[Suite] = SUITES, style: Style | None = None) -> tuple
     """Every CI job: one per suite, then this repository's lint and GPU-smoke jobs (or an
     adopting repository's check job)."""
     style = style or Style()
-    extra = (LINT, GPU_SMOKE) if style.own_jobs else ()
+    extra: tuple[Job, ...] = (LINT, GPU_SMOKE) if style.own_jobs else ()
+    stability = stability_job(suites, style)
+    check_schedules(style.schedules, suites, [WEEKLY] if stability else [])
+    if stability is not None:
+        extra = (*extra, stability)
     if style.check_job:
         extra = (*extra, check_job(style.check_job, style))
     jobs = (*(job_for(s, style) for s in suites), *extra)
@@ -137,6 +186,12 @@ class Event:
     labels: frozenset[str] = frozenset()  # labels on the PR after the event
     added: str | None = None  # the label a `labeled` event added
     from_fork: bool = False
+    cron: str | None = None  # schedule only: the cron that fired
+    cadence: str | None = None  # schedule only: what that cron maps to
+    # pull_request only, when the diff is known (`plan --paths`/`--diff`): why GPU jobs skip it,
+    # and the changed test files when the diff is tests only.
+    gpu_skip: str | None = None
+    tests_only: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,6 +213,13 @@ def decide(job: Job, event: Event) -> Decision:
     def verdict(runs: bool, why: str) -> Decision:
         return Decision(job=job, runs=runs, why=why)
 
+    if event.name == "schedule":
+        if event.cron in job.crons:
+            return verdict(True, f"the {event.cadence} schedule ({event.cron}) runs it")
+        return verdict(False, f"the {event.cadence} schedule does not run it")
+    if job.scheduled_only:
+        return verdict(False, "only its schedule runs it ("
+                              + ", ".join(job.crons) + ")")
     if event.name == "workflow_dispatch":
         return verdict(True, "manual dispatch runs every job")
     if event.name == "push":
@@ -175,6 +237,11 @@ def decide(job: Job, event: Event) -> Decision:
     if event.action == "labeled" and not (event.added and _has([event.added], job.label)):
         return verdict(False, f"adding {event.added} leaves this job alone "
                               f"(it runs on label {job.label})")
+    if job.self_hosted and event.gpu_skip:
+        return verdict(False, event.gpu_skip)
+    if job.full_history and event.tests_only:
+        return verdict(True, f"the PR has label {job.label} and changes only tests: runs only "
+                             + ", ".join(event.tests_only))
     return verdict(True, f"the PR has label {job.label}")
 
 
@@ -207,14 +274,27 @@ def pr_terms(job: Job) -> list[str]:
     ]
 
 
+def schedule_term(job: Job) -> str | None:
+    """When a scheduled run runs the job: one of its crons fired."""
+    if not job.crons:
+        return None
+    crons = " || ".join(f"github.event.schedule == {_quote(c)}" for c in job.crons)
+    return f"(github.event_name == 'schedule' && ({crons}))"
+
+
 def condition_lines(job: Job) -> list[str]:
     """The job's `if:` expression, one operator per line (joined by spaces, it is `condition`)."""
+    scheduled = schedule_term(job)
+    if job.scheduled_only:
+        return [scheduled or "false"]
+    tail = [f"|| {scheduled}"] if scheduled else []
     if job.label is None:
-        return ["github.event_name != 'pull_request'", "|| github.event.action != 'labeled'"]
+        return ["(github.event_name != 'pull_request' && github.event_name != 'schedule')",
+                "|| (github.event_name == 'pull_request' && github.event.action != 'labeled')", *tail]
     first, *rest = pr_terms(job)
     and_lines = [f"&& {t}" for t in rest]
     return ["github.event_name == 'workflow_dispatch'", f"|| ({first}",
-            *and_lines[:-1], and_lines[-1] + ")"]
+            *and_lines[:-1], and_lines[-1] + ")", *tail]
 
 
 def condition(job: Job) -> str:
@@ -228,8 +308,17 @@ def _split(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def parse_event(args: argparse.Namespace, jobs: Sequence[Job]) -> Event:
+def parse_event(args: argparse.Namespace, jobs: Sequence[Job],
+                schedules: Mapping[str, str] = DEFAULT_SCHEDULES,
+                irrelevant: Sequence[str] = Style().gpu_irrelevant) -> Event:
     """Validate the command line into an Event."""
+    cron = getattr(args, "cron", None)
+    if (cron is not None) != (args.event == "schedule"):
+        raise UsageError("--event schedule needs --cron '<the cron that fired>', and only it takes --cron")
+    stray = [f"--{n}" for n in ("comment", "actor", "association", "pr", "sha", "only")
+             if getattr(args, n, None) is not None]
+    if stray or getattr(args, "not_pr", False):
+        raise UsageError(f"{', '.join(stray) or '--not-pr'} only apply to --event {COMMENT_EVENT}")
     labels = _split(args.labels)
     known = gating_labels(jobs)
     for label in labels + ([args.added] if args.added else []):
@@ -249,11 +338,21 @@ def parse_event(args: argparse.Namespace, jobs: Sequence[Job]) -> Event:
     if args.event != "pull_request" and (labels or args.fork or action):
         raise UsageError(f"--labels, --fork and --action only apply to pull_request, "
                          f"not {args.event}")
+    if args.event == "schedule":
+        return Event(name="schedule", cron=cron, cadence=cadence_of(str(cron), schedules))
+    paths = getattr(args, "changed_paths", None)
+    if paths is not None and args.event != "pull_request":
+        raise UsageError("--paths and --diff only apply to --event pull_request")
+    skip = gpu_skip_reason(paths, irrelevant) if paths is not None else None
+    tests = tuple(p for p in paths or () if is_test_file(p))
     return Event(name=args.event, action=action or "synchronize",
-                 labels=frozenset(labels), added=args.added, from_fork=args.fork)
+                 labels=frozenset(labels), added=args.added, from_fork=args.fork, gpu_skip=skip,
+                 tests_only=tests if paths and len(tests) == len(paths) else ())
 
 
 def _describe(event: Event) -> str:
+    if event.name == "schedule":
+        return f"schedule {event.cron!r} ({event.cadence})"
     if event.name != "pull_request":
         return event.name
     origin = "from a fork" if event.from_fork else "from this repository"
@@ -290,8 +389,24 @@ def _parser() -> argparse.ArgumentParser:
                "  python -m ci plan --event push",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--event", choices=get_args(EventName), default="pull_request",
-                        help="what triggered the run (default: pull_request)")
+    parser.add_argument("--event", choices=[*get_args(EventName), COMMENT_EVENT],
+                        default="pull_request", help="what triggered the run (default: pull_request)")
+    comment = parser.add_argument_group("issue_comment (a PR comment command, see README)")
+    comment.add_argument("--comment", metavar="BODY", default=None, help="the comment's text")
+    comment.add_argument("--actor", default=None, help="the commenter's login")
+    comment.add_argument("--association", default=None,
+                         help="the commenter's author_association (OWNER, MEMBER, NONE, ...)")
+    comment.add_argument("--teams", default="", metavar="A,B",
+                         help="team slugs the commenter belongs to, comma separated")
+    comment.add_argument("--no-fork", dest="fork", action="store_false", default=False,
+                         help="the pull request comes from this repository (default)")
+    comment.add_argument("--not-pr", action="store_true",
+                         help="the comment is on an issue, not a pull request")
+    comment.add_argument("--pr", type=int, default=None, help="pull request number")
+    comment.add_argument("--sha", default=None, help="the pull request's exact head commit")
+    one = parser.add_argument_group("workflow_dispatch of run-ci-file.yml (resolve before PR code runs)")
+    one.add_argument("--suite", default=None, help="the suite to run on the PR's head")
+    one.add_argument("--only", default=None, metavar="FILE", help="one registered file of that suite")
     parser.add_argument("--labels", default="", metavar="A,B",
                         help="labels on the pull request, comma separated")
     parser.add_argument("--action", choices=get_args(PullRequestAction), default=None,
@@ -300,6 +415,13 @@ def _parser() -> argparse.ArgumentParser:
                         help="the label a `labeled` event just added (implies --action labeled)")
     parser.add_argument("--fork", action="store_true",
                         help="the pull request comes from a fork")
+    parser.add_argument("--cron", default=None,
+                        help="schedule only: the cron that fired (each maps to a cadence)")
+    parser.add_argument("--paths", default=None, metavar="A,B",
+                        help="pull_request: the files the PR changes (GPU jobs skip a diff of "
+                             "GPU-irrelevant paths only)")
+    parser.add_argument("--diff", default=None, metavar="BASE",
+                        help="pull_request: read the changed files from `git diff BASE...HEAD`")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--root", type=Path, default=Path.cwd(),
                         help="repository root whose registry is planned (default: .)")
@@ -309,9 +431,27 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """`python -m ci plan`: print the jobs an event would run."""
     args = _parser().parse_args(argv)
-    registry = load_registry(existing_dir("--root", args.root))
+    root = existing_dir("--root", args.root)
+    registry = load_registry(root)
+    if args.event == COMMENT_EVENT:
+        from ci.comment_cli import comment_main
+
+        return comment_main(args, root, registry.suites)
+    if args.suite is not None:
+        from ci.comment_cli import resolve_main
+
+        return resolve_main(args, root, registry.suites)
     jobs = table(registry.suites, registry.style)
-    event = parse_event(args, jobs)
+    if args.paths is not None and args.diff is not None:
+        raise UsageError("pass --paths or --diff, not both")
+    args.changed_paths = _split(args.paths) if args.paths is not None else None
+    if args.diff is not None:
+        from ci.changed import diff_vs_base
+
+        _, _, changes = diff_vs_base(root, args.diff)
+        # A rename counts from both sides: moving code into docs/ still changes the code.
+        args.changed_paths = sorted({p for c in changes for p in (c.path, c.old_path) if p})
+    event = parse_event(args, jobs, registry.style.schedules, registry.style.gpu_irrelevant)
     decisions = plan(event, jobs)
     if args.json:
         print(json.dumps([

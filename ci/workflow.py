@@ -25,7 +25,8 @@ from ci.errors import UsageError
 from ci.history.store import HISTORY_FILE
 from ci.registry import REGISTRY_PATHS, Registry, load_registry, registry_path
 from ci.style import NOX_VERSION, Style
-from ci.suites import JOB_MINUTES, PLANTS_CADENCE, PLANTS_DIR
+from ci.suites import PLANTS_CADENCE, PLANTS_DIR
+from ci.timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES, SETUP_MINUTES
 from ci.triggers import (
     BASE_BRANCH,
     CHECK_SESSION,
@@ -54,7 +55,6 @@ PYTHON_VERSION = Style().python
 __all__ = ["NOX_VERSION", "PYTHON_VERSION"]  # the pins the workflow tests read from here
 # Hosted runners resolve the pinned torch to its CPU wheel from this index (see pyproject).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-LINT_JOB_MINUTES = 15
 
 
 # --- a small deterministic YAML writer ---------------------------------------------------------
@@ -75,6 +75,13 @@ class Flow:
 
 
 @dataclass(frozen=True)
+class Script:
+    """A shell script written as a `|` block: its lines kept as they are."""
+
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Folded:
     """A long expression written as `>-` lines; YAML joins them with single spaces."""
 
@@ -82,7 +89,7 @@ class Folded:
 
 
 Scalar: TypeAlias = "str | int | bool | None"
-Node: TypeAlias = "Scalar | Note | Flow | Folded | Mapping[str, Node] | Sequence[Node]"
+Node: TypeAlias = "Scalar | Note | Flow | Folded | Script | Mapping[str, Node] | Sequence[Node]"
 
 # YAML 1.1 readers (PyYAML among them) take these as booleans or null when unquoted.
 _SPECIAL = {"y", "n", "yes", "no", "true", "false", "on", "off", "null", "~", ""}
@@ -111,7 +118,7 @@ def _inline(value: Node) -> str | None:
         return "[" + ", ".join(_scalar(x) for x in value.items) + "]"
     if isinstance(value, Mapping):
         return "{}" if not value else None
-    if isinstance(value, (Folded, list, tuple)):
+    if isinstance(value, (Folded, Script, list, tuple)):
         return None
     assert not isinstance(value, Sequence) or isinstance(value, str)
     return _scalar(value)
@@ -132,6 +139,12 @@ def _lines(node: Node, indent: int, spaced: int = 0) -> list[str]:
             elif isinstance(value, Folded):
                 out.append(f"{head} >-")
                 out += [f"{pad}  {line}" for line in value.lines]
+            elif isinstance(value, Note) and isinstance(value.value, Mapping):
+                out.append(f"{head}  # {value.comment}")
+                out += _lines(value.value, indent + 2, spaced - 1)
+            elif isinstance(value, Script):
+                out.append(f"{head} |")
+                out += [f"{pad}  {line}".rstrip() for line in value.lines]
             else:
                 out.append(head)
                 out += _lines(value, indent + 2, spaced - 1)
@@ -190,6 +203,8 @@ def _expr(text: str) -> str:
 #   together are caught), and a manual run never cancels another.
 def concurrency_group(job: Job) -> Folded:
     """The job's concurrency group expression (see the design above)."""
+    if job.scheduled_only:  # never a PR's job: always a group of its own run
+        return Folded((f"{WORKFLOW_NAME}-run{_expr('github.run_id')}-{job.id}",))
     first, *rest = pr_terms(job)
     tail = "-" + _expr("matrix.shard") if job.shards > 1 else ""
     return Folded((
@@ -240,7 +255,7 @@ def _save_durations(job: Job) -> dict[str, Node]:
 
 def records_durations(job: Job) -> bool:
     """Jobs that run suites (every job but the workflow checks) keep durations."""
-    return job.session not in ("lint", CHECK_SESSION)
+    return job.session not in ("lint", CHECK_SESSION) and not job.infinite
 
 
 def _steps(job: Job, style: Style) -> list[Node]:
@@ -260,7 +275,10 @@ def _steps(job: Job, style: Style) -> list[Node]:
         env.update(style.suite_env)
     if job.self_hosted:
         # The dispatch input reaches the tests only through this variable; on a PR it is "0".
-        env["SLIME_TEST_ENABLE_INFINITE_RUN"] = _expr("inputs.infinite_run && '1' || '0'")
+        env["SLIME_TEST_ENABLE_INFINITE_RUN"] = ("1" if job.infinite else
+                                                 _expr("inputs.infinite_run && '1' || '0'"))
+        # The lock wait stays well inside the job's timeout-minutes (ci/timeouts.py).
+        env[LOCK_TIMEOUT_ENV] = str(LOCK_WAIT_MINUTES * 60)
         # No secrets here: a GPU host that reports to W&B sets WANDB_API_KEY in its
         # runners' environment (runners/README.md), so the workflow grants none. An adopting
         # repository whose old CI passed a secret keeps it (Style.gpu_env).
@@ -269,6 +287,13 @@ def _steps(job: Job, style: Style) -> list[Node]:
         # Values reach the shell through the environment, never through ${{ }} in `run:`.
         env["SHARD"] = _expr("matrix.shard")
         run = f'nox -s {job.session} -- --shard "$SHARD/{job.shards}"'
+    elif job.infinite:
+        # Repeat until a failure, for a bounded time: reaching the bound (timeout's 124) means
+        # no failure in that time, a pass; SIGINT lets the session stop its entries cleanly.
+        bound = job.minutes - SETUP_MINUTES
+        run = (f"timeout --signal=INT --kill-after=5m {bound}m {job.command()} || {{ rc=$?; "
+               f'if [ "$rc" -eq 124 ]; then echo "no failure in {bound} minutes"; '
+               'else exit "$rc"; fi; }')
     else:
         run = job.command()
     step: dict[str, Node] = {"name": job.command() if job.shards == 1 else
@@ -295,7 +320,7 @@ def _job(job: Job, style: Style) -> dict[str, Node]:
         out["runs-on"] = job.runs_on[0] if len(job.runs_on) == 1 else Flow(job.runs_on)
     out["permissions"] = {"contents": Note("read", "actions/checkout reads the repository")}
     out["concurrency"] = {"group": concurrency_group(job), "cancel-in-progress": True}
-    out["timeout-minutes"] = JOB_MINUTES[job.tier] if records_durations(job) else LINT_JOB_MINUTES
+    out["timeout-minutes"] = Note(job.minutes, "bound derived in ci/timeouts.py")
     if job.tier == "cpu" and records_durations(job):
         out["env"] = {"SLIME_CI_TORCH_INDEX": TORCH_CPU_INDEX}
     if job.shards > 1:
@@ -324,6 +349,8 @@ def workflow(jobs: Sequence[Job], style: Style | None = None) -> dict[str, Node]
                 "types": Flow(("opened", "synchronize", "reopened", "labeled")),
             },
             "push": {"branches": Flow((BASE_BRANCH,))},
+            **({"schedule": [{"cron": Note(cron, cadence)} for cron, cadence in style.schedules.items()]}
+               if style.schedules else {}),
             "workflow_dispatch": {"inputs": {"infinite_run": {
                 "description": "Run GPU tests with SLIME_TEST_ENABLE_INFINITE_RUN=1",
                 "type": "boolean",
@@ -344,7 +371,10 @@ def actionlint_config(jobs: Sequence[Job]) -> dict[str, Node]:
 def render(jobs: Sequence[Job], style: Style | None = None) -> dict[str, str]:
     """Every file the generator owns: repository-relative path -> text."""
     style = style or Style()
+    from ci.gateway_workflow import comment_files  # it renders with this module's writer
+
     return {
+        **comment_files(jobs, style),
         WORKFLOW_PATH: to_yaml(workflow(jobs, style), spaced=2, header=_banner(style.source)),
         ACTIONLINT_PATH: to_yaml(actionlint_config(jobs),
                                  header=_banner("the runner labels in ci/triggers.py")),
@@ -368,7 +398,8 @@ OFF_CI_SESSIONS: tuple[tuple[str, str, str], ...] = (
 def session_table(jobs: Sequence[Job], extra: Sequence[tuple[str, str, str]] = ()) -> str:
     """The README's table of sessions: CPU jobs first, then GPU ones, each in table order."""
     rows = ["| session | tier | in GitHub Actions | what it runs |", "|---|---|---|---|"]
-    for job in sorted(jobs, key=lambda j: j.self_hosted):  # stable: table order within a tier
+    # A scheduled-only job runs a session listed already (README: "When CI runs").
+    for job in sorted((j for j in jobs if not j.scheduled_only), key=lambda j: j.self_hosted):
         where = f"label `{job.label}`" if job.label else "every PR, push to `main`, dispatch"
         rows.append(f"| `{job.session}` | {'GPU' if job.self_hosted else 'CPU'} | {where} | "
                     f"{job.purpose} |")

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ci.style import Style
 from ci.suites import SUITES, Suite
 from ci.triggers import (
     Event,
@@ -247,6 +248,8 @@ def context(event: Event, *, run_id: int, number: int = PR_NUMBER,
         }}
         if event.added is not None:
             payload["label"] = {"name": event.added}
+    elif event.name == "schedule":
+        payload = {"schedule": event.cron}
     elif event.name == "workflow_dispatch":
         inputs = {"infinite_run": bool(infinite_run)}
         payload = {"inputs": inputs}
@@ -268,6 +271,9 @@ def scenarios(jobs: tuple[Job, ...]) -> Iterator[Event]:
     """push, dispatch, and every PR activity for every combination of labels (+ an unrelated one)."""
     yield Event(name="push")
     yield Event(name="workflow_dispatch")
+    for cron, cadence in Style().schedules.items():
+        yield Event(name="schedule", cron=cron, cadence=cadence)
+    yield Event(name="schedule", cron="5 5 5 5 5", cadence="none")  # a cron of no job
     universe = [*gating_labels(jobs), "documentation"]
     for labels in _subsets(universe):
         for fork in (False, True):
@@ -314,7 +320,8 @@ def test_plan_and_workflow_conditions_agree_for_every_label_combination() -> Non
 def test_workflow_only_triggers_on_the_events_the_plan_models() -> None:
     wf = _workflow(table())
     on = wf["on"]
-    assert set(on) == {"pull_request", "push", "workflow_dispatch"}
+    assert set(on) == {"pull_request", "push", "workflow_dispatch", "schedule"}
+    assert [s["cron"] for s in on["schedule"]] == list(Style().schedules)
     assert "pull_request_target" not in on
     assert on["pull_request"]["types"] == ["opened", "synchronize", "reopened", "labeled"]
     assert on["pull_request"]["branches"] == on["push"]["branches"] == ["main"]
@@ -360,7 +367,7 @@ def test_a_later_event_cancels_a_running_job_only_when_it_reruns_that_job() -> N
             # Every PR event that runs the job lands in the one slot of this PR (and shard), so
             # it cancels the job of the previous commit; every other event -- one that skips
             # the job, a push, a dispatch -- has a group of its own and cancels nothing.
-            assert len(slots) == 1, (job.id, slots)
+            assert len(slots) == (1 if any(runs) else 0), (job.id, slots)
             assert not slots & set(others)
             assert len(set(others)) == len(others)
 
@@ -415,8 +422,11 @@ def test_infinite_run_input_reaches_gpu_jobs_as_an_env_var(
     event = Event(name=event_name, labels=frozenset(gating_labels(jobs))
                   if event_name == "pull_request" else frozenset())  # type: ignore[arg-type]
     ctx = context(event, run_id=1, infinite_run=infinite_run)
-    gpu = [j for j in jobs if j.self_hosted]
+    gpu = [j for j in jobs if j.self_hosted and not j.infinite]
     assert gpu
+    for job in jobs:
+        if job.infinite:  # the weekly stability job is the infinite mode, whatever the event
+            assert _nox_step(wf, job.id)["env"]["SLIME_TEST_ENABLE_INFINITE_RUN"] == "1"
     for job in gpu:
         env = _nox_step(wf, job.id)["env"]
         assert interpolate(env["SLIME_TEST_ENABLE_INFINITE_RUN"], ctx) == expected

@@ -1,0 +1,200 @@
+"""The comment gateway and the one-file workflow, rendered from the registry.
+
+Gateway (`ci-comment.yml`, on `issue_comment`): checks out the default branch only -- its
+handler and its access policy, never the PR's code -- asks `plan --event issue_comment`
+what to do, then reacts, replies, labels or dispatches exactly that. A label added with
+the workflow token starts no workflow (GitHub's rule against loops), so `/run-ci` also
+dispatches the suite itself.
+
+One-file workflow (`run-ci-file.yml`, `workflow_dispatch` on the default branch): resolves
+suite and file through the registry and checks that the PR's head is still the SHA it was
+given and not a fork, all before any PR code is checked out; then runs the suite's session
+on that SHA, on the suite's runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ci.commands import POLICY_PATH
+from ci.gateway import RUN_FILE_WORKFLOW
+from ci.style import Style
+from ci.timeouts import LINT_MINUTES, LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES
+from ci.triggers import WORKFLOW_NAME, Job
+from ci.workflow import (
+    CHECKOUT,
+    SETUP_PYTHON,
+    Flow,
+    Folded,
+    Node,
+    Note,
+    Script,
+    _banner,
+    _expr,
+    _uses,
+    to_yaml,
+)
+
+GATEWAY_PATH = ".github/workflows/ci-comment.yml"
+RUN_FILE_PATH = f".github/workflows/{RUN_FILE_WORKFLOW}"
+DECISION = "$RUNNER_TEMP/decision.json"
+
+
+def _setup(style: Style, ref: str) -> list[Node]:
+    return [
+        {"name": "Check out the default branch (handler and policy, never PR code)",
+         "uses": _uses(CHECKOUT), "with": {"ref": ref, "persist-credentials": False}},
+        {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
+        {"name": "Install the toolkit", "run": style.install},
+    ]
+
+
+def gateway(style: Style) -> dict[str, Node]:
+    """The `issue_comment` workflow."""
+    decide = Script((
+        'pr_json=$(gh api "repos/$REPO/pulls/$PR")',
+        "sha=$(jq -r .head.sha <<<\"$pr_json\")",
+        "head=$(jq -r .head.repo.full_name <<<\"$pr_json\")",
+        'fork=--no-fork; [ "$head" = "$REPO" ] || fork=--fork',
+        'python -m ci plan --event issue_comment --comment "$BODY" --actor "$ACTOR" \\',
+        '  --association "$ASSOCIATION" "$fork" --pr "$PR" --sha "$sha" --json > "' + DECISION + '"',
+        'jq -r \'.verdict + ": " + .why\' "' + DECISION + '"',
+    ))
+    act = Script((
+        f'd="{DECISION}"',
+        "field() { jq -r \"$1 // empty\" \"$d\"; }",
+        'if [ -n "$(field .reaction)" ]; then',
+        '  gh api "repos/$REPO/issues/comments/$COMMENT_ID/reactions" -f content="$(field .reaction)"',
+        "fi",
+        'if [ -n "$(field .add_label)" ]; then',
+        '  gh pr edit "$PR" --repo "$REPO" --add-label "$(field .add_label)"',
+        "fi",
+        'if [ "$(field .rerun_failed)" = true ]; then',
+        f'  run=$(gh run list --repo "$REPO" --workflow {WORKFLOW_NAME}.yml --commit "$(field .sha)" \\',
+        "    --limit 1 --json databaseId --jq '.[0].databaseId')",
+        '  gh run rerun "$run" --failed --repo "$REPO"',
+        "fi",
+        'if [ -n "$(field .dispatch.workflow)" ]; then',
+        f'  gh workflow run {RUN_FILE_WORKFLOW} --repo "$REPO" --ref "$DEFAULT_BRANCH" \\',
+        '    -f pr="$(field .dispatch.inputs.pr)" -f sha="$(field .dispatch.inputs.sha)" \\',
+        '    -f suite="$(field .dispatch.inputs.suite)" -f only="$(field .dispatch.inputs.only)"',
+        "fi",
+        'if [ -n "$(field .reply)" ]; then',
+        '  gh pr comment "$PR" --repo "$REPO" --body "$(field .reply)"',
+        "fi",
+    ))
+    env = {"GH_TOKEN": _expr("github.token"), "REPO": _expr("github.repository"),
+           "PR": _expr("github.event.issue.number")}
+    job: dict[str, Node] = {
+        "name": "comment command",
+        "if": Folded(("github.event.issue.pull_request",
+                      "&& startsWith(github.event.comment.body, '/')")),
+        "runs-on": style.hosted_runner[0],
+        "permissions": {
+            "contents": Note("read", f"the default branch's handler and {POLICY_PATH}"),
+            "pull-requests": Note("write", "read the PR head, add a /run-ci label"),
+            "issues": Note("write", "react to the comment and reply on the PR"),
+            "actions": Note("write", f"dispatch {RUN_FILE_WORKFLOW}, re-run failed jobs"),
+        },
+        # One comment, one answer; comments never cancel each other.
+        "concurrency": {"group": f"ci-comment-{_expr('github.event.comment.id')}",
+                        "cancel-in-progress": False},
+        "timeout-minutes": LINT_MINUTES,
+        "steps": [
+            *_setup(style, _expr("github.event.repository.default_branch")),
+            {"name": "Authorise against the access policy", "env": {
+                **env, "BODY": _expr("github.event.comment.body"),
+                "ACTOR": _expr("github.event.comment.user.login"),
+                "ASSOCIATION": _expr("github.event.comment.author_association")},
+             "run": decide},
+            {"name": "React, reply, dispatch", "env": {
+                **env, "COMMENT_ID": _expr("github.event.comment.id"),
+                "DEFAULT_BRANCH": _expr("github.event.repository.default_branch")},
+             "run": act},
+        ],
+    }
+    return {"name": f"{style.title} comment commands",
+            "on": {"issue_comment": Note(
+                {"types": Flow(("created",))},
+                "zizmor: ignore[dangerous-triggers] runs only the default branch's code; "
+                "PR code runs in run-ci-file.yml after resolving")},
+            "permissions": {}, "jobs": {"command": job}}
+
+
+def run_file(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
+    """The `workflow_dispatch` workflow that runs one suite (or one file of it) on a PR's SHA."""
+    inputs = {"pr": ("pull request number", True), "sha": ("its exact head commit", True),
+              "suite": ("registry suite", True), "only": ("one registered file of it (empty: all)", False)}
+    resolve = Script((
+        'pr_json=$(gh api "repos/$REPO/pulls/$PR")',
+        '[ "$(jq -r .head.sha <<<"$pr_json")" = "$SHA" ] || '
+        '{ echo "::error::PR $PR head is no longer $SHA"; exit 2; }',
+        '[ "$(jq -r .head.repo.full_name <<<"$pr_json")" = "$REPO" ] || '
+        '{ echo "::error::PR $PR comes from a fork"; exit 2; }',
+        'python -m ci plan --event workflow_dispatch --suite "$SUITE" --only "$ONLY" --sha "$SHA" \\',
+        '  --json > "$RUNNER_TEMP/resolved.json"',
+        'echo "tier=$(jq -r .tier "$RUNNER_TEMP/resolved.json")" >> "$GITHUB_OUTPUT"',
+    ))
+    resolve_job: dict[str, Node] = {
+        "name": "resolve through the registry",
+        "runs-on": style.hosted_runner[0],
+        "permissions": {"contents": Note("read", "the default branch's registry"),
+                        "pull-requests": Note("read", "the PR's head SHA and origin")},
+        "concurrency": {"group": f"run-ci-file-resolve-{_expr('github.run_id')}",
+                        "cancel-in-progress": False},
+        "timeout-minutes": LINT_MINUTES,
+        "outputs": {"tier": _expr("steps.resolve.outputs.tier")},
+        "steps": [*_setup(style, _expr("github.event.repository.default_branch")),
+                  {"name": "Resolve suite and file; check the SHA is the PR's head", "id": "resolve",
+                   "env": {"GH_TOKEN": _expr("github.token"), "REPO": _expr("github.repository"),
+                           "PR": _expr("inputs.pr"), "SHA": _expr("inputs.sha"),
+                           "SUITE": _expr("inputs.suite"), "ONLY": _expr("inputs.only")},
+                   "run": resolve}],
+    }
+    gpu = max((j.minutes for j in jobs if j.self_hosted and not j.scheduled_only), default=LINT_MINUTES)
+    cpu = max((j.minutes for j in jobs if not j.self_hosted), default=LINT_MINUTES)
+    out: dict[str, Node] = {"resolve": resolve_job}
+    for tier, runner, minutes in (("cpu", style.hosted_runner, cpu), ("gpu", style.gpu_runner, gpu)):
+        env: dict[str, Node] = {"SUITE": _expr("inputs.suite"), "ONLY": _expr("inputs.only")}
+        if tier == "gpu":
+            env[LOCK_TIMEOUT_ENV] = str(LOCK_WAIT_MINUTES * 60)
+            env.update(style.gpu_env)
+        runs_on: Node = (Note(Flow(runner), "zizmor: ignore[self-hosted-runner] resolve refused forks "
+                                            "and any SHA but the PR's head")
+                         if "self-hosted" in runner else runner[0])
+        out[f"run_{tier}"] = {
+            "name": f"{_expr('inputs.suite')} {_expr('inputs.only')} ({tier})",
+            "needs": "resolve",
+            "if": f"needs.resolve.outputs.tier == '{tier}'",
+            "runs-on": runs_on,
+            "permissions": {"contents": Note("read", "actions/checkout reads the PR's commit")},
+            "concurrency": {"group": f"run-ci-file-{_expr('inputs.pr')}-{_expr('inputs.suite')}-"
+                                     f"{_expr('inputs.only')}", "cancel-in-progress": True},
+            "timeout-minutes": Note(minutes, "the longest job of this tier (ci/timeouts.py)"),
+            "steps": [
+                {"name": "Check out the PR's exact head commit", "uses": _uses(CHECKOUT),
+                 "with": {"ref": _expr("inputs.sha"), "persist-credentials": False}},
+                {"name": "Set up Python", "uses": _uses(SETUP_PYTHON),
+                 "with": {"python-version": style.python}},
+                {"name": "Install nox", "run": style.install},
+                {"name": "nox -s <suite> -- --only <file>", "env": env, "run": Script((
+                    'if [ -n "$ONLY" ]; then nox -s "$SUITE" -- --only "$ONLY"; else nox -s "$SUITE"; fi',))},
+            ],
+        }
+    return {
+        "name": f"{style.title} run one suite or file",
+        "on": {"workflow_dispatch": {"inputs": {
+            name: {"description": text, "required": required, "type": "string"}
+            for name, (text, required) in inputs.items()}}},
+        "permissions": {},
+        "jobs": out,
+    }
+
+
+def comment_files(jobs: Sequence[Job], style: Style) -> dict[str, str]:
+    """The two workflows, or nothing when the registry turns comment commands off."""
+    if not style.comment_commands:
+        return {}
+    banner = _banner(style.source)
+    return {GATEWAY_PATH: to_yaml(gateway(style), spaced=2, header=banner),
+            RUN_FILE_PATH: to_yaml(run_file(jobs, style), spaced=2, header=banner)}

@@ -1,0 +1,207 @@
+"""The table of events: for each, which jobs `python -m ci plan` runs and why (one test a row).
+
+Runs the real CLI on this repository's registry and policy, then checks the generated
+gateway and one-file workflows keep the promises the plan relies on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+import pytest
+import yaml
+from _ci import REPO
+
+from ci.cadences import DEFAULT_SCHEDULES, check_schedules, gpu_irrelevant
+from ci.errors import UsageError
+from ci.gateway_workflow import GATEWAY_PATH, RUN_FILE_PATH
+from ci.style import Style
+from ci.suites import SUITES, Suite
+from ci.timeouts import MAX_MINUTES, suite_minutes
+from ci.triggers import main, table
+from ci.workflow import WORKFLOW_PATH, render
+
+NUM_GPUS = 0
+
+CPU = {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke"}
+GPU = {"sglang_config", "megatron", "precision", "ckpt", "image", "changed"}
+NIGHTLY, WEEKLY = list(DEFAULT_SCHEDULES)
+SHA = "89abcdef0123456789abcdef0123456789abcdef"
+
+
+def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
+    assert main([*args, "--root", str(REPO), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _runs(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, str]:
+    """job -> why, for the jobs that run."""
+    return {d["job"]: d["why"] for d in _plan(capsys, *args) if d["runs"]}
+
+
+def _why(capsys: pytest.CaptureFixture[str], job: str, *args: str) -> str:
+    return str(next(d["why"] for d in _plan(capsys, *args) if d["job"] == job))
+
+
+ROWS: list[tuple[str, list[str], set[str]]] = [
+    ("push", ["--event", "push"], CPU),
+    ("pull request", ["--event", "pull_request"], CPU),
+    ("pull request + label", ["--labels", "run-ci-megatron"], CPU | {"megatron"}),
+    ("second label added", ["--labels", "run-ci-megatron", "--added", "run-ci-ckpt"], {"ckpt"}),
+    ("docs-only PR + label", ["--labels", "run-ci-megatron", "--paths", "docs/guide.md,README.md,a.png"],
+     CPU),
+    ("tests-only PR + run-ci-changed",
+     ["--labels", "run-ci-changed", "--paths", "tests/test_gae.py"], CPU | {"changed"}),
+    ("nightly cron", ["--event", "schedule", "--cron", NIGHTLY], {"sglang_config", "megatron",
+                                                                   "precision", "ckpt"}),
+    ("weekly cron", ["--event", "schedule", "--cron", WEEKLY],
+     {"sglang_config", "megatron", "precision", "ckpt", "image", "megatron_stability"}),
+    ("dispatch", ["--event", "workflow_dispatch"], CPU | GPU),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "expected"), ROWS, ids=[r[0] for r in ROWS])
+def test_event_row(capsys: pytest.CaptureFixture[str], name: str, args: list[str],
+                   expected: set[str]) -> None:
+    assert set(_runs(capsys, *args)) == expected, name
+
+
+def test_reasons_the_rows_give(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _why(capsys, "megatron", "--labels", "run-ci-megatron", "--added", "run-ci-ckpt") == \
+        "adding run-ci-ckpt leaves this job alone (it runs on label run-ci-megatron)"
+    assert _why(capsys, "megatron", "--labels", "run-ci-megatron", "--paths", "docs/a.md").startswith(
+        "the diff touches only GPU-irrelevant paths (1 file(s)")
+    # One path that may reach a GPU runs the GPU job as before.
+    assert _why(capsys, "megatron", "--labels", "run-ci-megatron",
+                "--paths", "docs/a.md,slime/ray/actor.py") == "the PR has label run-ci-megatron"
+    assert _why(capsys, "changed", "--labels", "run-ci-changed", "--paths",
+                "tests/test_gae.py,tests/e2e/test_tiny_ckpt.py").endswith(
+        "changes only tests: runs only tests/test_gae.py, tests/e2e/test_tiny_ckpt.py")
+    assert _why(capsys, "image", "--event", "schedule", "--cron", NIGHTLY) == \
+        "the nightly schedule does not run it"
+    assert _why(capsys, "megatron_stability", "--event", "workflow_dispatch").startswith(
+        "only its schedule runs it")
+
+
+COMMENT_ROWS: list[tuple[str, str, str, bool, str]] = [
+    # comment, actor, association, fork, verdict
+    ("/rerun-test tests/e2e/test_tiny_ckpt.py", "alice", "MEMBER", False, "allowed"),
+    ("/rerun-test tests/e2e/test_tiny_ckpt.py", "eve", "NONE", False, "refused"),
+    ("/rerun-test tests/e2e/test_tiny_ckpt.py", "alice", "MEMBER", True, "refused"),
+    ("/rerun-failed", "alice", "COLLABORATOR", False, "allowed"),
+    ("/rerun-failed", "eve", "CONTRIBUTOR", False, "refused"),
+    ("/rerun-failed", "alice", "MEMBER", True, "refused"),
+    ("/run-ci run-ci-precision", "owner", "OWNER", False, "allowed"),
+    ("/run-ci run-ci-precision", "carol", "COLLABORATOR", False, "refused"),
+    ("/run-ci run-ci-precision", "owner", "OWNER", True, "refused"),
+    ("/help", "eve", "NONE", False, "allowed"),
+    ("/help", "eve", "NONE", True, "allowed"),
+]
+
+
+@pytest.mark.parametrize(("comment", "actor", "association", "fork", "verdict"), COMMENT_ROWS)
+def test_comment_row(capsys: pytest.CaptureFixture[str], comment: str, actor: str, association: str,
+                     fork: bool, verdict: str) -> None:
+    out = _plan(capsys, "--event", "issue_comment", "--comment", comment, "--actor", actor,
+                "--association", association, "--fork" if fork else "--no-fork",
+                "--pr", "9", "--sha", SHA)
+    assert out["verdict"] == verdict, out["why"]
+    runs_code = out["dispatch"] is not None or out["rerun_failed"] or out["add_label"] is not None
+    assert runs_code == (verdict == "allowed" and comment != "/help")
+    if verdict == "refused":
+        assert "\n" not in out["why"] and out["reply"] == f"Not run: {out['why']}."
+
+
+def test_dispatch_of_the_one_file_workflow_resolves_or_refuses(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _plan(capsys, "--event", "workflow_dispatch", "--suite", "ckpt",
+                "--only", "tests/e2e/test_tiny_ckpt.py", "--sha", SHA)
+    assert out["tier"] == "gpu" and out["num_gpus"] == 2
+    assert out["command_line"] == "nox -s ckpt -- --only tests/e2e/test_tiny_ckpt.py"
+    with pytest.raises(UsageError, match="not a registered test file of ckpt"):
+        main(["--event", "workflow_dispatch", "--suite", "ckpt", "--only", "tests/test_gae.py",
+              "--root", str(REPO)])
+    with pytest.raises(UsageError, match="unknown suite 'nope'"):
+        main(["--event", "workflow_dispatch", "--suite", "nope", "--root", str(REPO)])
+
+
+def test_an_unmapped_cron_is_an_error_not_a_silent_nightly() -> None:
+    with pytest.raises(UsageError, match="cron '0 0 \\* \\* \\*' maps to no cadence"):
+        main(["--event", "schedule", "--cron", "0 0 * * *", "--root", str(REPO)])
+    with pytest.raises(UsageError, match="maps to cadence 'monthly', which no suite runs on"):
+        check_schedules({"1 1 1 * *": "monthly"}, SUITES)
+    mutation = Suite(name="mutation", tier="cpu", purpose="p", profile="dev", cadences=("nightly",))
+    check_schedules({NIGHTLY: "nightly"}, (mutation,))  # a CPU suite tagged nightly, as data
+    with pytest.raises(UsageError, match="suite mutation runs on cadence 'nightly' but no cron"):
+        check_schedules({WEEKLY: "weekly"}, (mutation, *SUITES))
+    with pytest.raises(UsageError, match="expected five cron fields"):
+        check_schedules({"nightly": "nightly"}, (mutation,))
+
+
+def test_gpu_irrelevant_paths() -> None:
+    patterns = Style().gpu_irrelevant
+    assert gpu_irrelevant("docs/x/y.py", patterns) and gpu_irrelevant("slime/README.md", patterns)
+    assert not gpu_irrelevant("docsearch.py", patterns) and not gpu_irrelevant("slime/x.py", patterns)
+
+
+def test_every_job_has_a_timeout_derived_from_its_entries() -> None:
+    wf = yaml.safe_load(render(table())[WORKFLOW_PATH])
+    for job in table():
+        assert wf["jobs"][job.id]["timeout-minutes"] == job.minutes <= MAX_MINUTES
+    by = {s.name: s for s in SUITES}
+    # megatron: 20 setup + 30 lock wait + its entries' timeouts in turn.
+    work = sum(e.timeout or by["megatron"].timeout for e in by["megatron"].entries)
+    assert suite_minutes(by["megatron"]) == 20 + 30 + math.ceil(work / 60)
+    assert suite_minutes(by["changed"]) == MAX_MINUTES  # its entries come from the diff
+    step = next(s for s in wf["jobs"]["megatron"]["steps"] if s.get("name") == "nox -s megatron")
+    assert int(step["env"]["SLIME_CI_LOCK_TIMEOUT"]) < 60 * by_minutes(wf, "megatron")
+
+
+def test_the_ci_lock_wait_comes_from_the_job_and_a_bad_value_is_one_line() -> None:
+    from ci.session import _lock_timeout_from
+
+    assert _lock_timeout_from({"SLIME_CI_LOCK_TIMEOUT": "1800"}) == 1800.0
+    assert _lock_timeout_from({}) > 1800  # the local default is the long one
+    with pytest.raises(UsageError, match="SLIME_CI_LOCK_TIMEOUT='soon': expected seconds"):
+        _lock_timeout_from({"SLIME_CI_LOCK_TIMEOUT": "soon"})
+
+
+def by_minutes(wf: dict[str, Any], job: str) -> int:
+    return int(wf["jobs"][job]["timeout-minutes"])
+
+
+def test_scheduled_runs_never_share_a_concurrency_group_with_prs() -> None:
+    wf = yaml.safe_load(render(table())[WORKFLOW_PATH])
+    assert "pull_request" not in wf["jobs"]["megatron_stability"]["concurrency"]["group"]
+    assert "run${{ github.run_id }}" in wf["jobs"]["megatron_stability"]["concurrency"]["group"]
+
+
+def test_the_gateway_never_checks_out_pr_code_and_scopes_its_permissions() -> None:
+    files = render(table())
+    gw = yaml.safe_load(files[GATEWAY_PATH])
+    assert gw["permissions"] == {} and set(gw["on"]) == {"issue_comment"}
+    job = gw["jobs"]["command"]
+    assert job["permissions"] == {"contents": "read", "pull-requests": "write", "issues": "write",
+                                  "actions": "write"}
+    checkouts = [s for s in job["steps"] if "actions/checkout" in s.get("uses", "")]
+    assert [c["with"]["ref"] for c in checkouts] == ["${{ github.event.repository.default_branch }}"]
+    # The comment body reaches the shell only through the environment, never through ${{ }}.
+    assert all("${{" not in s.get("run", "") for s in job["steps"])
+    one = yaml.safe_load(files[RUN_FILE_PATH])
+    assert one["jobs"]["resolve"]["permissions"] == {"contents": "read", "pull-requests": "read"}
+    for tier in ("cpu", "gpu"):
+        run = one["jobs"][f"run_{tier}"]
+        assert run["needs"] == "resolve" and run["if"] == f"needs.resolve.outputs.tier == '{tier}'"
+        assert run["steps"][0]["with"]["ref"] == "${{ inputs.sha }}"
+        assert 'nox -s "$SUITE" -- --only "$ONLY"' in run["steps"][-1]["run"]
+
+
+def test_a_registry_can_turn_comment_commands_off() -> None:
+    files = render(table(), Style(comment_commands=False))
+    assert GATEWAY_PATH not in files and RUN_FILE_PATH not in files
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
