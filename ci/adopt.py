@@ -31,7 +31,8 @@ from ci.registry import ADOPTED_REGISTRY, Registry, read_registry
 from ci.style import NOX_VERSION
 from ci.triggers import CHECK_SESSION, table
 from ci.u_files import U_DIR, packaged
-from ci.workflow import MARKER, render
+from ci.workflow import render
+from ci.yaml_writer import MARKER
 
 TEMPLATE = ".github/workflows/pr-test.yml.j2"
 GENERATOR = ".github/workflows/generate_github_workflows.py"

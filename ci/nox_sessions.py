@@ -24,7 +24,9 @@ from ci.triggers import CHECK_SESSION
 
 # Posargs that make a GPU session run its entries in this environment instead of Docker.
 LOCAL_FLAGS = frozenset({"--no-docker", "--emulate-gpus"})
-_FALLBACK_EXTRAS = {"git": ("GitPython>=3.1.40",), "gpu-host": ("nvidia-ml-py",)}
+_FALLBACK_EXTRAS = {"git": ("GitPython>=3.1.40",), "gpu-host": ("nvidia-ml-py", "slime-ci[history]"),
+                    "history": ("sqlalchemy==2.0.58", "psycopg[binary]==3.3.9")}
+_SELF_EXTRA = re.compile(r"^slime-ci\[(?P<extra>[^\]]+)\]$")
 
 
 def toolkit_extra(name: str) -> tuple[str, ...]:
@@ -32,10 +34,20 @@ def toolkit_extra(name: str) -> tuple[str, ...]:
     try:
         requires = importlib.metadata.requires("slime-ci") or []
     except importlib.metadata.PackageNotFoundError:
-        return _FALLBACK_EXTRAS.get(name, ())
+        return _expand(_FALLBACK_EXTRAS.get(name, ()))
     marker = re.compile(r";\s*extra\s*==\s*['\"]" + re.escape(name) + r"['\"]\s*$")
     found = tuple(marker.sub("", r).strip() for r in requires if marker.search(r))
-    return found or _FALLBACK_EXTRAS.get(name, ())
+    return _expand(found or _FALLBACK_EXTRAS.get(name, ()))
+
+
+def _expand(reqs: Sequence[str]) -> tuple[str, ...]:
+    # `slime-ci[history]` inside an extra is another extra of the toolkit: its requirements,
+    # never a second install of slime-ci from an index beside the one the session names.
+    out: list[str] = []
+    for req in reqs:
+        match = _SELF_EXTRA.match(req.replace(" ", ""))
+        out += toolkit_extra(match.group("extra")) if match else [req]
+    return tuple(out)
 
 
 def install_steps(suite: Suite, registry: Registry, toolkit: str,

@@ -11,12 +11,20 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from ci.plan import PlannedEntry
 
-if TYPE_CHECKING:
-    from ci.history.records import MetricPoint
+
+@dataclass(frozen=True, kw_only=True)
+class MetricPoint:
+    """One value an e2e entry wrote to metrics.jsonl (the run history keeps them)."""
+
+    entry_id: str
+    step: int
+    name: str
+    value: float
+
 
 Outcome = Literal["passed", "failed", "timeout", "empty", "deselected", "flaky", "interrupted", "lost",
                   "quarantined"]

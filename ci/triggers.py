@@ -134,7 +134,7 @@ def stability_job(suites: Sequence[Suite], style: Style) -> Job | None:
                          "the registry (name one, or set it to None)")
     if not 1 <= style.stability_minutes <= MAX_MINUTES - SETUP_MINUTES:
         raise UsageError(f"WORKFLOW['stability_minutes'] must be 1..{MAX_MINUTES - SETUP_MINUTES}")
-    return Job(id=f"{suite.name}_stability", session=suite.name, tier="gpu",
+    return Job(id=f"{suite.name}_stability", session=suite.name, tier=suite.tier,
                purpose=f"Weekly: {suite.name} repeated until a failure, for at most "
                        f"{style.stability_minutes} minutes",
                runs_on=style.gpu_runner, minutes=style.stability_minutes + SETUP_MINUTES,

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ci.history.records import MetricPoint
 from ci.history.store import MetricRow
+from ci.results import MetricPoint
 from ci.suites import MetricGate
 
 Status = Literal["pass", "fail", "inactive", "error"]

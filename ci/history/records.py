@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ci.results import Result
+from ci.results import MetricPoint, Result
 
 METRICS_FILE = "metrics.jsonl"
 # Entries write a few dozen metrics per step; a runaway writer must not fill the store.
@@ -33,14 +33,6 @@ class AttemptRecord:
     node: str = ""
     seconds: float = 0.0
     reason: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class MetricPoint:
-    entry_id: str
-    step: int
-    name: str
-    value: float
 
 
 @dataclass(frozen=True, kw_only=True)

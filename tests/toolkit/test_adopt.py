@@ -265,7 +265,9 @@ def test_session_installs_come_from_the_registry_and_the_spec(adopted, repo: Pat
     assert cpu == [["torch"], ["pytest", "numpy", "transformers", "wandb"],
                    ["git+https://example.invalid/slime-ci"], ["-e", ".", "--no-deps"]]
     gpu = install_steps(reg["changed"], reg, "/src/slime-ci", (), {"SLIME_CI_TORCH_INDEX": "https://x"})
-    assert gpu == [["nvidia-ml-py", "GitPython>=3.1.40"], ["/src/slime-ci"]]  # Docker: the image has the rest
+    # Docker: the image has the rest; the host records the run (the history extra's own pins).
+    assert gpu == [["nvidia-ml-py", "sqlalchemy==2.0.58", "psycopg[binary]==3.3.9", "GitPython>=3.1.40"],
+                   ["/src/slime-ci"]]
 
 
 if __name__ == "__main__":
