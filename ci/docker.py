@@ -34,12 +34,6 @@ DEFAULT_PASSTHROUGH: tuple[str, ...] = (
     "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
     "GITHUB_COMMIT_NAME", "WANDB_API_KEY", "SLIME_TEST_ENABLE_INFINITE_RUN",
 )
-# Feature flags every e2e entry sees unless its registry entry says otherwise.
-ENTRY_FLAG_DEFAULTS: Mapping[str, str] = {
-    "SLIME_TEST_USE_DEEPEP": "0",
-    "SLIME_TEST_USE_FP8_ROLLOUT": "0",
-    "SLIME_TEST_ENABLE_EVAL": "1",
-}
 CONTAINER_MODELS_DIR = "/root/models"
 CONTAINER_DATASETS_DIR = "/root/datasets"
 INSTALL: tuple[str, ...] = ("pip", "install", "-e", ".", "--no-deps", "--break-system-packages")

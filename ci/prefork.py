@@ -25,7 +25,7 @@ pid cannot be reused while the group is being killed. EOF on the pipe (the runne
 died) or the parent-death signal makes the worker kill the child's group and exit.
 
 This file also runs as the worker itself (`python ci/prefork.py RUNNER_PID`), so at
-run time it imports only the standard library.
+run time it imports only the standard library and `ci.proc` (standard library only too).
 """
 
 from __future__ import annotations
@@ -49,6 +49,15 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NoReturn
+
+try:
+    from ci.proc import signal_group
+except ModuleNotFoundError:  # run as the worker script where the toolkit is not on the path
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
+    try:
+        from ci.proc import signal_group
+    finally:
+        sys.path.pop()  # the children's sys.path stays what a fresh interpreter's would be
 
 Mode = Literal["prefork", "fresh"]
 
@@ -107,9 +116,12 @@ def can_fork(platform: str = sys.platform) -> bool:
 
 
 def choose(*, policy: Policy, kind: str, num_gpus: int, opted_in: bool, backend: str,
-           argv: Sequence[str], python: str, env: Mapping[str, str],
+           may_fork: bool, argv: Sequence[str], python: str, env: Mapping[str, str],
            worker_env: Mapping[str, str], platform: str = sys.platform) -> Choice:
-    """Pure: does this entry run forked from a pre-imported worker, and if not, why."""
+    """Pure: does this entry run forked from a pre-imported worker, and if not, why.
+
+    `may_fork`: the backend's entries are plain processes of this host (`backend` names it).
+    """
     fresh: str | None = None
     if policy.off:
         fresh = policy.off
@@ -121,7 +133,7 @@ def choose(*, policy: Policy, kind: str, num_gpus: int, opted_in: bool, backend:
         fresh = "GPU entry: CUDA must never be initialised before a fork"
     elif not opted_in:
         fresh = "opted out in the registry"
-    elif backend != "local":
+    elif not may_fork:
         fresh = f"runs on the {backend} backend"
     elif pytest_args(argv, python) is None:
         fresh = "not a `python -m pytest` command"
@@ -399,11 +411,6 @@ def _preload(names: Sequence[str]) -> tuple[list[str], str]:
     return loaded, ""
 
 
-def _kill_group(pgid: int) -> None:
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
 def _wait_exited(pid: int, pipe: _Pipe) -> None:
     """Until the child has exited (unreaped). The runner says nothing meanwhile, so a
     readable pipe means EOF: the runner has gone."""
@@ -436,12 +443,12 @@ def _run_one(request: Mapping[str, Any], pipe: _Pipe) -> None:
     try:
         pipe.write({"pid": pid})
         _wait_exited(pid, pipe)
-        _kill_group(pid)  # whatever the file left behind in its group
+        signal_group(pid, signal.SIGKILL)  # whatever the file left behind in its group
         pipe.write({"exited": True})
         if pipe.read() is None:
             raise _Stop
     finally:
-        _kill_group(pid)
+        signal_group(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
     pipe.write({"returncode": os.waitstatus_to_exitcode(status)})
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE
 from ci.plan import PlannedEntry
 
 
@@ -70,29 +71,24 @@ class Result:
 
 @dataclass(frozen=True, kw_only=True)
 class Attempt:
-    """How one process of an entry ended."""
+    """How one attempt of an entry ended, wherever it ran (this host, a container, a cluster node)."""
 
     returncode: int | None
     seconds: float
     timed_out: bool
     interrupted: bool
-
-
-@dataclass(frozen=True, kw_only=True)
-class RemoteAttempt:
-    """One attempt of an entry on another machine (a cluster node), as the driver saw it."""
-
-    returncode: int | None
-    seconds: float
-    timed_out: bool
-    interrupted: bool
-    queued_at: float
-    ended_at: float
+    devices: tuple[int, ...] = ()  # the GPUs it held, host ids on its node
+    node: str | None = None  # where it ran; None: this machine (the runner names it)
+    queued_at: float | None = None  # when it began waiting to be placed elsewhere (a cluster)
     started_at: float | None = None
-    node: str = ""
-    devices: tuple[int, ...] = ()
-    lost: str = ""  # the node died under the entry: why, naming it (the runner retries once)
+    ended_at: float | None = None
+    lost: str = ""  # its node died under it: why, naming the node (the runner retries once)
     error: str = ""  # the remote side failed for another reason
+
+
+def gpu_row(node: str, device: int) -> str:
+    """A GPU as the timeline and the backends name it: `node:device`."""
+    return f"{node}:{device}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,7 +169,20 @@ def reason(output: str) -> str:
 
 def judge(entry: PlannedEntry, attempt: Attempt, *, junit: Path, log: Path,
           filtering: bool) -> Result:
-    """The outcome of one attempt: from its exit code (scripts) or its JUnit report (pytest)."""
+    """The outcome of one attempt: a lost node or a remote failure first, then its exit code
+    (scripts) or its JUnit report (pytest)."""
+    result = _judge_process(entry, attempt, junit=junit, log=log, filtering=filtering)
+    if attempt.interrupted:
+        return result
+    if attempt.lost:
+        return replace(result, outcome="lost", failed=max(1, result.failed), reason=attempt.lost)
+    if attempt.error:
+        return replace(result, outcome="failed", failed=max(1, result.failed), reason=attempt.error)
+    return result
+
+
+def _judge_process(entry: PlannedEntry, attempt: Attempt, *, junit: Path, log: Path,
+                   filtering: bool) -> Result:
     out = tail(log)
     base = Result(entry=entry, outcome="failed", seconds=attempt.seconds,
                   returncode=attempt.returncode, output_tail=out, log_path=log,
@@ -228,3 +237,25 @@ def closing(suite: str, results: Sequence[Result]) -> str:
     return (f"{suite}: interrupted; {finished} of {len(results)} entries finished "
             f"({len(stopped)} stopped or never run); tests: {passed} passed, {failed} failed, "
             f"{skipped} skipped")
+
+
+def no_test_ran(results: Sequence[Result]) -> bool:
+    """Nothing passed and nothing was held back by a quarantine: the run tested nothing."""
+    return sum(r.passed for r in results) == 0 and not any(r.outcome == "quarantined" for r in results)
+
+
+def run_exit_code(results: Sequence[Result], *, misdeclared: bool = False) -> int:
+    """The exit code of a run, from its (gated, quarantined) results.
+
+    130 an entry was interrupted; 124 an entry gave up waiting for its GPUs (--lock-timeout);
+    1 something failed or no test ran; 2 instead of 1 when a metric gate names a metric
+    its entry never writes (`misdeclared`: fix the registry); else 0.
+    """
+    if any(r.outcome == "interrupted" for r in results):
+        return EXIT_INTERRUPTED
+    if any(r.outcome == "timeout" and r.started_at is None and r.queued_at is not None
+           for r in results):
+        return EXIT_TIMEOUT
+    if any(not r.ok for r in results) or no_test_ran(results):
+        return EXIT_USAGE if misdeclared else EXIT_FAILED
+    return EXIT_OK

@@ -20,32 +20,31 @@ from typing import NoReturn
 from ci import checkout, timeline
 from ci import plan as planner
 from ci.args import existing_dir, seconds
-from ci.backends import select_backend
+from ci.backends import BackendOptions, select_backend
+from ci.backends.base import AttemptPaths, Lease
 from ci.backends.ray import ADDRESS_ENV
 from ci.discover import discover
-from ci.docker import ENTRY_FLAG_DEFAULTS
 from ci.durations import DURATIONS_FILE, DurationStore
-from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, StoreError, UsageError
+from ci.errors import EXIT_OK, StoreError, UsageError
 from ci.gpu_lock import DEFAULT_PATTERN as DEFAULT_LOCK_PATTERN
 from ci.gpu_lock import DEFAULT_TIMEOUT as DEFAULT_LOCK_TIMEOUT
 from ci.gpu_lock import MAX_TOTAL_GPUS, check_files, nvml_gpu_count, validate_pattern
 from ci.history import hook as history
 from ci.history.store import HISTORY_ENV, HISTORY_FILE, resolve_url
 from ci.interrupts import PROCESS
+from ci.launch import TEST_FLAGS
 from ci.log import Log
 from ci.plan import PlannedEntry
 from ci.ports import claimed_floor
 from ci.prefork import BASE_PRELOAD, Policy
 from ci.registry import Registry, load_registry
 from ci.report import markdown, merge_junit, table
-from ci.results import UNMEASURED, Result, closing
-from ci.runner import Acquire, Lease, RunConfig, Runner, base_argv, entry_env, entry_mode
+from ci.results import UNMEASURED, Result, closing, no_test_ran, run_exit_code
+from ci.runner import Acquire, RunConfig, Runner
 from ci.suites import SUITES, Suite
 from ci.timeouts import LOCK_TIMEOUT_ENV
 
 MAX_JOBS = 256
-# The original CI's feature flags, unless the environment or the entry says otherwise.
-TEST_FLAGS = {**ENTRY_FLAG_DEFAULTS, "SLIME_TEST_ENABLE_INFINITE_RUN": "0"}
 # As `U.get_bool_env_var` reads the same variables inside an entry: only "1" and "true"
 # (any case) are true, so the runner and the entry never disagree about a flag.
 TRUE_WORDS = {"1", "true"}
@@ -118,11 +117,54 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunArgs:
+    """The command line of `python -m ci run`, validated, with its defaults resolved."""
+
+    suite: str
+    paths: tuple[str, ...] = ()
+    keyword: str | None = None
+    jobs: int | None = None
+    dry_run: bool = False
+    package: tuple[str, ...] = ()
+    only: str | None = None
+    shard: str | None = None
+    timeout: float | None = None
+    retries: int = 0
+    gpus: int | None = None
+    emulate_gpus: bool = False
+    no_docker: bool = False
+    image: str | None = None
+    pull: str | None = None
+    lock_path_pattern: str | None = None
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT  # --lock-timeout, else LOCK_TIMEOUT_ENV, else the default
+    base: str = "origin/main"
+    affected: bool = False
+    junit: Path | None = None
+    durations: Path | None = None
+    history: str | None = None
+    history_url: str = ""  # --history resolved against the environment and the root
+    include_quarantined: bool = False
+    order: str = "auto"
+    keep_outputs: bool = False
+    no_prefork: bool = False
+    ray_address: str | None = None  # --ray-address, else ADDRESS_ENV
+    root: Path = Path(".")
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace, **resolved: object) -> RunArgs:
+        """The parsed namespace as typed fields; `resolved` overrides what parse() resolved."""
+        values = {f: getattr(ns, f) for f in cls.__dataclass_fields__ if hasattr(ns, f)}
+        values.update(paths=tuple(ns.paths), package=tuple(ns.package))
+        values.update(resolved)
+        return cls(**values)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Options:
     """Parsed and validated command line."""
 
     suite: Suite
-    args: argparse.Namespace
+    args: RunArgs
     pytest_args: tuple[str, ...]
     root: Path
     registry: Registry
@@ -144,28 +186,28 @@ def parse(argv: Sequence[str]) -> Options:
         raise UsageError(f"--retries {args.retries}: must be between 0 and 10")
     if args.gpus is not None and not 0 <= args.gpus <= MAX_TOTAL_GPUS:
         raise UsageError(f"--gpus {args.gpus}: must be between 0 and {MAX_TOTAL_GPUS}")
-    if args.lock_timeout is None:
-        args.lock_timeout = _lock_timeout_from(os.environ)
-    seconds("--lock-timeout", args.lock_timeout, forever=True)
-    if args.ray_address is None:
-        args.ray_address = os.environ.get(ADDRESS_ENV) or None
+    lock_timeout = _lock_timeout_from(os.environ) if args.lock_timeout is None else args.lock_timeout
+    seconds("--lock-timeout", lock_timeout, forever=True)
+    ray_address = args.ray_address if args.ray_address is not None else os.environ.get(ADDRESS_ENV) or None
     if args.lock_path_pattern is not None:
         # The same check as lock-gpus: a bad pattern found by the runner thread of the first
         # GPU entry used to end the run as "interrupted". On a cluster `{node}` is a field too.
         validate_pattern(args.lock_path_pattern.replace("{node}", "node")
-                         if args.ray_address else args.lock_path_pattern)
+                         if ray_address else args.lock_path_pattern)
     if any(not p.strip() for p in args.paths):
         raise UsageError("an empty path was given (`\"\"`); name test files or directories of the "
                          "suite, or none for all of it")
-    if args.ray_address is not None and not suite.needs_gpus:
+    if ray_address is not None and not suite.needs_gpus:
         raise UsageError(f"--ray-address runs GPU suites on a cluster; {suite.name} runs on this machine")
     try:
-        args.history_url = resolve_url(args.history, os.environ, root)
+        history_url = resolve_url(args.history, os.environ, root)
     except StoreError:  # no SQLAlchemy here: recording warns and spools, the run goes on
-        args.history_url = args.history or f"sqlite:///{root / HISTORY_FILE}"
+        history_url = args.history or f"sqlite:///{root / HISTORY_FILE}"
     if unknown and not suite.takes_pytest_args:
         raise UsageError(f"unknown option(s) for GPU suite {suite.name}: {' '.join(unknown)}")
-    return Options(suite=suite, args=args, pytest_args=tuple(unknown), root=root, registry=registry)
+    typed = RunArgs.from_namespace(args, lock_timeout=lock_timeout, ray_address=ray_address,
+                                   history_url=history_url)
+    return Options(suite=suite, args=typed, pytest_args=tuple(unknown), root=root, registry=registry)
 
 
 def select(opts: Options, durations: Mapping[str, float],
@@ -227,26 +269,31 @@ def _gpu_budget(opts: Options, entries: Sequence[PlannedEntry]) -> int:
     return gpus
 
 
+def _placeholder_paths(cfg: RunConfig) -> AttemptPaths:
+    """An attempt's paths as the dry run shows them (no attempt, so no real ones)."""
+    placeholder = cfg.work_dir / "out" / "<entry>"
+    return AttemptPaths(name="<entry>", log=cfg.work_dir / "logs" / "<entry>.log",
+                        junit=cfg.work_dir / "junit" / "<entry>.xml", out_dir=placeholder,
+                        tmp_dir=placeholder / "tmp")
+
+
 def _print_plan(opts: Options, entries: Sequence[PlannedEntry], cfg: RunConfig, log: Log) -> None:
     suite, backend = opts.suite, cfg.backend
     # A cluster's GPUs are known only once the run joins it, which a dry run does not do.
-    gpus = "the cluster's GPUs" if backend.remote is not None and not backend.gpus else f"{backend.gpus} GPUs"
+    gpus = "the cluster's GPUs" if not backend.gpus_known and not backend.gpus else f"{backend.gpus} GPUs"
     log.line(f"plan for {suite.name}: {len(entries)} entries, {cfg.jobs} at a time, "
              f"{gpus}, {backend.describe()}")
-    placeholder = cfg.work_dir / "out" / "<entry>"
     if not cfg.prefork.off:
         log.line(f"  pytest files fork from pre-imported workers ({', '.join(cfg.prefork.preload)}) "
                  "unless marked fresh")
+    paths = _placeholder_paths(cfg)
     for e in entries:
-        devices = tuple(range(e.num_gpus))
-        argv = base_argv(e, cfg, cfg.work_dir / "junit" / "<entry>.xml")
-        env = entry_env(e, cfg, devices=devices, out_dir=placeholder, tmp_dir=placeholder / "tmp")
-        launch = backend.launch(e, tuple(argv), env, devices)
-        mode = entry_mode(e, cfg, launch.argv, launch.env).describe()
+        plan = backend.plan(e, cfg, devices=tuple(range(e.num_gpus)), paths=paths)
         why = f"  [{e.why}]" if e.why else ""
         cores = f"  cores={e.cores}" if e.cores > 1 else ""
+        mode = plan.mode.describe()
         log.line(f"  {e.id}  gpus={e.num_gpus}{cores}  timeout={e.timeout:.0f}s  run={mode}{why}")
-        log.line(f"      $ {shlex.join(launch.argv)}")
+        log.line(f"      $ {shlex.join(plan.launch.argv)}")
     log.line(f"  {_imports_line(opts, entries, cfg)}")
     if backend.gpus and any(e.num_gpus for e in entries):
         log.line("  (GPU ids shown are placeholders: each entry takes whichever GPUs the lock grants)")
@@ -257,17 +304,15 @@ def _where_from(opts: Options, entries: Sequence[PlannedEntry],
     """Where an entry started by this run would import the checkout's packages from; None
     where no process of this host runs it (a container, a cluster node)."""
     backend = cfg.backend
-    if backend.remote is not None or backend.name == "docker":
+    if not backend.local_processes:
         return None
     e = entries[0]
     placeholder = cfg.work_dir / "out" / "<entry>"
-    devices = tuple(range(e.num_gpus))
-    env = backend.launch(e, tuple(base_argv(e, cfg, placeholder / "junit.xml")),
-                         entry_env(e, cfg, devices=devices, out_dir=placeholder,
-                                   tmp_dir=placeholder / "tmp"), devices).env
+    paths = replace(_placeholder_paths(cfg), junit=placeholder / "junit.xml")
+    env = backend.plan(e, cfg, devices=tuple(range(e.num_gpus)), paths=paths).launch.env
     # A script's sys.path[0] is its own directory; `python -m pytest` puts the cwd (root) there.
     cwd = opts.root / Path(e.path).parent if e.kind == "script" else opts.root
-    return checkout.resolve(cfg.python, checkout.packages(opts.root, opts.args.package),
+    return checkout.resolve(cfg.python, checkout.packages(opts.root, list(opts.args.package)),
                             env={k: v for k, v in env.items() if k != "TMPDIR"}, cwd=cwd)
 
 
@@ -328,12 +373,11 @@ def main(argv: Sequence[str]) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     work_dir = cache / "runs" / f"{suite.name}-{stamp}-{os.getpid()}"
     env = {**TEST_FLAGS, **os.environ}
-    backend = select_backend(suite, gpus=gpus, emulate_gpus=args.emulate_gpus,
-                             no_docker=args.no_docker, lock_path_pattern=args.lock_path_pattern,
-                             image=args.image, pull=args.pull, root=str(root), note=log.line,
-                             ray_address=args.ray_address, env=env, jobs=jobs,
-                             lock_timeout=args.lock_timeout,
-                             largest_entry=max(e.num_gpus for e in entries))
+    backend = select_backend(suite, BackendOptions(
+        gpus=gpus, emulate_gpus=args.emulate_gpus, no_docker=args.no_docker,
+        lock_path_pattern=args.lock_path_pattern, image=args.image, pull=args.pull, root=str(root),
+        note=log.line, ray_address=args.ray_address, env=env, jobs=jobs,
+        lock_timeout=args.lock_timeout, largest_entry=max(e.num_gpus for e in entries)))
     cfg = RunConfig(
         root=root, work_dir=work_dir, jobs=jobs, base_env=env,
         pytest_args=(*(("-k", args.keyword) if args.keyword else ()), *opts.pytest_args),
@@ -376,9 +420,9 @@ def main(argv: Sequence[str]) -> int:
     results, misdeclared = history.apply_gates(run, results, note=log.line)
     shown = (results if args.include_quarantined
              else history.apply_quarantine(results, history.quarantine_reasons(run)))
-    code = _report(suite.name, shown, wall, junit, store, log)
-    if misdeclared and code == EXIT_FAILED:
-        code = EXIT_USAGE  # a gate names a metric the entry never writes: fix the registry
+    _report(suite.name, shown, wall, junit, store, log)
+    # A gate that names a metric its entry never writes turns "failed" into "fix the registry".
+    code = run_exit_code(shown, misdeclared=bool(misdeclared))
     history.finish(run, results, code, root=root, backend=backend.describe(), durations=measured,
                    warn=warn, note=log.line)
     if gpu_entries:
@@ -441,7 +485,9 @@ def _acquirer(gpus: int, pattern: str, timeout: float) -> Acquire:
 
 
 def _report(name: str, results: Sequence[Result], wall: float, junit: Path,
-            store: DurationStore, log: Log) -> int:
+            store: DurationStore, log: Log) -> None:
+    """The run's table, JUnit, durations, step summary and closing lines (its exit code is
+    `ci.results.run_exit_code`)."""
     log.line("")
     log.line(table(results))
     log.line("")
@@ -464,15 +510,5 @@ def _report(name: str, results: Sequence[Result], wall: float, junit: Path,
         log.line(f"FAILED {r.entry.id}: {r.outcome}: {r.reason}")
     log.line(line)
     log.line(f"{len(results)} entries in {wall:.1f}s; JUnit: {junit}")
-    if any(r.outcome == "interrupted" for r in results):
-        return EXIT_INTERRUPTED
-    if any(r.outcome == "timeout" and r.started_at is None and r.queued_at is not None
-           for r in results):
-        return EXIT_TIMEOUT  # an entry gave up waiting for its GPUs (--lock-timeout)
-    if bad:
-        return EXIT_FAILED
-    if sum(r.passed for r in results) == 0 and not any(r.outcome == "quarantined" for r in results):
+    if not bad and no_test_ran(results) and not any(r.outcome == "interrupted" for r in results):
         log.line(f"{name}: no test ran")
-        return EXIT_FAILED
-    return EXIT_OK
-

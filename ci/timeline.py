@@ -16,8 +16,11 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
+from ci.results import gpu_row
+
 if TYPE_CHECKING:
     from ci.results import Result
+
 
 # Colours by outcome (GitHub's palette, so the page reads like the checks it sits next to).
 COLOURS: dict[str, str] = {
@@ -94,10 +97,6 @@ class Timeline:
         """Seconds the row was held (overlaps on a CPU lane counted once)."""
         return sum(end - start for start, end in _union(
             (b.start, b.end) for b in self.bars if b.row == row))
-
-
-def gpu_row(node: str, device: int) -> str:
-    return f"{node}:{device}"
 
 
 def _attempts(result: Result) -> list[Result]:

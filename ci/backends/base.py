@@ -3,68 +3,74 @@
 from __future__ import annotations
 
 import abc
-import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from ci.launch import (
+    AttemptPaths,
+    EntryEnv,
+    Launch,
+    LaunchPlan,
+    Settings,
+    base_argv,
+    entry_env,
+    worker_env,
+)
 from ci.plan import PlannedEntry
-from ci.results import RemoteAttempt
+from ci.prefork import choose
+from ci.proc import Groups
+from ci.results import Attempt
+
+__all__ = ["Attempt", "AttemptEvents", "AttemptPaths", "Backend", "EntryEnv", "Launch", "LaunchPlan",
+           "Lease", "Note", "RunContext"]
+
+Note = Callable[[str], None]
+
+
+class Lease(Protocol):
+    """GPUs held for one entry, and the locked file descriptors that hold them."""
+
+    @property
+    def devices(self) -> tuple[int, ...]: ...
+
+    @property
+    def fds(self) -> tuple[int, ...]: ...
+
+    def note_child(self, pid: int) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)
-class EntryEnv:
-    """The variables of one entry, kept apart from what the runner merely inherited.
+class RunContext:
+    """What every attempt of one run shares, handed to the backend when the run opens."""
 
-    `own` travels with the entry wherever it runs, a container included: the project's
-    settings and feature flags, the registry entry's env, the isolation variables the
-    runner chose (output dir, GPUs, port block). `host` matters only to a process on
-    this host (its temp dir there, unbuffered output). `inherited` is the runner's
-    environment, which only a local process receives, less `unset`.
-    """
-
-    inherited: Mapping[str, str]
-    own: Mapping[str, str]
-    host: Mapping[str, str] = field(default_factory=dict)
-    unset: frozenset[str] = frozenset()
-    threads: int = 1  # OMP threads per entry, so parallel entries do not oversubscribe the cores
-
-    def local(self) -> dict[str, str]:
-        """The full environment of a process started on this host."""
-        env = {k: v for k, v in self.inherited.items() if k not in self.unset}
-        env.update(self.own)
-        env.update(self.host)
-        env.setdefault("OMP_NUM_THREADS", str(self.threads))
-        return env
+    settings: Settings
+    grace: float  # seconds between SIGTERM and SIGKILL of an entry's process group
+    groups: Groups  # the run's process groups; `groups.stopping` is set once the run stops
+    logs: Path  # the run's log directory (pre-imported workers write theirs there)
+    note: Note  # one line for the run's log
 
 
 @dataclass(frozen=True, kw_only=True)
-class Launch:
-    """How one entry starts: the argv and environment of its process, and an abort handle."""
+class AttemptEvents:
+    """What a backend tells the runner while an attempt runs (heartbeat and live output)."""
 
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    handle: str | None = None  # what `abort` needs, e.g. a container name
-
-
-class Remote(Protocol):
-    """Runs attempts elsewhere (a cluster): placement, GPUs and the process live on a node."""
-
-    def run(self, entry: PlannedEntry, *, name: str, log_path: Path, junit: Path,
-            stopping: threading.Event, on_start: Callable[[], None],
-            on_output: Callable[[str], None]) -> RemoteAttempt: ...
-
-    def cancel_all(self) -> None: ...
+    queued: Callable[[], None]  # waiting to be placed (a cluster); the runner's own GPU wait is its own
+    started: Callable[[], None]  # the entry's process started
+    output: Callable[[str], None]  # output to show live (from elsewhere); local output goes to the log
 
 
 class Backend(abc.ABC):
-    """How the entries of a run execute; see the module docstring for the contract."""
+    """How the entries of a run execute; see the package docstring for the contract."""
 
     name: ClassVar[str]
+    # Entries may fork from pre-imported workers: they are plain processes of this host.
+    forks_entries: ClassVar[bool] = False
 
     def __init__(self, *, gpus: int = 0) -> None:
         self.gpus = gpus  # GPUs this run may use
+        self._run: RunContext | None = None
 
     def check(self) -> None:  # noqa: B027 - optional hook: most backends need nothing
         """Raise UsageError when this backend cannot run here (before any entry starts)."""
@@ -73,6 +79,40 @@ class Backend(abc.ABC):
     def launch(self, entry: PlannedEntry, argv: tuple[str, ...], env: EntryEnv,
                devices: tuple[int, ...]) -> Launch:
         """The process that runs `entry` on `devices`, from its local argv and variables."""
+
+    def plan(self, entry: PlannedEntry, settings: Settings, *, devices: tuple[int, ...],
+             paths: AttemptPaths) -> LaunchPlan:
+        """The one assembly of an entry's launch: what the run starts and `--dry-run` prints."""
+        argv = tuple(base_argv(entry, settings, paths.junit))
+        env = entry_env(entry, settings, devices=devices, out_dir=paths.out_dir, tmp_dir=paths.tmp_dir)
+        launch = self.launch(entry, argv, env, devices)
+        mode = choose(policy=settings.prefork, kind=entry.kind, num_gpus=entry.num_gpus,
+                      opted_in=entry.prefork, backend=self.name, may_fork=self.forks_entries,
+                      argv=launch.argv, python=settings.python, env=launch.env,
+                      worker_env=worker_env(settings))
+        return LaunchPlan(launch=launch, mode=mode)
+
+    def open_run(self, run: RunContext) -> None:
+        """The run begins: keep what its attempts share."""
+        self._run = run
+
+    @property
+    def run_context(self) -> RunContext:
+        if self._run is None:
+            raise RuntimeError(f"{type(self).__name__}.run_attempt before open_run")
+        return self._run
+
+    @abc.abstractmethod
+    def run_attempt(self, entry: PlannedEntry, lease: Lease | None, paths: AttemptPaths,
+                    events: AttemptEvents) -> Attempt:
+        """Run one attempt of `entry` on the GPUs of `lease` (None: none held here); blocks
+        until it ends, was stopped (the run's `groups.stopping`) or timed out."""
+
+    def interrupt(self) -> None:  # noqa: B027 - optional hook
+        """The run is stopping: end attempts that stopping the run's process groups does not reach."""
+
+    def close_run(self) -> None:  # noqa: B027 - optional hook
+        """The run is over: release what its attempts shared (pre-imported workers)."""
 
     def abort(self, launch: Launch) -> None:  # noqa: B027 - optional hook
         """Stop what killing the entry's process group does not reach."""
@@ -91,17 +131,19 @@ class Backend(abc.ABC):
         """GPUs are logical: counts are checked, but nothing runs on a device."""
         return False
 
+    @property
+    def gpus_known(self) -> bool:
+        """False while the run's GPUs are known only after `check` (a cluster it has not joined)."""
+        return True
+
+    @property
+    def local_processes(self) -> bool:
+        """Entries are processes of this host, importing what this host's interpreter sees."""
+        return True
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the backend made for this run."""
 
     def gpu_rows(self, host: str) -> list[str]:
         """The run's GPUs as the timeline names them, `node:gpu`; here, this host's."""
         return [f"{host}:{i}" for i in range(self.gpus)]
-
-    @property
-    def remote(self) -> Remote | None:
-        """A backend that runs entries on other machines runs each attempt itself; None: here."""
-        return None
-
-
-Note = Callable[[str], None]

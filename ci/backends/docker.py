@@ -52,6 +52,7 @@ class DockerBackend(LocalBackend):
     """`docker run` of the entry's command in the image, on the GPUs its lock granted."""
 
     name = "docker"
+    forks_entries = False  # the process here is `docker run`; the file runs in the container
 
     def __init__(self, *, gpus: int, image: str | None, pull: str | None, root: str,
                  lock_path_pattern: str | None, note: Note) -> None:
@@ -98,6 +99,10 @@ class DockerBackend(LocalBackend):
         if launch.handle:
             subprocess.run(docker_kill_argv(launch.handle), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, timeout=60, check=False)
+
+    @property
+    def local_processes(self) -> bool:
+        return False  # the entry imports what the image and the mounted workspace hold
 
     def describe(self) -> str:
         return f"docker {self.image}"

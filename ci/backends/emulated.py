@@ -11,11 +11,12 @@ import os
 import shutil
 import tempfile
 
-from ci.backends.base import Backend, EntryEnv, Launch
+from ci.backends.base import EntryEnv, Launch
+from ci.backends.process import LocalProcessBackend
 from ci.plan import PlannedEntry
 
 
-class EmulatedBackend(Backend):
+class EmulatedBackend(LocalProcessBackend):
     """Local processes on logical GPUs."""
 
     name = "emulated"

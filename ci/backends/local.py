@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ci.backends.base import Backend, EntryEnv, Launch
+from ci.backends.base import EntryEnv, Launch
+from ci.backends.process import LocalProcessBackend
 from ci.errors import UsageError
 from ci.gpu_lock import DEFAULT_PATTERN, nvml_gpu_count
 from ci.plan import PlannedEntry
@@ -17,10 +18,11 @@ def check_gpu_count(gpus: int) -> None:
                          f"--gpus {seen} or less, or --emulate-gpus to run on logical GPUs")
 
 
-class LocalBackend(Backend):
+class LocalBackend(LocalProcessBackend):
     """The entry's local argv, in the runner's environment, on the GPUs its lock granted."""
 
     name = "local"
+    forks_entries = True  # a CPU pytest file may fork from a pre-imported worker
 
     def __init__(self, *, gpus: int = 0, lock_path_pattern: str | None = None) -> None:
         super().__init__(gpus=gpus)

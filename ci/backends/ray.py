@@ -21,18 +21,16 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from ci.backends.base import Backend, EntryEnv, Launch
-from ci.backends.ray_task import NodeJob, run_on_node
+from ci.backends.base import AttemptEvents, AttemptPaths, Backend, EntryEnv, Launch, Lease
+from ci.backends.ray_task import Ended, NodeJob, Output, Started, run_on_node
 from ci.errors import UsageError
 from ci.gpu_lock import DEFAULT_PATTERN
 from ci.plan import PlannedEntry
-from ci.results import RemoteAttempt
-from ci.timeline import gpu_row
+from ci.results import Attempt, gpu_row
 
 ADDRESS_ENV = "SLIME_CI_RAY_ADDRESS"
 # Emulated GPUs on a cluster: per node ({node}: its Ray id), never the real GPUs' files.
@@ -80,7 +78,7 @@ def reachable(address: str, timeout: float = 5.0) -> None:
 
 
 class RayBackend(Backend):
-    """Entries as Ray tasks on a cluster; the runner hands each attempt to `run`."""
+    """Entries as Ray tasks on a cluster: each attempt a task, placed and run by Ray."""
 
     name = "ray"
 
@@ -130,8 +128,12 @@ class RayBackend(Backend):
         return self._emulated
 
     @property
-    def remote(self) -> RayBackend:
-        return self
+    def gpus_known(self) -> bool:
+        return False  # the cluster's, once `check` has joined it
+
+    @property
+    def local_processes(self) -> bool:
+        return False  # entries run on the nodes, importing the nodes' checkouts
 
     def gpu_rows(self, host: str) -> list[str]:
         return [gpu_row(n.name, i) for n in self.nodes() for i in range(n.gpus)]
@@ -185,8 +187,8 @@ class RayBackend(Backend):
     def _alive(self, node_id: str) -> bool:
         return any(n.node_id == node_id and n.alive for n in self.nodes())
 
-    def cancel_all(self) -> None:
-        """Ctrl-C: cancel every remote entry (its task kills the entry's process group)."""
+    def interrupt(self) -> None:
+        """Ctrl-C: cancel every entry in flight (its task stops the entry's process group)."""
         import ray
 
         with self._lock:
@@ -197,17 +199,17 @@ class RayBackend(Backend):
             except Exception:  # already finished or its node is gone; nothing to cancel
                 continue
 
-    def run(self, entry: PlannedEntry, *, name: str, log_path: Path, junit: Path,
-            stopping: threading.Event, on_start: Callable[[], None],
-            on_output: Callable[[str], None]) -> RemoteAttempt:
-        """Run one attempt of an entry on the cluster; blocks until it ends."""
+    def run_attempt(self, entry: PlannedEntry, lease: Lease | None, paths: AttemptPaths,
+                    events: AttemptEvents) -> Attempt:
+        """Run one attempt of an entry on the cluster (Ray takes its GPUs there); blocks until it ends."""
         import ray
 
+        stopping = self.run_context.groups.stopping
+        events.queued()
         job = NodeJob(entry=entry, root=self.root, env=self.env, jobs=self.jobs, pytest_args=(),
                       emulate_gpus=self._emulated, lock_pattern=self.node_lock_pattern,
                       lock_timeout=self.lock_timeout, node_gpus=self.node_gpus, grace=GRACE,
-                      run_token=self.run_token,
-                      attempt_name=name)
+                      run_token=self.run_token, attempt_name=paths.name)
         queued_at = time.time()
         # A task's resources always come from one node, so `num_gpus` alone already means
         # "NUM_GPUS on one node" (what a one-bundle STRICT_PACK placement group would say),
@@ -217,47 +219,17 @@ class RayBackend(Backend):
         gen = self._task.options(**options, num_returns="streaming", max_retries=0,
                                  name=f"slime-ci:{entry.id}"[:200]).remote(job)
         with self._lock:
-            self._inflight[name] = gen
-        if stopping.is_set():  # stopped while this one was being submitted: cancel_all missed it
+            self._inflight[paths.name] = gen
+        if stopping.is_set():  # stopped while this one was being submitted: interrupt() missed it
             ray.cancel(gen)
-        node_id, node, devices = "", "", ()
-        started_at: float | None = None
-        result = RemoteAttempt(returncode=None, seconds=0.0, timed_out=False, interrupted=False,
-                               queued_at=queued_at, ended_at=queued_at)
+        watch = _Watch(backend=self, events=events, paths=paths, queued_at=queued_at)
         try:
-            with log_path.open("wb") as log:
-                try:
-                    for ref in gen:
-                        msg = ray.get(ref)
-                        if msg[0] == "log":
-                            log.write(str(msg[1]).encode())
-                            log.flush()
-                            on_output(str(msg[1]))
-                        elif msg[0] == "start":
-                            node_id, devices = str(msg[1]), tuple(msg[3])
-                            node = self._name(node_id)
-                            started_at = time.time()
-                            on_start()
-                        elif msg[0] == "end":
-                            if msg[4]:
-                                junit.write_text(str(msg[4]), encoding="utf-8")
-                            result = replace(result, returncode=int(msg[1]), timed_out=bool(msg[2]),
-                                             seconds=float(msg[3]))
-                except ray.exceptions.TaskCancelledError:
-                    result = replace(result, interrupted=True)
-                except ray.exceptions.RayError as exc:
-                    if stopping.is_set():
-                        result = replace(result, interrupted=True)
-                    else:
-                        lost = self._lost_node(node_id)
-                        why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
-                        log.write(f"\n[slime-ci] {lost or 'the Ray task failed'}: {why}\n".encode())
-                        result = replace(result, lost=lost, error="" if lost else why,
-                                         seconds=time.time() - (started_at or queued_at))
+            with paths.log.open("wb") as log:
+                attempt = watch.follow((ray.get(ref) for ref in gen), log, stopping)
         finally:
             with self._lock:
-                self._inflight.pop(name, None)
-        return replace(result, node=node, devices=devices, started_at=started_at, ended_at=time.time())
+                self._inflight.pop(paths.name, None)
+        return replace(attempt, interrupted=attempt.interrupted or stopping.is_set(), ended_at=time.time())
 
     def _lost_node(self, node_id: str) -> str:
         """The lost node's description when the error came from a node that died, else ''."""
@@ -269,3 +241,53 @@ class RayBackend(Backend):
                 return f"node {self._name(node_id)} lost mid-entry"
             time.sleep(0.5)
         return ""
+
+
+class _Watch:
+    """The driver's side of one task: the node's messages, turned into a live log and an Attempt."""
+
+    def __init__(self, *, backend: RayBackend, events: AttemptEvents, paths: AttemptPaths,
+                 queued_at: float) -> None:
+        self.backend, self.events, self.paths = backend, events, paths
+        self.node_id = ""
+        self.attempt = Attempt(returncode=None, seconds=0.0, timed_out=False, interrupted=False,
+                               node="", queued_at=queued_at, ended_at=queued_at)
+
+    def follow(self, messages: Iterable[object], log: IO[bytes], stopping: threading.Event) -> Attempt:
+        import ray
+
+        try:
+            for msg in messages:
+                self._take(msg, log)
+        except ray.exceptions.TaskCancelledError:
+            self.attempt = replace(self.attempt, interrupted=True)
+        except ray.exceptions.RayError as exc:
+            if stopping.is_set():
+                self.attempt = replace(self.attempt, interrupted=True)
+            else:
+                self._failed(exc, log)
+        return self.attempt
+
+    def _take(self, msg: object, log: IO[bytes]) -> None:
+        if isinstance(msg, Output):
+            log.write(msg.text.encode())
+            log.flush()
+            self.events.output(msg.text)
+        elif isinstance(msg, Started):
+            self.node_id = msg.node_id
+            self.attempt = replace(self.attempt, node=self.backend._name(msg.node_id),
+                                   devices=tuple(msg.devices), started_at=time.time())
+            self.events.started()
+        elif isinstance(msg, Ended):
+            if msg.junit_text:
+                self.paths.junit.write_text(msg.junit_text, encoding="utf-8")
+            self.attempt = replace(self.attempt, returncode=msg.returncode, timed_out=msg.timed_out,
+                                   seconds=msg.seconds)
+
+    def _failed(self, exc: Exception, log: IO[bytes]) -> None:
+        lost = self.backend._lost_node(self.node_id)
+        why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+        log.write(f"\n[slime-ci] {lost or 'the Ray task failed'}: {why}\n".encode())
+        since = self.attempt.started_at or self.attempt.queued_at or 0.0
+        self.attempt = replace(self.attempt, lost=lost, error="" if lost else why,
+                               seconds=time.time() - since)

@@ -1,14 +1,14 @@
 """The node side of a cluster run: one entry, run as a Ray streaming task on the node Ray chose.
 
-Runs the same argv and environment a local run would (`ci.runner.base_argv`,
-`entry_env` and the local or emulated backend's `launch`), in this node's
-checkout, on the GPUs Ray assigned, after taking this
-node's GPU lock files for them, so someone using `lock-gpus` on the box is respected.
-It yields messages the driver turns into a live log and a result:
+Runs the same launch a local run would (`Backend.plan` of the local or emulated
+backend), in this node's checkout, on the GPUs Ray assigned, after taking this node's
+GPU lock files for them, so someone using `lock-gpus` on the box is respected; its
+process group is stopped with `ci.proc.stop_group`, as on the driver's host. It yields
+typed messages the driver turns into a live log and a result:
 
-    ("start", node_id, hostname, devices, pid)   the GPUs are held, the process started
-    ("log", text)                                 output, a few lines at a time
-    ("end", returncode, timed_out, seconds, junit_text)
+    Started(node_id, host, devices, pid)    the GPUs are held, the process started
+    Output(text)                            output, a few lines at a time
+    Ended(returncode, timed_out, seconds, junit_text)
 """
 
 from __future__ import annotations
@@ -16,25 +16,54 @@ from __future__ import annotations
 import os
 import queue
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, suppress
+from collections.abc import Generator, Iterator, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from ci.backends.base import Backend
 from ci.backends.emulated import EmulatedBackend
 from ci.backends.local import LocalBackend
+from ci.launch import AttemptPaths, Launch, LaunchSettings
 from ci.plan import PlannedEntry
-from ci.runner import RunConfig, base_argv, entry_env
+from ci.proc import start, stop_group, wait_exit
 
-Message = tuple[object, ...]
+
+@dataclass(frozen=True)
+class Started:
+    """The node holds the entry's GPUs and started its process."""
+
+    node_id: str
+    host: str
+    devices: tuple[int, ...]
+    pid: int
+
+
+@dataclass(frozen=True)
+class Output:
+    """A few lines of the entry's output."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The entry's process ended (or was stopped)."""
+
+    returncode: int
+    timed_out: bool
+    seconds: float
+    junit_text: str
+
+
+Message = Started | Output | Ended
 
 # The child takes SIGKILL when the worker that started it dies (a lost node, a killed
 # worker): nothing is left running on a node whose driver no longer knows about it.
@@ -63,96 +92,94 @@ class NodeJob:
     attempt_name: str
 
 
-def _kill_group(pgid: int, sig: int) -> None:
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _pump(stream: object, out: queue.Queue[bytes | None]) -> None:
-    assert hasattr(stream, "readline")
+def _pump(stream: IO[bytes], out: queue.Queue[bytes | None]) -> None:
     for line in iter(stream.readline, b""):
         out.put(line)
     out.put(None)
+
+
+def _drain(lines: queue.Queue[bytes | None], wait: float) -> tuple[bytes, bool]:
+    """What the pump read within `wait` seconds, and whether the output has ended."""
+    chunk: list[bytes] = []
+    try:
+        item = lines.get(timeout=wait)
+        while item is not None:
+            chunk.append(item)
+            item = lines.get_nowait()
+        return b"".join(chunk), True
+    except queue.Empty:
+        return b"".join(chunk), False
 
 
 def run_on_node(job: NodeJob) -> Iterator[Message]:
     """Run one attempt on this node; a generator, so Ray streams each message to the driver."""
     import ray
 
-    from ci.gpu_lock import hold
-
     ctx = ray.get_runtime_context()
     node_id = ctx.get_node_id()
     host = socket.gethostname()
     devices = tuple(sorted(int(g) for g in ray.get_gpu_ids()))
     scratch = Path(tempfile.gettempdir()) / f"slime-ci-{job.run_token}" / job.attempt_name
-    tmp_dir, out_dir = scratch / "tmp", scratch / "out"
-    tmp_dir.mkdir(parents=True, exist_ok=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    junit = scratch / "junit.xml"
-    cfg = RunConfig(root=Path(job.root), work_dir=scratch, jobs=job.jobs, python=sys.executable,
-                    base_env={**os.environ, **job.env}, pytest_args=job.pytest_args)
+    paths = AttemptPaths(name=job.attempt_name, log=scratch / "entry.log", junit=scratch / "junit.xml",
+                         out_dir=scratch / "out", tmp_dir=scratch / "tmp")
+    paths.tmp_dir.mkdir(parents=True, exist_ok=True)
+    paths.out_dir.mkdir(parents=True, exist_ok=True)
+    if not Path(job.root).is_dir():
+        yield Started(node_id, host, devices, 0)
+        yield Output(f"checkout {job.root} does not exist on {host} (node {node_id[:8]})\n")
+        yield Ended(2, False, 0.0, "")
+        return
+    settings = LaunchSettings(root=Path(job.root), python=sys.executable, base_env={**os.environ, **job.env},
+                              jobs=job.jobs, pytest_args=job.pytest_args)
     # The same backend a run on this box would use; its lock is taken below, on Ray's GPUs.
     here: Backend = (EmulatedBackend(gpus=len(devices), lock_path_pattern="unused")
                      if job.emulate_gpus else LocalBackend(gpus=len(devices)))
-    if not Path(job.root).is_dir():
-        yield ("start", node_id, host, devices, 0)
-        yield ("log", f"checkout {job.root} does not exist on {host} (node {node_id[:8]})\n")
-        yield ("end", 2, False, 0.0, "")
-        return
-    launch = here.launch(job.entry, tuple(base_argv(job.entry, cfg, junit)),
-                         entry_env(job.entry, cfg, devices=devices, out_dir=out_dir, tmp_dir=tmp_dir),
-                         devices)
-    argv, env = launch.argv, dict(launch.env)
+    launch = here.plan(job.entry, settings, devices=devices, paths=paths).launch
     with ExitStack() as stack:
         if devices and job.lock_pattern:
+            from ci.gpu_lock import hold
+
             pattern = job.lock_pattern.replace("{node}", node_id)
             Path(pattern.format(gpu_id=0)).parent.mkdir(parents=True, exist_ok=True)
             stack.enter_context(hold(devices=devices, total_gpus=max(job.node_gpus, max(devices) + 1),
                                      lock_path_pattern=pattern, timeout=job.lock_timeout,
                                      command=f"{job.entry.id} (cluster run {job.run_token})"))
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *argv], cwd=job.root, env=env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True)
-        lines: queue.Queue[bytes | None] = queue.Queue()
-        threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
-        timed_out = False
-        deadline = start + job.entry.timeout
-        try:
-            yield ("start", node_id, host, devices, proc.pid)
-            done = False
-            while not done:
-                chunk: list[bytes] = []
-                try:
-                    item = lines.get(timeout=0.2)
-                    while True:
-                        if item is None:
-                            done = True
-                            break
-                        chunk.append(item)
-                        item = lines.get_nowait()
-                except queue.Empty:
-                    pass
-                if chunk:
-                    yield ("log", b"".join(chunk).decode("utf-8", "replace"))
-                if not timed_out and time.monotonic() > deadline:
-                    timed_out = True
-                    _kill_group(proc.pid, signal.SIGTERM)
-                    threading.Timer(job.grace, _kill_group, (proc.pid, signal.SIGKILL)).start()
-            proc.wait()
-        finally:
-            # Cancelled (Ctrl-C on the driver) or done: nothing of the entry outlives the task.
-            _kill_group(proc.pid, signal.SIGTERM)
-            if proc.poll() is None:
-                with suppress(subprocess.TimeoutExpired):
-                    proc.wait(job.grace)
-            _kill_group(proc.pid, signal.SIGKILL)
-            proc.wait()
-        seconds = time.monotonic() - start
-        junit_text = junit.read_text(encoding="utf-8", errors="replace") if junit.is_file() else ""
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    if proc.returncode == 0 and not timed_out:
+        ended = yield from _supervise(job, launch, Started(node_id, host, devices, 0))
+        junit_text = (paths.junit.read_text(encoding="utf-8", errors="replace")
+                      if paths.junit.is_file() else "")
+    shutil.rmtree(paths.tmp_dir, ignore_errors=True)
+    if ended.returncode == 0 and not ended.timed_out:
         shutil.rmtree(scratch, ignore_errors=True)
-    yield ("end", proc.returncode, timed_out, seconds, junit_text)
+    yield Ended(ended.returncode, ended.timed_out, ended.seconds, junit_text)
+
+
+def _supervise(job: NodeJob, launch: Launch, started: Started) -> Generator[Message, None, Ended]:
+    """Start the entry's group, stream its output, stop it at its timeout or when cancelled.
+
+    Returns (as the generator's value) an `Ended` without the JUnit text."""
+    begin = time.monotonic()
+    proc: subprocess.Popen[bytes] = start(
+        [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *launch.argv], cwd=job.root, env=launch.env,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    lines: queue.Queue[bytes | None] = queue.Queue()
+    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+    deadline = begin + job.entry.timeout
+    timed_out = False
+    try:
+        yield Started(started.node_id, started.host, started.devices, proc.pid)
+        done = False
+        while not done:
+            chunk, done = _drain(lines, 0.2)
+            if chunk:
+                yield Output(chunk.decode("utf-8", "replace"))
+            if not timed_out and time.monotonic() > deadline:
+                timed_out = True
+                stop_group(proc.pid, job.grace)  # the leader is unreaped: the group is ours
+        if not wait_exit(proc.pid, max(0.0, deadline - time.monotonic())) and not timed_out:
+            timed_out = True  # the output ended, the process did not, and its time is up
+    finally:
+        # Cancelled (Ctrl-C on the driver) or done: nothing of the entry outlives the task.
+        stop_group(proc.pid, job.grace)
+        returncode = proc.wait()
+    return Ended(returncode, timed_out, time.monotonic() - begin, "")

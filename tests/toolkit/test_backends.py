@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from _ci import REPO, run_ci, write
 
-from ci.backends import EntryEnv, select_backend
+from ci.backends import BackendOptions, EntryEnv, select_backend
 from ci.backends.docker import DockerBackend
 from ci.backends.emulated import EmulatedBackend
 from ci.backends.local import LocalBackend
@@ -136,12 +136,12 @@ def test_selection_and_what_each_backend_owns(tmp_path):
     by_name = {s.name: s for s in SUITES}
     pick = {"emulate_gpus": False, "no_docker": False, "lock_path_pattern": None, "image": None,
             "pull": "never", "root": str(tmp_path), "note": lambda _: None}
-    assert isinstance(select_backend(by_name["cpu_unit"], gpus=0, **pick), LocalBackend)
-    docker = select_backend(by_name["megatron"], gpus=8, **pick)
+    assert isinstance(select_backend(by_name["cpu_unit"], BackendOptions(gpus=0, **pick)), LocalBackend)
+    docker = select_backend(by_name["megatron"], BackendOptions(gpus=8, **pick))
     assert isinstance(docker, DockerBackend)
-    assert isinstance(select_backend(by_name["megatron"], gpus=8, **{**pick, "no_docker": True}),
+    assert isinstance(select_backend(by_name["megatron"], BackendOptions(gpus=8, **{**pick, "no_docker": True})),
                       LocalBackend)
-    emulated = select_backend(by_name["megatron"], gpus=4, **{**pick, "emulate_gpus": True})
+    emulated = select_backend(by_name["megatron"], BackendOptions(gpus=4, **{**pick, "emulate_gpus": True}))
     assert isinstance(emulated, EmulatedBackend)
 
     entry = PlannedEntry(id="tests/e2e/t.py --x 1", path="tests/e2e/t.py", test_args=("--x", "1"),
@@ -199,8 +199,9 @@ def test_root_means_the_checkouts_registry_for_every_command(checkout):
 
 
 def test_port_blocks_are_one_size_for_the_runner_and_the_ray_head(tmp_path):
+    from ci.launch import entry_env
     from ci.ports import PORT_BLOCK
-    from ci.runner import RunConfig, entry_env
+    from ci.runner import RunConfig
     from slime.utils.external_utils.ray_head import PORT_BLOCK_SIZE, RayPorts
 
     assert PORT_BLOCK_SIZE == PORT_BLOCK

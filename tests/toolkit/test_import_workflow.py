@@ -17,8 +17,9 @@ from _ci import PASSING, run_ci, write
 
 from ci.errors import UsageError
 from ci.import_workflow import GENERATED_MARK, read_matrix, suite_name, uses_processes
+from ci.launch import entry_env
 from ci.registry import load_registry
-from ci.runner import CoreSlots, RunConfig, entry_env
+from ci.runner import CoreSlots, RunConfig
 
 NUM_GPUS = 0
 

@@ -374,7 +374,7 @@ def test_infinite_run_forks_every_pass_from_one_worker(tmp_path):
 
 def _choose(**overrides):
     given = {"policy": Policy(), "kind": "pytest", "num_gpus": 0, "opted_in": True, "backend": "local",
-             "argv": ARGV, "python": PY, "env": {"A": "1"}, "worker_env": {"A": "2"},
+             "may_fork": True, "argv": ARGV, "python": PY, "env": {"A": "1"}, "worker_env": {"A": "2"},
              "platform": "linux", **overrides}
     return choose(**given)
 
@@ -386,8 +386,8 @@ def _choose(**overrides):
     ({"kind": "script"}, "script entry: judged by its own exit code"),
     ({"num_gpus": 1}, "GPU entry: CUDA must never be initialised before a fork"),
     ({"opted_in": False}, "opted out in the registry"),
-    ({"backend": "docker"}, "runs on the docker backend"),
-    ({"backend": "emulated"}, "runs on the emulated backend"),
+    ({"backend": "docker", "may_fork": False}, "runs on the docker backend"),
+    ({"backend": "emulated", "may_fork": False}, "runs on the emulated backend"),
     ({"argv": [PY, "tests/test_x.py"]}, "not a `python -m pytest` command"),
     ({"env": {"PYTHONHASHSEED": "0"}}, "sets PYTHONHASHSEED, read when an interpreter starts"),
     ({"env": {"OMP_NUM_THREADS": "4"}, "worker_env": {"OMP_NUM_THREADS": "1"}},
