@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ci.errors import EXIT_FAILED, EXIT_NOTHING, EXIT_OK, UsageError
+from ci.proc import stop_group
 from ci.registry import load_registry
 from ci.suites import PLANTS_CI, PLANTS_DIR
 
@@ -181,13 +182,17 @@ def run_plant(plant: Plant, root: Path, gpu_suite: bool, timeout: float,
 
 def _stop(proc: subprocess.Popen[str]) -> str:
     """SIGTERM the run (it stops its entries' groups and exits), SIGKILL it if it lingers."""
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        output, _ = proc.communicate(timeout=STOP_GRACE)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-    return output
+    output: list[str] = []
+
+    def finished(seconds: float) -> bool:
+        try:
+            output.append(proc.communicate(timeout=seconds)[0])
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    stop_group(proc.pid, STOP_GRACE, finished=finished)
+    return output[0] if output else proc.communicate()[0]
 
 
 def table(verdicts: Sequence[Verdict]) -> str:

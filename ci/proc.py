@@ -128,7 +128,8 @@ def wait_exit(pid: int, timeout: float | None = None) -> bool:
             os.close(pidfd)
 
 
-def _wait_for(done: Callable[[], bool], seconds: float) -> bool:
+def wait_until(done: Callable[[], bool], seconds: float) -> bool:
+    """Poll `done()` for up to `seconds`; True as soon as it is."""
     deadline = time.monotonic() + seconds
     while not done():
         if time.monotonic() >= deadline:
@@ -157,7 +158,7 @@ def stop_group(pgid: int, grace: float, *, finished: Callable[[float], bool] | N
     if finished is None:
         if not group_members(pgid):
             return
-        finished = lambda seconds: _wait_for(lambda: not group_members(pgid), seconds)  # noqa: E731
+        finished = lambda seconds: wait_until(lambda: not group_members(pgid), seconds)  # noqa: E731
     terminate(lambda sig: signal_group(pgid, sig), finished, grace)
 
 
@@ -200,7 +201,7 @@ class Groups:
         """Every tracked group: SIGTERM, up to `grace` seconds for their leaders to exit, SIGKILL."""
         with self._lock:
             self.stopping.set()
-        terminate(self._signal, lambda seconds: _wait_for(self._empty, seconds), grace)
+        terminate(self._signal, lambda seconds: wait_until(self._empty, seconds), grace)
 
 
 _GUARD_CODE = """

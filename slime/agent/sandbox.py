@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shlex
 import signal
 import time
@@ -28,6 +27,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+from slime.utils.external_utils.proc_utils import signal_group, stop_group, wait_until
 
 OUTPUT_TAIL_BYTES = 16 * 1024
 
@@ -104,19 +105,14 @@ class _LocalProcess:
         return self._proc.returncode is None
 
     async def terminate(self, grace_s: float) -> None:
-        # The command runs in its own session: signal the group, never processes by name.
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._proc.pid, sig)
-            try:
-                await asyncio.wait_for(self._proc.wait(), grace_s)
-            except asyncio.TimeoutError:
-                continue
-            if sig == signal.SIGTERM:
-                # The leader is gone; its children may not be.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self._proc.pid, signal.SIGKILL)
-            return
+        # The command runs in its own session: stop its group, never processes by name.
+        # Done when the leader has exited (the event loop reaps it and sets returncode).
+        proc = self._proc
+        await asyncio.to_thread(stop_group, proc.pid, grace_s,
+                                finished=lambda s: wait_until(lambda: proc.returncode is not None, s))
+        signal_group(proc.pid, signal.SIGKILL)  # the leader is gone; its children may not be
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(proc.wait(), grace_s)
 
     async def output(self) -> tuple[str, str]:
         tails = _tail(self._out), _tail(self._err)

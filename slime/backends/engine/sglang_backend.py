@@ -10,10 +10,7 @@ Differences to keep in mind: SGLang's initial weight version is "default", and i
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -21,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slime.backends.engine.client import EngineClient
+from slime.utils.external_utils.proc_utils import stop_group
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,15 +30,16 @@ class SGLangServer:
     log_path: Path
 
     def stop(self, grace: float = 30.0) -> None:
-        """SIGTERM the process group, SIGKILL it after `grace` seconds."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
+        """SIGTERM the process group, SIGKILL it after `grace` seconds, then reap the server."""
+        stop_group(self.process.pid, grace, finished=self._exits_within)
+        self.process.wait()
+
+    def _exits_within(self, seconds: float) -> bool:
         try:
-            self.process.wait(timeout=grace)
+            self.process.wait(timeout=seconds)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+            return False
+        return True
 
 
 def sglang_argv(model_path: str, *, host: str, port: int, extra_args: Sequence[str] = ()) -> list[str]:

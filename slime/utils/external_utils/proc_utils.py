@@ -13,7 +13,12 @@ runs inside test entries where the toolkit is not installed, imports a generated
 - `wait_unreaped` waits for the leader without reaping it: while the leader is an
   unreaped zombie its pid, which is also the group id, cannot be reused, so a later
   `killpg` can only reach this command's processes.
-- `stop_group` sends SIGTERM, gives the group `grace` seconds, then SIGKILL.
+- `wait_exit` waits, with an optional timeout, for a process to exit, leaving a child of
+  ours unreaped.
+- `stop_group` is the one way to stop a process group: SIGTERM, up to `grace` seconds
+  for it to finish, then SIGKILL. `Groups` does the same for every group a supervisor
+  tracks at once (Ctrl-C of a run), signalling only groups whose leaders are unreaped.
+  Every supervisor in the toolkit and in slime stops its groups through these two.
 - `exit_code` maps "killed by signal N" to 128+N, as shells do.
 - `Guard` makes groups die with their supervisor, however it dies (SIGKILL, OOM):
   a watcher process reads a pipe only the supervisor can write to; at end-of-file it
@@ -25,12 +30,13 @@ runs inside test entries where the toolkit is not installed, imports a generated
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import IO, Any
@@ -91,19 +97,113 @@ def wait_unreaped(pid: int) -> None:
             continue
 
 
-def stop_group(pgid: int, grace: float) -> None:
-    """SIGTERM the group, wait up to `grace` seconds for it to empty, then SIGKILL what is left.
+def _exited(pid: int) -> bool:
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # not our child (a worker's fork), or reaped already
+        return not alive(pid)
 
-    Call it while the leader is unreaped (see `wait_unreaped`), so `pgid` is still ours.
+
+def wait_exit(pid: int, timeout: float | None = None) -> bool:
+    """Wait up to `timeout` seconds (None: for ever) for process `pid` to exit; True when it has.
+
+    A child of ours is left unreaped, so its pid (its group id) stays ours. Works for a
+    process forked by someone else too (a pre-imported worker's child), by its pidfd.
     """
-    if not group_members(pgid):
-        return
-    signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while group_members(pgid) and time.monotonic() < deadline:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # gone already, or no pidfd on this kernel: poll
+        pidfd = -1
+    try:
+        while not _exited(pid):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            if pidfd >= 0:
+                select.select([pidfd], [], [], left)
+            else:
+                time.sleep(0.05 if left is None else min(0.05, left))
+        return True
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
+
+
+def wait_until(done: Callable[[], bool], seconds: float) -> bool:
+    """Poll `done()` for up to `seconds`; True as soon as it is."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.05)
-    if group_members(pgid):
-        signal_group(pgid, signal.SIGKILL)
+    return True
+
+
+def terminate(send: Callable[[int], object], finished: Callable[[float], bool], grace: float) -> bool:
+    """The stopping protocol itself: `send(SIGTERM)`, `finished(grace)` (waits up to that many
+    seconds, says whether all is done), else `send(SIGKILL)`. True when SIGTERM sufficed."""
+    send(signal.SIGTERM)
+    if finished(grace):
+        return True
+    send(signal.SIGKILL)
+    return False
+
+
+def stop_group(pgid: int, grace: float, *, finished: Callable[[float], bool] | None = None) -> None:
+    """SIGTERM the group, give it up to `grace` seconds to finish, then SIGKILL what is left.
+
+    `finished(seconds)` waits that long at most for the group to be done and says whether
+    it is; by default, done is "no live member left" (and an empty group is not signalled).
+    Call it while the leader is unreaped (see `wait_exit`), so `pgid` is still ours.
+    """
+    if finished is None:
+        if not group_members(pgid):
+            return
+        finished = lambda seconds: wait_until(lambda: not group_members(pgid), seconds)  # noqa: E731
+    terminate(lambda sig: signal_group(pgid, sig), finished, grace)
+
+
+class Groups:
+    """The process groups a supervisor runs, so that one call can stop them all (and only them).
+
+    A group is added right after it starts and discarded before its leader is reaped;
+    signals are sent under the lock that discarding takes, so a group id that may already
+    name a stranger's process is never signalled. Once `stop` has begun, `add` says so and
+    the caller kills the group it just started.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pgids: set[int] = set()
+        self.stopping = threading.Event()
+
+    def add(self, pgid: int) -> bool:
+        """Track a running group; False when stopping has begun (the caller kills it)."""
+        with self._lock:
+            self._pgids.add(pgid)
+            # Under the lock `stop` signals with: a group added after its signal sees
+            # `stopping` set here, so no group can start unnoticed.
+            return not self.stopping.is_set()
+
+    def discard(self, pgid: int) -> None:
+        with self._lock:
+            self._pgids.discard(pgid)
+
+    def _signal(self, sig: int) -> None:
+        with self._lock:
+            for pgid in self._pgids:
+                signal_group(pgid, sig)
+
+    def _empty(self) -> bool:
+        with self._lock:
+            return not self._pgids
+
+    def stop(self, grace: float) -> None:
+        """Every tracked group: SIGTERM, up to `grace` seconds for their leaders to exit, SIGKILL."""
+        with self._lock:
+            self.stopping.set()
+        terminate(self._signal, lambda seconds: wait_until(self._empty, seconds), grace)
 
 
 _GUARD_CODE = """

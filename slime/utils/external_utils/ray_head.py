@@ -31,7 +31,7 @@ from pathlib import Path
 # Stdlib-only copies of the toolkit's port and process-group code, generated beside this
 # file (ci/u_files.py): U runs where the toolkit is not installed.
 from slime.utils.external_utils.port_utils import PORT_BLOCK
-from slime.utils.external_utils.proc_utils import process_guard
+from slime.utils.external_utils.proc_utils import process_guard, signal_group, stop_group
 from slime.utils.external_utils.proc_utils import start as start_group
 
 PORT_BLOCK_SIZE = PORT_BLOCK  # the runner reserves blocks of this size (SLIME_CI_PORT_BASE)
@@ -224,35 +224,38 @@ def _raise_on_sigterm(signum: int, frame: object) -> None:
 def stop_head(head: RayHead, proc: subprocess.Popen[bytes], *, grace: float = 15.0) -> frozenset[int]:
     """Stop exactly this head's processes; returns every pid it stopped."""
     seen = _owned_pids(head.pid, head.token)
+
+    def finished(seconds: float) -> bool:
+        nonlocal seen
+        deadline = time.monotonic() + seconds
+        orphans_since = None
+        while time.monotonic() < deadline:
+            seen |= _owned_pids(head.pid, head.token)
+            left = _alive(seen)
+            if not left:
+                return True
+            if proc.poll() is not None and orphans_since is None:
+                # `ray start` is done with its own shutdown, but a worker whose raylet is gone
+                # can sit for the whole grace before it notices. Every pid here carries this
+                # head's token, so it is ours to stop: SIGTERM now, SIGKILL below if it lingers.
+                orphans_since = time.monotonic()
+                deadline = min(deadline, orphans_since + ORPHAN_GRACE)
+                for pid in left:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGTERM)
+            time.sleep(0.3)
+        return False
+
     # `ray start --block` stops the processes it started on SIGTERM; the drain timeout
     # set at start makes that take seconds rather than 30 s.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(head.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    orphans_since = None
-    while time.monotonic() < deadline:
-        seen |= _owned_pids(head.pid, head.token)
-        left = _alive(seen)
-        if not left:
-            break
-        if proc.poll() is not None and orphans_since is None:
-            # `ray start` is done with its own shutdown, but a worker whose raylet is gone
-            # can sit for the whole grace before it notices. Every pid here carries this
-            # head's token, so it is ours to stop: SIGTERM now, SIGKILL below if it lingers.
-            orphans_since = time.monotonic()
-            deadline = min(deadline, orphans_since + ORPHAN_GRACE)
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
-        time.sleep(0.3)
+    stop_group(head.pid, grace, finished=finished)
     for _ in range(3):
         seen |= _owned_pids(head.pid, head.token)
         left = _alive(seen)
         if not left:
             break
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(head.pid, signal.SIGKILL)
-        for pid in left:
+        signal_group(head.pid, signal.SIGKILL)
+        for pid in left:  # a head's process outside its group (Ray starts some in their own)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.3)
