@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from _ci import REPO, code, write
 
-from ci.proc import alive, group_members
+from ci.proc import Groups, alive, group_members, start, stop_group, wait_exit
 
 NUM_GPUS = 0
 
@@ -173,6 +173,96 @@ def test_sigkill_of_the_runner_leaves_nothing_running(tmp_path):
     assert not alive(entry), "the entry outlived its runner"
     assert group_members(entry_group) == [], "processes of the entry's group outlived the runner"
     assert group_members(u_group) == [], "the group the entry started through U outlived it"
+
+
+# A group leader that ignores SIGTERM, and a child in its group that ignores it too.
+STUBBORN = ("import signal, subprocess, sys, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "subprocess.Popen([sys.executable, '-S', '-c', 'import signal, time; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(600)\n")
+
+
+def _stubborn() -> subprocess.Popen[str]:
+    proc = start([sys.executable, "-S", "-c", STUBBORN], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    proc.stdout.close()
+    return proc
+
+
+def test_wait_exit_times_out_then_leaves_the_leader_unreaped():
+    proc = start([sys.executable, "-S", "-c", "import time; time.sleep(0.5)"])
+    began = time.monotonic()
+    assert wait_exit(proc.pid, 0.1) is False
+    assert time.monotonic() - began < 0.4
+    assert wait_exit(proc.pid, 30) is True
+    # Exited but unreaped: a zombie, so its pid (its group id) cannot be reused yet.
+    assert Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    assert proc.wait() == 0
+
+
+def test_wait_exit_follows_a_process_that_is_not_our_child():
+    # A grandchild (what a pre-imported worker's fork is to the runner).
+    shell = subprocess.Popen([sys.executable, "-S", "-c",
+                              "import subprocess, sys; p = subprocess.Popen([sys.executable, '-S', '-c', "
+                              "'import time; time.sleep(0.5)']); print(p.pid, flush=True); p.wait()"],
+                             stdout=subprocess.PIPE, text=True)
+    assert shell.stdout is not None
+    grandchild = int(shell.stdout.readline())
+    assert wait_exit(grandchild, 0.05) is False
+    assert wait_exit(grandchild, 30) is True
+    shell.wait()
+    shell.stdout.close()
+
+
+def test_stop_group_kills_what_ignores_sigterm_after_the_grace():
+    proc = _stubborn()
+    began = time.monotonic()
+    stop_group(proc.pid, 0.5)
+    took = time.monotonic() - began
+    assert 0.4 < took < 10, took
+    assert group_members(proc.pid) == []
+    assert proc.wait() == -signal.SIGKILL
+
+
+def test_stop_group_waits_with_the_callers_finished_and_spares_sigkill():
+    proc = start([sys.executable, "-S", "-c", "import time; time.sleep(600)"])
+    waits: list[float] = []
+
+    def finished(seconds: float) -> bool:
+        waits.append(seconds)
+        return wait_exit(proc.pid, seconds)
+
+    stop_group(proc.pid, 5.0, finished=finished)
+    assert waits == [5.0]
+    assert proc.wait() == -signal.SIGTERM  # SIGTERM sufficed: no SIGKILL followed
+
+
+def test_groups_stop_every_tracked_group_and_refuse_new_ones():
+    groups = Groups()
+    stubborn, polite = _stubborn(), start([sys.executable, "-S", "-c", "import time; time.sleep(600)"])
+    assert groups.add(stubborn.pid) and groups.add(polite.pid)
+
+    def reaper(proc: subprocess.Popen[str]) -> None:
+        wait_exit(proc.pid)
+        groups.discard(proc.pid)  # forgotten before it is reaped, as the executor does
+        proc.wait()
+
+    import threading
+
+    threads = [threading.Thread(target=reaper, args=(p,)) for p in (stubborn, polite)]
+    for t in threads:
+        t.start()
+    groups.stop(0.5)
+    for t in threads:
+        t.join(10)
+    assert (stubborn.returncode, polite.returncode) == (-signal.SIGKILL, -signal.SIGTERM)
+    assert group_members(stubborn.pid) == []
+    late = start([sys.executable, "-S", "-c", "import time; time.sleep(600)"])
+    assert groups.add(late.pid) is False  # the run is stopping: the caller kills it
+    stop_group(late.pid, 0.1)
+    late.wait()
 
 
 if __name__ == "__main__":
