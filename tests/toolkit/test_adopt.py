@@ -8,6 +8,7 @@ installs (`--no-venv --no-install`), in that venv; what they would install is te
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -236,6 +237,38 @@ def test_commands_work_from_the_adopters_root(adopted, toolkit: Path, repo: Path
                  "-v /mnt/ci/models:/root/models", "-v /mnt/ci/datasets:/root/datasets", "-v /mnt/ci:/data/ci",
                  "-e SLIME_TEST_USE_DEEPEP=1", "--async-save"):
         assert flag in text, flag
+
+
+# "ci/suites.py" as its own path, not the tail of ".slime-ci/suites.py".
+TOOLKIT_REGISTRY = re.compile(r"(?<![\w.-])ci/suites\.py")
+
+
+def test_messages_name_the_adopters_registry(adopted, toolkit: Path, repo: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(repo, copy, symlinks=True)
+    (copy / "tests/utils/test_math.py").unlink()  # registered, gone
+    _write(copy, {"tests/extra/test_new.py": CPU_TEST})  # in no suite
+    said: list[str] = []
+    for argv, code in ((("slime-ci", "audit"), 1),
+                       (("slime-ci", "run", "--suite", "cpu_unit", "--dry-run"), 2),
+                       (("slime-ci", "changed", "--help"), 0),
+                       (("slime-ci", "workflows", "--help"), 0)):
+        done = _run(toolkit, *argv, cwd=copy)
+        said.append(done.stdout + done.stderr)
+        assert done.returncode == code, (argv, done.stdout + done.stderr)
+    assert "cpu_unit (.slime-ci/suites.py) but the file does not exist" in said[0], said[0]
+    assert "add an Entry to a GPU suite" not in said[0] and "in .slime-ci/suites.py" in said[0], said[0]
+    assert "(fix .slime-ci/suites.py, then run" in said[1], said[1]
+    # A registry the workflow cannot be made from: plan and workflows --check say where to fix it.
+    registry = copy / ".slime-ci/suites.py"
+    registry.write_text(registry.read_text().replace("label='run-ci-megatron'", "label=None", 1))
+    for argv in (("slime-ci", "workflows", "--check"), ("slime-ci", "plan", "--event", "pull_request")):
+        done = _run(toolkit, *argv, cwd=copy)
+        said.append(done.stdout + done.stderr)
+        assert done.returncode == 2 and "to it in .slime-ci/suites.py" in done.stderr, (argv, done.stderr)
+    for text in said:  # help names both candidates; nothing else names the toolkit's file
+        flat = " ".join(text.split()).replace(".slime-ci/suites.py or ci/suites.py", "")
+        assert not TOOLKIT_REGISTRY.search(flat), text
 
 
 def test_its_e2e_script_imports_u_without_the_toolkit(adopted, toolkit: Path, repo: Path) -> None:
