@@ -312,7 +312,8 @@ def default_profile(job: MatrixJob) -> str:
 def build(matrix: Matrix, root: Path, *, template: str,
           profile_of: Callable[[MatrixJob], str] = default_profile, tail: Sequence[str] = (),
           extra_suites: Sequence[str] = ()) -> Imported:
-    """The registry text (`.slime-ci/suites.py`) for the checkout at root, and the findings against its files."""
+    """The registry text (`.slime-ci/suites.py`) for the checkout at root, and the findings
+    against its files."""
     files = discover(root)
     findings = list(matrix.notes)
     listed: set[str] = set()
