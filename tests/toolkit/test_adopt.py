@@ -303,5 +303,34 @@ def test_session_installs_come_from_the_registry_and_the_spec(adopted, repo: Pat
                    ["/src/slime-ci"]]
 
 
+def test_the_toolkits_extras_have_one_source(toolkit: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyproject.toml: read here from the checkout; in the wheel's venv from its metadata."""
+    import importlib.metadata
+    import json
+
+    import tomllib
+
+    from ci import nox_sessions
+
+    extras = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    here = {name: list(nox_sessions.toolkit_extra(name)) for name in extras}
+    assert here["gpu-host"][0] == "nvidia-ml-py" and "slime-ci[history]" not in here["gpu-host"]
+    assert set(extras["history"]) <= set(here["gpu-host"])
+    code = f"import json; from ci.nox_sessions import toolkit_extra as t; print(json.dumps({{n: list(t(n)) " \
+           f"for n in {sorted(extras)!r}}}))"
+    done = _run(toolkit, "python", "-c", code, cwd=toolkit.parent)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == here
+    # Requires-Dist as a build writes it, markers included; a name it lacks is one clear error.
+    monkeypatch.setattr(nox_sessions, "_checkout_pyproject", lambda: None)
+    monkeypatch.setattr(importlib.metadata, "requires", lambda _name: [
+        'GitPython>=3.1.40; extra == "git"', "tomli; python_version < '3.11' and extra == 'git'",
+        'slime-ci[git]; extra == "all"', "plain"])
+    assert nox_sessions.toolkit_extra("all") == ("GitPython>=3.1.40", "tomli; python_version < '3.11'")
+    with pytest.raises(nox_sessions.UsageError, match="no extra 'nope'"):
+        nox_sessions.toolkit_extra("nope")
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
