@@ -28,7 +28,7 @@ class PlannedEntry:
     why: str = ""  # why the plan selected it (shown by `changed`)
     cores: int = 1  # job slots it takes while it runs (files running their own process groups)
     prefork: bool = True  # False: the registry wants a fresh interpreter for this entry
-    container: Isolation = "minimal"  # the entry's Docker privileges (ci/docker.py)
+    container: Isolation = "minimal"  # the entry's Docker privileges (ci/docker_argv.py)
 
 
 def _under(path: str, directory: str) -> bool:

@@ -23,7 +23,7 @@ from ci.args import existing_dir, seconds
 from ci.backends import select_backend
 from ci.backends.ray import ADDRESS_ENV
 from ci.discover import discover
-from ci.docker import ENTRY_FLAG_DEFAULTS
+from ci.docker_argv import ENTRY_FLAG_DEFAULTS
 from ci.durations import DURATIONS_FILE, DurationStore
 from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, StoreError, UsageError
 from ci.gpu_lock import DEFAULT_PATTERN as DEFAULT_LOCK_PATTERN
