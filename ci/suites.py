@@ -285,10 +285,6 @@ SUITES: tuple[Suite, ...] = (
 )
 
 
-def by_name() -> dict[str, Suite]:
-    return {s.name: s for s in SUITES}
-
-
 # --- mutation testing (`nox -s mutation`, nightly and on demand; not part of `nox -t ci`) ----
 
 
