@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from ci.discover import discover  # noqa: E402
 from ci.plan import PlannedEntry, resolve, shard  # noqa: E402
-from ci.suites import by_name  # noqa: E402
+from ci.registry import load_registry  # noqa: E402
 
 
 def measure(store: Path, jobs: int | None, history: str = "off") -> tuple[dict[str, float], float, int]:
@@ -74,7 +74,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.runs < 2:
         parser.error("--runs must be at least 2")
-    entries = resolve(by_name()["cpu_unit"], discover(ROOT))
+    entries = resolve(load_registry(ROOT)["cpu_unit"], discover(ROOT))
     print(f"cpu_unit: {len(entries)} files, split {args.shards} ways; {os.cpu_count()} cores, "
           f"load {os.getloadavg()[0]:.2f}")
     from ci.history.stats import estimates

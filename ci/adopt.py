@@ -42,7 +42,7 @@ RETIRED = "{# Retired by `slime-ci adopt`: .slime-ci/suites.py is the matrix now
 CHECK_JOB = "workflows-check"
 CHANGED_LABEL = "run-ci-changed"
 CHANGED_JOB = "e2e-test-changed"
-# The template's docker mounts a session reproduces through these variables (ci.docker).
+# The template's docker mounts a session reproduces through these variables (ci.docker_argv).
 MOUNT_VARS = {"/root/models": "SLIME_CI_MODELS_DIR", "/root/datasets": "SLIME_CI_DATASETS_DIR"}
 
 

@@ -1,7 +1,8 @@
 """`python -m ci audit`: every test file registered, declaring NUM_GPUS, and running something.
 
 Each finding names file and line. It works on any checkout (`--root`): a checkout
-without our registry (`ci/suites.py`) still gets every per-file finding.
+without a registry (`.slime-ci/suites.py` or `ci/suites.py`) still gets every per-file
+finding; every registry finding names the file the checkout's registry lives in.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import NoReturn
 from ci.discover import TestFile, discover
 from ci.errors import EXIT_FAILED, EXIT_OK, NothingRegistered, UsageError
 from ci.plan import rule_files
-from ci.registry import REGISTRY, Registry, load_registry
+from ci.registry import REGISTRY, REGISTRY_PATHS, Registry, load_registry
 from ci.suites import Suite
 
 
@@ -57,8 +58,12 @@ def file_findings(tf: TestFile, *, config_check: bool = False) -> list[Finding]:
     return out
 
 
-def registry_findings(suites: Sequence[Suite], files: Mapping[str, TestFile]) -> list[Finding]:
-    """Problems between the registry and the files: unregistered, missing, GPU count mismatches."""
+def registry_findings(suites: Sequence[Suite], files: Mapping[str, TestFile], *,
+                      registry: str = REGISTRY) -> list[Finding]:
+    """Problems between the registry and the files: unregistered, missing, GPU count mismatches.
+
+    `registry` names the file the suites came from (Registry.name) in the messages.
+    """
     out: list[Finding] = []
     claimed: set[str] = set()
     for suite in suites:
@@ -66,7 +71,7 @@ def registry_findings(suites: Sequence[Suite], files: Mapping[str, TestFile]) ->
         for entry in suite.entries:
             claimed.add(entry.path)
             tf = files.get(entry.path)
-            where = f"registered in suite {suite.name} ({REGISTRY})"
+            where = f"registered in suite {suite.name} ({registry})"
             if tf is None:
                 out.append(Finding(path=entry.path, line=0,
                                    message=f"{where} but the file does not exist"))
@@ -86,7 +91,7 @@ def registry_findings(suites: Sequence[Suite], files: Mapping[str, TestFile]) ->
         hint = ("add an Entry to a GPU suite" if tf.num_gpus
                 else "put it under a directory a CPU suite includes")
         out.append(Finding(path=path, line=tf.num_gpus_line or 1,
-                           message=f"in no suite (NUM_GPUS = {tf.num_gpus}); {hint} in {REGISTRY}"))
+                           message=f"in no suite (NUM_GPUS = {tf.num_gpus}); {hint} in {registry}"))
     return out
 
 
@@ -102,7 +107,7 @@ def audit(root: Path, registry: Registry | None = None) -> tuple[list[Finding], 
     findings = [f for tf in files.values()
                 for f in file_findings(tf, config_check=tf.path in config_checks)]
     if suites is not None:
-        findings += registry_findings(suites, files)
+        findings += registry_findings(suites, files, registry=registry.name)
     return sorted(set(findings)), len(files), suites is not None
 
 
@@ -130,7 +135,7 @@ def main(argv: Sequence[str]) -> int:
                                 "nothing to audit")
     for finding in findings:
         print(finding)
-    scope = "" if registry else f" (no {REGISTRY} here: per-file checks only)"
+    scope = "" if registry else f" (no {' or '.join(REGISTRY_PATHS)} here: per-file checks only)"
     if findings:
         files = len({f.path for f in findings})
         print(f"audit: {len(findings)} problem(s) in {files} of {count} test files{scope}")

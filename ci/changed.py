@@ -24,7 +24,7 @@ from ci.discover import TestFile, discover, is_test_file, read_source, read_test
 from ci.errors import NothingRegistered, UsageError
 from ci.imports import affected_chains, describe_chain
 from ci.plan import PlannedEntry, resolve
-from ci.registry import Registry, load_registry
+from ci.registry import REGISTRY_PATHS, Registry, load_registry
 
 if TYPE_CHECKING:
     import git
@@ -33,8 +33,7 @@ DEFAULT_BASE = "origin/main"
 DEFAULT_GPUS = 8  # as the original: an undeclared file gets a whole machine
 # Files whose change can alter the outcome of any test: packaging, sessions, the
 # registry, pytest configuration. With --affected they select the whole CPU tier.
-GLOBAL_FILES = frozenset({"pyproject.toml", "setup.py", "setup.cfg", "noxfile.py", "ci/suites.py",
-                          ".slime-ci/suites.py"})
+GLOBAL_FILES = frozenset({"pyproject.toml", "setup.py", "setup.cfg", "noxfile.py", *REGISTRY_PATHS})
 GLOBAL_NAMES = frozenset({"conftest.py"})
 EVERYTHING_SUITE = "cpu_unit"
 
@@ -292,7 +291,7 @@ def _everything(root: Path, reason: str, registry: Registry,
     if missing:
         suite = dataclasses.replace(suite, entries=tuple(e for e in suite.entries if e.path in files))
     try:
-        planned = resolve(suite, files)
+        planned = resolve(suite, files, registry=registry.name)
     except NothingRegistered:
         return []
     return [dataclasses.replace(e, why=reason) for e in planned]
@@ -371,7 +370,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--affected", action="store_true",
                         help="also select tests that import a changed module, directly or "
                              "through other modules; a change to pyproject.toml, noxfile.py, "
-                             "a conftest.py or ci/suites.py selects the whole CPU tier")
+                             f"a conftest.py or the registry ({' or '.join(REGISTRY_PATHS)}) "
+                             "selects the whole CPU tier")
     parser.add_argument("--json", action="store_true",
                         help="print the plan as JSON (a list of {path, num_gpus, kind, why}) "
                              "for a workflow matrix")

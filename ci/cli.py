@@ -5,27 +5,53 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ci.args import one_line
 from ci.errors import EXIT_INTERRUPTED, EXIT_USAGE, CIError
 from ci.interrupts import PROCESS
 
-# name -> (module exposing `main(argv) -> int`, one-line help)
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("ci.session", "run a suite (a nox session's work): plan, run, report"),
-    "audit": ("ci.audit", "check that every test file is registered, declares NUM_GPUS and runs something"),
-    "plan": ("ci.triggers", "show which CI jobs and sessions an event and its labels would run"),
-    "lock-gpus": ("ci.lock_cli", "run a command holding N GPUs exclusively (fair FIFO queue)"),
-    "gpu-status": ("ci.lock_cli", "show each GPU: free or held, by whom, since when; waiters"),
-    "changed": ("ci.changed", "list (or run) the test files a branch adds or modifies vs its base"),
-    "workflows": ("ci.workflow", "generate .github/workflows from the registry; --check for drift"),
-    "import-workflow": ("ci.import_workflow", "write .slime-ci/suites.py from slime's pr-test.yml.j2 matrix"),
-    "adopt": ("ci.adopt", "switch a slime-shaped repository to this toolkit (registry, noxfile, U, CI)"),
-    "history": ("ci.history.cli", "the run history: flake rates (flaky), failure streaks (monitor), show"),
-    "coverage": ("ci.coverage", "write the coverage page: every test file, who runs it, how it fared"),
-    "lock": ("ci.lock", "write the constraints files every session installs from; --check for drift"),
-    "mutation": ("ci.mutation", "mutate the core modules; do their tests notice? (score per module)"),
-    "plants": ("ci.plants", "apply each planted break to a scratch copy; its entry must fail for its reason"),
+
+@dataclass(frozen=True, kw_only=True)
+class Command:
+    """One subcommand: the function that runs it and its one-line help."""
+
+    target: str  # "module:function"; the function takes argv and returns the exit code
+    help: str
+    # SIGINT/SIGTERM only recorded while it runs, and its exit code 130 when one came
+    # (ci/interrupts.py): a run must stop its entries and still write its report.
+    records_signals: bool = False
+
+
+SUBCOMMANDS: dict[str, Command] = {
+    "run": Command(target="ci.session:main",
+                   help="run a suite (a nox session's work): plan, run, report", records_signals=True),
+    "audit": Command(target="ci.audit:main",
+                     help="check that every test file is registered, declares NUM_GPUS and runs something"),
+    "plan": Command(target="ci.triggers:main",
+                    help="show which CI jobs and sessions an event and its labels would run"),
+    "lock-gpus": Command(target="ci.lock_cli:main",
+                         help="run a command holding N GPUs exclusively (fair FIFO queue)"),
+    "gpu-status": Command(target="ci.lock_cli:status_main",
+                          help="show each GPU: free or held, by whom, since when; waiters"),
+    "changed": Command(target="ci.changed:main",
+                       help="list (or run) the test files a branch adds or modifies vs its base"),
+    "workflows": Command(target="ci.workflow:main",
+                         help="generate .github/workflows from the registry; --check for drift"),
+    "import-workflow": Command(target="ci.import_workflow:main",
+                               help="write .slime-ci/suites.py from slime's pr-test.yml.j2 matrix"),
+    "adopt": Command(target="ci.adopt:main",
+                     help="switch a slime-shaped repository to this toolkit (registry, noxfile, U, CI)"),
+    "history": Command(target="ci.history.cli:main",
+                       help="the run history: flake rates (flaky), failure streaks (monitor), show"),
+    "coverage": Command(target="ci.coverage:main",
+                        help="write the coverage page: every test file, who runs it, how it fared"),
+    "lock": Command(target="ci.lock:main",
+                    help="write the constraints files every session installs from; --check for drift"),
+    "mutation": Command(target="ci.mutation:main",
+                        help="mutate the core modules; do their tests notice? (score per module)"),
+    "plants": Command(target="ci.plants:main",
+                      help="apply each planted break to a scratch copy; its entry must fail for its reason"),
 }
 
 
@@ -33,7 +59,7 @@ def _usage() -> str:
     width = max(len(n) for n in SUBCOMMANDS)
     lines = ["usage: slime-ci <command> [options]   (or python -m ci; slime-ci <command> --help)", "",
              "commands:"]
-    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += [f"  {name:<{width}}  {command.help}" for name, command in SUBCOMMANDS.items()]
     lines += ["", "exit codes: 0 ok, 1 tests failed, 2 bad input, 3 nothing registered, "
               "4 history store unusable, 124 timed out waiting, 130 interrupted"]
     return "\n".join(lines)
@@ -48,12 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"error: unknown command {name!r}; known: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return EXIT_USAGE
+    command = SUBCOMMANDS[name]
     try:
-        if name == "run":
+        if command.records_signals:
             PROCESS.install()  # before anything else: see ci/interrupts.py
-        module = importlib.import_module(SUBCOMMANDS[name][0])
-        entry = module.status_main if name == "gpu-status" else module.main
-        code = int(entry(rest))
+        module_name, function = command.target.split(":")
+        code = int(getattr(importlib.import_module(module_name), function)(rest))
     except CIError as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         code = exc.exit_code
@@ -67,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = EXIT_INTERRUPTED
-    if name == "run":
+    if command.records_signals:
         PROCESS.close()
         code = PROCESS.exit_code(code)
     return code

@@ -309,45 +309,97 @@ def default_profile(job: MatrixJob) -> str:
     return ("agent" if "agent" in job.name else "cpu") if job.cpu else "e2e"
 
 
-def build(matrix: Matrix, root: Path, *, template: str,
-          profile_of: Callable[[MatrixJob], str] = default_profile, tail: Sequence[str] = (),
-          extra_suites: Sequence[str] = ()) -> Imported:
-    """The `ci/suites.py` text for the checkout at root, and the findings against its files."""
+@dataclass(frozen=True, kw_only=True)
+class Checked:
+    """The matrix checked against the checkout: what to report, what to leave out, and how
+    many cores each kept file's entries ask for."""
+
+    findings: tuple[str, ...]
+    missing: frozenset[str]  # listed by a job, but absent or not named like a test file
+    cores: Mapping[str, int]
+
+
+def _rel(entry: MatrixEntry) -> str:
+    return PurePosixPath("tests", entry.test_file).as_posix()
+
+
+def _absent(root: Path, rel: str) -> str | None:
+    """Why a listed file cannot be an entry; None when it can."""
+    if not (root / rel).is_file():
+        return "the file does not exist"
+    if not is_test_file(rel):
+        return "its name is not tests/**/test_*.py, so no command would find it"
+    return None
+
+
+def _gpu_count_finding(tf: TestFile, entry: MatrixEntry, job: MatrixJob) -> str | None:
+    rel = _rel(entry)
+    if tf.num_gpus is None:
+        return (f"{rel}:{tf.num_gpus_line or 1}: declares no NUM_GPUS (the matrix says "
+                f"{entry.num_gpus} in job {job.name}); add `NUM_GPUS = {entry.num_gpus}`")
+    if tf.num_gpus != entry.num_gpus:
+        return (f"{rel}:{tf.num_gpus_line}: NUM_GPUS = {tf.num_gpus} but job {job.name} lists it "
+                f"with num_gpus {entry.num_gpus}")
+    return None
+
+
+def check_matrix(matrix: Matrix, root: Path) -> Checked:
+    """Validate the matrix against the checkout's files: one finding per problem, a clash of
+    suite names is a usage error (nothing would be written)."""
+    _check_names(matrix)
     files = discover(root)
     findings = list(matrix.notes)
-    listed: set[str] = set()
     missing: set[str] = set()
     checked: set[tuple[str, int]] = set()
     cores: dict[str, int] = {}
     for job in matrix.jobs:
         for entry in job.entries:
-            rel = PurePosixPath("tests", entry.test_file).as_posix()
-            listed.add(rel)
-            path = root / rel
-            if not path.is_file() or not is_test_file(rel):
+            rel = _rel(entry)
+            why = _absent(root, rel)
+            if why is not None:
                 if rel not in missing:
-                    why = ("the file does not exist" if not path.is_file()
-                           else "its name is not tests/**/test_*.py, so no command would find it")
                     findings.append(f"{rel}: listed by job {job.name} but {why}; left out of the suites")
                 missing.add(rel)
                 continue
-            tf: TestFile = files.get(rel) or read_test_file(root, rel)
             if (rel, entry.num_gpus) not in checked:
                 checked.add((rel, entry.num_gpus))
-                if tf.num_gpus is None:
-                    findings.append(f"{rel}:{tf.num_gpus_line or 1}: declares no NUM_GPUS (the matrix "
-                                    f"says {entry.num_gpus} in job {job.name}); add "
-                                    f"`NUM_GPUS = {entry.num_gpus}`")
-                elif tf.num_gpus != entry.num_gpus:
-                    findings.append(f"{rel}:{tf.num_gpus_line}: NUM_GPUS = {tf.num_gpus} but job "
-                                    f"{job.name} lists it with num_gpus {entry.num_gpus}")
+                finding = _gpu_count_finding(files.get(rel) or read_test_file(root, rel), entry, job)
+                findings += [finding] if finding else []
             if rel not in cores:
-                text = path.read_text(encoding="utf-8", errors="replace")
+                text = (root / rel).read_text(encoding="utf-8", errors="replace")
                 cores[rel] = MULTIPROCESS_CORES if job.cpu and uses_processes(text) else 1
-    for rel in sorted(files):
-        if rel not in listed:
-            findings.append(f"{rel}: no job lists it")
+    listed = {_rel(e) for job in matrix.jobs for e in job.entries}
+    findings += [f"{rel}: no job lists it" for rel in sorted(files) if rel not in listed]
+    return Checked(findings=tuple(findings), missing=frozenset(missing), cores=cores)
 
+
+def _check_names(matrix: Matrix) -> None:
+    names: dict[str, str] = {}
+    for job in matrix.jobs:
+        name = suite_name(job.name)
+        if name in names:
+            raise UsageError(f"jobs {names[name]!r} and {job.name!r} both map to suite {name!r}; "
+                             "rename one of them in the template")
+        names[name] = job.name
+
+
+def _suite_code(job: MatrixJob, entries_code: str, kept: int, *, template: str, profile: str) -> str:
+    """One `Suite(...)` of the registry text."""
+    purpose = f"{job.name} of {template}: {kept} entries"
+    if job.extra_pip_deps:
+        purpose += f" (the template adds pip packages: {job.extra_pip_deps})"
+    args = [f"name={suite_name(job.name)!r}", f"tier={CPU_TIER if job.cpu else GPU_TIER!r}",
+            f"purpose={purpose!r}", f"profile={profile!r}", f"label={None if job.always else job.label!r}"]
+    if not job.cpu:
+        args.append(f"image={(job.image or FRAMEWORK_IMAGE)!r}")
+    args += [f"entries={entries_code}", f"timeout={CPU_TIMEOUT if job.cpu else GPU_TIMEOUT!r}"]
+    return "    Suite(\n" + "".join(f"        {a},\n" for a in args) + "    ),"
+
+
+def render_registry(matrix: Matrix, checked: Checked, *, template: str,
+                    profile_of: Callable[[MatrixJob], str] = default_profile, tail: Sequence[str] = (),
+                    extra_suites: Sequence[str] = ()) -> tuple[str, int]:
+    """The registry's Python text for a checked matrix, and how many entries it holds (pure)."""
     lines = [
         f'"""Suites of this checkout, imported from {template}. {GENERATED_MARK}.',
         "",
@@ -359,41 +411,34 @@ def build(matrix: Matrix, root: Path, *, template: str,
     ]
     shared_done: set[str] = set()
     suites_code = []
-    names: dict[str, str] = {}
     total = 0
     for job in matrix.jobs:
-        name = suite_name(job.name)
-        if name in names:
-            raise UsageError(f"jobs {names[name]!r} and {job.name!r} both map to suite {name!r}; "
-                             "rename one of them in the template")
-        names[name] = job.name
-        tier = CPU_TIER if job.cpu else GPU_TIER
-        kept = [e for e in job.entries if PurePosixPath("tests", e.test_file).as_posix() not in missing]
+        kept = [e for e in job.entries if _rel(e) not in checked.missing]
         total += len(kept)
-        body = [f"{_entry_code(e, gpu_job=not job.cpu, cores=cores.get('tests/' + e.test_file, 1))},"
-                for e in kept]
+        body = [f"{_entry_code(e, gpu_job=not job.cpu, cores=checked.cores.get(_rel(e), 1))}," for e in kept]
         if job.shared:
-            const = job.shared.upper()
-            if const not in shared_done:
-                shared_done.add(const)
+            entries_code = job.shared.upper()
+            if entries_code not in shared_done:  # jobs sharing a template list share one tuple
+                shared_done.add(entries_code)
                 lines += [f"# `{job.shared}` of the template: jobs that share it share this tuple.",
-                          f"{const}: tuple[Entry, ...] = (", *("    " + b for b in body), ")", ""]
-            entries_code = const
+                          f"{entries_code}: tuple[Entry, ...] = (", *("    " + b for b in body), ")", ""]
         else:
             entries_code = "(\n" + "".join(f"            {b}\n" for b in body) + "        )" if body else "()"
-        profile = profile_of(job)
-        label = None if job.always else job.label
-        purpose = f"{job.name} of {template}: {len(kept)} entries"
-        if job.extra_pip_deps:
-            purpose += f" (the template adds pip packages: {job.extra_pip_deps})"
-        args = [f"name={name!r}", f"tier={tier!r}", f"purpose={purpose!r}", f"profile={profile!r}",
-                f"label={label!r}"]
-        if not job.cpu:
-            args.append(f"image={(job.image or FRAMEWORK_IMAGE)!r}")
-        args += [f"entries={entries_code}", f"timeout={CPU_TIMEOUT if job.cpu else GPU_TIMEOUT!r}"]
-        suites_code.append("    Suite(\n" + "".join(f"        {a},\n" for a in args) + "    ),")
+        suites_code.append(_suite_code(job, entries_code, len(kept), template=template,
+                                       profile=profile_of(job)))
     lines += ["SUITES: tuple[Suite, ...] = (", *suites_code, *extra_suites, ")", "", *tail]
-    return Imported(text="\n".join(lines), findings=tuple(findings), suites=len(matrix.jobs), entries=total)
+    return "\n".join(lines), total
+
+
+def build(matrix: Matrix, root: Path, *, template: str,
+          profile_of: Callable[[MatrixJob], str] = default_profile, tail: Sequence[str] = (),
+          extra_suites: Sequence[str] = ()) -> Imported:
+    """The registry text (`.slime-ci/suites.py`) for the checkout at root, and the findings
+    against its files: the matrix is checked first, then the text is generated from it."""
+    checked = check_matrix(matrix, root)
+    text, total = render_registry(matrix, checked, template=template, profile_of=profile_of, tail=tail,
+                                  extra_suites=extra_suites)
+    return Imported(text=text, findings=checked.findings, suites=len(matrix.jobs), entries=total)
 
 
 def _read_template(template: Path) -> str:

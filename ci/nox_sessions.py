@@ -18,36 +18,59 @@ from pathlib import Path
 from typing import Any
 
 from ci import profiles
+from ci.errors import UsageError
 from ci.registry import Registry, load_registry
 from ci.suites import Suite
 from ci.triggers import CHECK_SESSION
 
 # Posargs that make a GPU session run its entries in this environment instead of Docker.
 LOCAL_FLAGS = frozenset({"--no-docker", "--emulate-gpus"})
-_FALLBACK_EXTRAS = {"git": ("GitPython>=3.1.40",), "gpu-host": ("nvidia-ml-py", "slime-ci[history]"),
-                    "history": ("sqlalchemy==2.0.58", "psycopg[binary]==3.3.9")}
-_SELF_EXTRA = re.compile(r"^slime-ci\[(?P<extra>[^\]]+)\]$")
+# `req; extra == "x"` or `req; <marker> and extra == "x"`, as the build writes Requires-Dist.
+_EXTRA_MARKER = re.compile(r"""^(?P<req>[^;]*?)\s*;\s*(?:(?P<other>.*?)\s+and\s+)?"""
+                           r"""extra\s*==\s*['"](?P<extra>[^'"]+)['"]\s*$""")
 
 
 def toolkit_extra(name: str) -> tuple[str, ...]:
-    """The requirements of one of the toolkit's own extras (from its installed metadata)."""
+    """The requirements of one of the toolkit's own extras, `slime-ci[other]` expanded.
+
+    One source, pyproject.toml: read directly when this `ci` runs from the toolkit's checkout,
+    else from the installed distribution's metadata (which the build wrote from that file).
+    """
+    pyproject = _checkout_pyproject() or _installed_pyproject()
     try:
-        requires = importlib.metadata.requires("slime-ci") or []
+        return tuple(profiles.requirements(pyproject, name))
+    except KeyError:
+        raise UsageError(f"the slime-ci toolkit has no extra {name!r}; reinstall it "
+                         f"(pip install --force-reinstall slime-ci)") from None
+
+
+def _checkout_pyproject() -> Mapping[str, Any] | None:
+    path = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if not path.is_file():
+        return None  # an installed wheel: site-packages has no pyproject.toml
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10 reading a checkout: take the metadata instead
+        return None
+    data: Mapping[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
+    return data if data.get("project", {}).get("name") == profiles.PROJECT_NAME else None
+
+
+def _installed_pyproject() -> Mapping[str, Any]:
+    """The extras of the installed slime-ci, shaped as pyproject.toml's table."""
+    try:
+        requires = importlib.metadata.requires(profiles.PROJECT_NAME) or []
     except importlib.metadata.PackageNotFoundError:
-        return _expand(_FALLBACK_EXTRAS.get(name, ()))
-    marker = re.compile(r";\s*extra\s*==\s*['\"]" + re.escape(name) + r"['\"]\s*$")
-    found = tuple(marker.sub("", r).strip() for r in requires if marker.search(r))
-    return _expand(found or _FALLBACK_EXTRAS.get(name, ()))
-
-
-def _expand(reqs: Sequence[str]) -> tuple[str, ...]:
-    # `slime-ci[history]` inside an extra is another extra of the toolkit: its requirements,
-    # never a second install of slime-ci from an index beside the one the session names.
-    out: list[str] = []
-    for req in reqs:
-        match = _SELF_EXTRA.match(req.replace(" ", ""))
-        out += toolkit_extra(match.group("extra")) if match else [req]
-    return tuple(out)
+        raise UsageError("the slime-ci toolkit is neither installed nor run from its checkout: "
+                         "pip install slime-ci") from None
+    extras: dict[str, list[str]] = {}
+    for req in requires:
+        match = _EXTRA_MARKER.match(req)
+        if match:
+            other = match.group("other")
+            extras.setdefault(match.group("extra"), []).append(
+                f"{match.group('req')}; {other}" if other else match.group("req"))
+    return {"project": {"name": profiles.PROJECT_NAME, "optional-dependencies": extras}}
 
 
 def install_steps(suite: Suite, registry: Registry, toolkit: str,

@@ -10,6 +10,7 @@ from pathlib import PurePosixPath
 
 from ci.discover import Kind, TestFile
 from ci.errors import NothingRegistered, UsageError
+from ci.registry import REGISTRY
 from ci.suites import Entry, Isolation, Suite
 
 
@@ -27,7 +28,7 @@ class PlannedEntry:
     why: str = ""  # why the plan selected it (shown by `changed`)
     cores: int = 1  # job slots it takes while it runs (files running their own process groups)
     prefork: bool = True  # False: the registry wants a fresh interpreter for this entry
-    container: Isolation = "minimal"  # the entry's Docker privileges (ci/docker.py)
+    container: Isolation = "minimal"  # the entry's Docker privileges (ci/docker_argv.py)
 
 
 def _under(path: str, directory: str) -> bool:
@@ -76,12 +77,15 @@ def suite_entries(suite: Suite, files: Mapping[str, TestFile]) -> list[Entry]:
     return list(suite.entries) + [Entry(path=p) for p in rule_files(suite, files)]
 
 
-def resolve(suite: Suite, files: Mapping[str, TestFile]) -> list[PlannedEntry]:
-    """Every entry of `suite`, resolved; an empty suite is an error, never a silent green."""
+def resolve(suite: Suite, files: Mapping[str, TestFile], *, registry: str = REGISTRY) -> list[PlannedEntry]:
+    """Every entry of `suite`, resolved; an empty suite is an error, never a silent green.
+
+    `registry` names the file the suite came from (Registry.name) in the messages.
+    """
     entries = suite_entries(suite, files)
     if not entries:
         raise NothingRegistered(
-            f"nothing registered for {suite.name}: add entries to ci/suites.py "
+            f"nothing registered for {suite.name}: add entries to {registry} "
             f"(see README, 'Add a test')"
         )
     planned = []
@@ -89,7 +93,7 @@ def resolve(suite: Suite, files: Mapping[str, TestFile]) -> list[PlannedEntry]:
         tf = files.get(entry.path)
         if tf is None:
             raise UsageError(f"{suite.name}: registered file {entry.path} does not exist "
-                             f"(fix ci/suites.py, then run `python -m ci audit`)")
+                             f"(fix {registry}, then run `python -m ci audit`)")
         planned.append(plan_entry(entry, tf, default_timeout=suite.timeout,
                                   pytest_only=suite.takes_pytest_args))
     return planned

@@ -2,7 +2,8 @@
 
 Every command (`run`, `audit`, `changed`, `plan`, `workflows`) calls `load_registry(root)`
 and passes the result on, so `--root` means the same thing everywhere: the checkout's
-own `ci/suites.py` when it has one, else this toolkit's. The toolkit's own file is the
+own registry when it has one (`.slime-ci/suites.py` where `adopt` wrote it, else
+`ci/suites.py`), else this toolkit's. The toolkit's own file is the
 imported `ci.suites`; another checkout's file is executed in a fresh module object.
 Planning (`ci.plan`) only ever sees the resulting tuple of suites.
 """
@@ -13,7 +14,7 @@ import itertools
 import sys
 import types
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,9 @@ class Registry:
 
     suites: tuple[Suite, ...]
     source: Path | None = None  # the file they were read from; None: the toolkit's own
+    # The file as the checkout names it, for every message that says "fix it in <registry>":
+    # an adopting repository's is .slime-ci/suites.py, never this toolkit's ci/suites.py.
+    name: str = REGISTRY
     # An adopting repository's extras: its workflow's look (ci.style), its install profiles
     # (name -> requirements) and the host variables its sessions default to (cache mounts).
     workflow: Mapping[str, Any] = field(default_factory=dict)
@@ -45,8 +49,8 @@ class Registry:
 
     @property
     def style(self) -> Style:
-        """How this repository's workflow is rendered."""
-        return style_from(self.workflow)
+        """How this repository's workflow is rendered (its messages name this registry)."""
+        return replace(style_from(self.workflow), registry=self.name)
 
     def __iter__(self) -> Iterator[Suite]:
         return iter(self.suites)
@@ -92,16 +96,24 @@ def read_suites(path: Path) -> tuple[Suite, ...] | None:
 
 def read_registry(path: Path) -> Registry | None:
     """The registry a file declares (SUITES, and WORKFLOW / PROFILES / HOST_ENV when set)."""
+    name = registry_name(path)
     if path.resolve() == Path(suites_module.__file__ or "").resolve():
-        return Registry(suites=SUITES, source=path)  # this toolkit's own registry, already imported
+        return Registry(suites=SUITES, source=path, name=name)  # the toolkit's own, already imported
     module = _execute(path)
     suites = getattr(module, "SUITES", None)
     if suites is None:
         return None
     profiles = getattr(module, "PROFILES", {}) or {}
-    return Registry(suites=tuple(suites), source=path, workflow=dict(getattr(module, "WORKFLOW", {}) or {}),
+    return Registry(suites=tuple(suites), source=path, name=name,
+                    workflow=dict(getattr(module, "WORKFLOW", {}) or {}),
                     profiles={k: tuple(v) for k, v in profiles.items()},
                     host_env=dict(getattr(module, "HOST_ENV", {}) or {}))
+
+
+def registry_name(path: Path) -> str:
+    """How messages name a registry file: its place in a checkout (.slime-ci/suites.py or
+    ci/suites.py), else the path as given."""
+    return next((rel for rel in REGISTRY_PATHS if path.parts[-2:] == tuple(rel.split("/"))), str(path))
 
 
 def registry_path(root: Path) -> Path | None:

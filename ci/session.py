@@ -225,7 +225,7 @@ def select(opts: Options, durations: Mapping[str, float],
                                   timeout=suite.timeout, registry=opts.registry,
                                   warn=lambda m: print(f"warning: {m}", file=sys.stderr))
     else:
-        entries = planner.resolve(suite, discover(opts.root))
+        entries = planner.resolve(suite, discover(opts.root), registry=opts.registry.name)
     if args.paths:
         entries = planner.select_paths(entries, args.paths, suite=suite.name)
     if args.only:

@@ -35,6 +35,9 @@ class Style:
     suite_env: Mapping[str, str] = field(default_factory=dict)  # every suite job's step
     gpu_env: Mapping[str, str] = field(default_factory=dict)  # GPU jobs' step (secrets, caches)
     source: str = "ci/suites.py and ci/triggers.py"
+    # The registry file the repository edits, named in every "fix it there" message; set
+    # from the loaded registry (ci.registry.Registry.style).
+    registry: str = "ci/suites.py"
     # cron -> cadence of the scheduled runs (ci/cadences.py); {} turns schedules off.
     schedules: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_SCHEDULES))
     # The weekly stability job: this suite in the infinite mode for at most these minutes.

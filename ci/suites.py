@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Tier = Literal["cpu", "gpu"]
-# A GPU entry's container privileges (ci/docker.py says what each grants).
+# A GPU entry's container privileges (ci/docker_argv.py says what each grants).
 Isolation = Literal["minimal", "framework"]
 CPU_TIER: Tier = "cpu"
 GPU_TIER: Tier = "gpu"
@@ -70,7 +70,7 @@ class Entry:
     # Non-empty: why this entry is quarantined. It still runs and is reported QUARANTINED,
     # but does not fail the job (`--include-quarantined` makes it gate again).
     quarantine: str = ""
-    # The container's privileges in the Docker context (ci/docker.py): "minimal" unless the
+    # The container's privileges in the Docker context (ci/docker_argv.py): "minimal" unless the
     # entry needs the framework CI's host network, host IPC and --privileged (RDMA, DeepEP).
     container: Isolation = "minimal"
 
@@ -283,10 +283,6 @@ SUITES: tuple[Suite, ...] = (
         timeout=3600,
     ),
 )
-
-
-def by_name() -> dict[str, Suite]:
-    return {s.name: s for s in SUITES}
 
 
 # --- mutation testing (`nox -s mutation`, nightly and on demand; not part of `nox -t ci`) ----

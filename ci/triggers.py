@@ -100,9 +100,9 @@ def job_for(suite: Suite, style: Style | None = None) -> Job:
     style = style or Style()
     if suite.needs_gpus and suite.label is None:
         raise UsageError(f"suite {suite.name} is GPU tier but has no label: add "
-                         f"label='{LABEL_PREFIX}…' to it in ci/suites.py")
+                         f"label='{LABEL_PREFIX}…' to it in {style.registry}")
     if suite.shards < 1:
-        raise UsageError(f"suite {suite.name}: shards must be >= 1 in ci/suites.py")
+        raise UsageError(f"suite {suite.name}: shards must be >= 1 in {style.registry}")
     return Job(
         id=style.job_ids.get(suite.name, suite.name),
         session=suite.name,
@@ -168,7 +168,7 @@ def table(suites: Sequence[Suite] = SUITES, style: Style | None = None) -> tuple
     ids = [j.id for j in jobs]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
-        raise UsageError(f"two CI jobs named {', '.join(dupes)}: rename the suite in ci/suites.py")
+        raise UsageError(f"two CI jobs named {', '.join(dupes)}: rename the suite in {style.registry}")
     return jobs
 
 

@@ -367,7 +367,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog=COMMAND,
         description=f"Write {WORKFLOW_PATH} and {ACTIONLINT_PATH} from the registry "
-                    "(ci/suites.py) and the trigger table (ci/triggers.py).",
+                    f"({' or '.join(REGISTRY_PATHS)}) and the trigger table (ci/triggers.py).",
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true",

@@ -10,7 +10,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-EXIT_INVARIANT = 3
+# Distinct from every exit code of the CI toolkit (0-4, 124, 130) and from pytest's 5 ("no
+# tests collected"), so a run's exit code alone tells a broken invariant from a CI refusal.
+EXIT_INVARIANT = 6
 # At step 0 the policy is the reference and the rollout's weights: any KL is a bug, not noise.
 STEP0_KL_LIMIT = 1e-8
 

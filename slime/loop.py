@@ -68,7 +68,7 @@ def setup(args: argparse.Namespace, env: Mapping[str, str]) -> Run:
     from slime.backends.fsdp.config import TrainerConfig
     from slime.backends.fsdp.group import TrainGroup
     from slime.ray.engines import EngineGroup
-    from slime.ray.placement import Layout, create_placement_group, plan_layout
+    from slime.ray.placement import Placement, create_placement_group, plan_layout
 
     out = Path(args.output_dir or env.get("SLIME_CI_OUTPUT_DIR") or "outputs")
     out.mkdir(parents=True, exist_ok=True)
@@ -79,7 +79,7 @@ def setup(args: argparse.Namespace, env: Mapping[str, str]) -> Run:
     replay = args.load_debug_rollout_data is not None
     if replay:
         # Training on saved rollouts: every bundle is the trainer's, and no engine starts.
-        layout = Layout(num_gpus=args.num_gpus, colocate=False,
+        layout = Placement(num_gpus=args.num_gpus, colocate=False,
                         trainer_bundles=tuple(range(args.num_gpus)), engine_bundles=(),
                         trainer_gpus=1.0, engine_gpus=0.0)
     else:

@@ -53,5 +53,13 @@ def test_lag_other_than_expected_fails():
         inv.check_lag(0, 1, 4)
 
 
+def test_the_invariant_exit_code_is_none_of_the_toolkits():
+    """`3` meant both "nothing registered" (the toolkit) and "an invariant broke" (the loop)."""
+    from ci import errors
+
+    toolkit = {v for k, v in vars(errors).items() if k.startswith("EXIT_")}
+    assert inv.EXIT_INVARIANT not in toolkit | {5}  # 5: pytest's "no tests collected"
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

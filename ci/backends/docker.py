@@ -1,7 +1,7 @@
-"""The Docker backend: each entry in the framework image with the GPU flags (`ci.docker`).
+"""The Docker backend: each entry in the framework image with the GPU flags (`ci.docker_argv`).
 
 The entry's own variables go into the container (`EntryEnv.own`); what the runner merely
-inherited stays outside, and secrets are passed by name (`ci.docker.DEFAULT_PASSTHROUGH`).
+inherited stays outside, and secrets are passed by name (`ci.docker_argv.DEFAULT_PASSTHROUGH`).
 Killing the `docker run` client does not stop its container, so `abort` kills the
 container by the name the launch gave it.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ci.backends.base import EntryEnv, Launch, Note
 from ci.backends.local import LocalBackend
-from ci.docker import (
+from ci.docker_argv import (
     DockerOptions,
     Pull,
     container_name,

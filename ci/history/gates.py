@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ci.history.store import MetricRow
+from ci.registry import REGISTRY
 from ci.results import MetricPoint
 from ci.suites import MetricGate
 
@@ -43,18 +44,18 @@ def _allowed(gate: MetricGate, mean: float, sd: float) -> float:
 
 
 def judge(entry_id: str, gate: MetricGate, points: Iterable[MetricPoint], history: Iterable[MetricRow],
-          *, hardware: str) -> Verdict:
-    """One gate on one run of one entry."""
+          *, hardware: str, registry: str = REGISTRY) -> Verdict:
+    """One gate on one run of one entry (`registry`: the file that declares the gate)."""
     mine = {p.step: p.value for p in points if p.name == gate.metric}
     if not mine:
         return Verdict(gate=gate, status="error", line=(
-            f"metric gate: {entry_id} wrote no metric {gate.metric!r}; fix its gate in ci/suites.py"))
+            f"metric gate: {entry_id} wrote no metric {gate.metric!r}; fix its gate in {registry}"))
     steps = _steps(gate, sorted(mine))
     missing = [s for s in steps if s not in mine]
     if missing:
         return Verdict(gate=gate, status="error", line=(
             f"metric gate: {entry_id} wrote {gate.metric!r} but not at step(s) "
-            f"{', '.join(map(str, missing))} (steps {min(mine)}..{max(mine)}); fix its gate in ci/suites.py"))
+            f"{', '.join(map(str, missing))} (steps {min(mine)}..{max(mine)}); fix its gate in {registry}"))
     if gate.rule == "absolute":
         for s in steps:
             v = mine[s]

@@ -15,6 +15,7 @@ from ci.history import gates as gate_rules
 from ci.history.record import Before, hardware_kind, new_uid, read_before, run_context, write_after
 from ci.history.records import build_run
 from ci.history.store import open_store
+from ci.registry import REGISTRY, registry_name, registry_path
 from ci.results import Result
 from ci.suites import Entry, Suite
 
@@ -33,6 +34,7 @@ class HistoryRun:
     context: Mapping[str, str]
     before: Before
     started_at: float
+    registry: str = REGISTRY  # the registry file that declares the suite, for messages
 
     @property
     def branch(self) -> str:
@@ -50,8 +52,10 @@ def begin(url: str | None, *, suite: Suite, root: Path, env: Mapping[str, str], 
     before = read_before(url, suite=suite.name, hardware=hardware, branch=context.get("branch", ""),
                          quarantine_rate=suite.quarantine_rate,
                          min_runs=suite.quarantine_min_runs, warn=warn)
+    source = registry_path(root)
     return HistoryRun(url=url, uid=new_uid(), suite=suite, hardware=hardware, context=context,
-                      before=before, started_at=time.time())
+                      before=before, started_at=time.time(),
+                      registry=registry_name(source) if source is not None else REGISTRY)
 
 
 def changed_tests(root: Path, base: str, warn: Warn) -> set[str]:
@@ -96,7 +100,8 @@ def apply_gates(run: HistoryRun, results: Sequence[Result], note: Warn) -> tuple
             except StoreError as exc:
                 note(f"metric gates of {r.entry.id}: inactive ({exc})")
                 continue
-            verdicts = [gate_rules.judge(r.entry.id, g, r.metrics, history, hardware=run.hardware)
+            verdicts = [gate_rules.judge(r.entry.id, g, r.metrics, history, hardware=run.hardware,
+                                         registry=run.registry)
                         for g in entry_gates]
             for v in verdicts:
                 if v.status in ("inactive", "pass"):

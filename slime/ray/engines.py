@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slime.backends.engine.sglang_config import EngineSpec, SglangConfig
-from slime.ray.placement import Layout, actor_options, compute_device
+from slime.ray.placement import Placement, actor_options, compute_device
 
 # Server arguments our engine takes from a group's `overrides`.
 SLIME_ENGINE_OVERRIDES = {"max_batch_size": int, "batch_delay_s": float}
@@ -105,7 +105,7 @@ class _Slot:
 class EngineGroup:
     """Start the configured engines; `clients` are the updatable ones, which the rollout uses."""
 
-    def __init__(self, pg: Any, layout: Layout, model_path: str, *, seed: int,
+    def __init__(self, pg: Any, layout: Placement, model_path: str, *, seed: int,
                  env: Mapping[str, str] | None = None, backend: str = "slime",
                  config: SglangConfig | None = None, fault_tolerance: bool = False,
                  on_restart: Callable[[EngineGroup], None] | None = None,

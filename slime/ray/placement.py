@@ -23,7 +23,7 @@ class PlacementError(ValueError):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Layout:
+class Placement:
     """Bundle indices per trainer rank and per engine, and each actor's share of its GPU."""
 
     num_gpus: int
@@ -40,7 +40,7 @@ class Layout:
 
 
 def plan_layout(num_gpus: int, *, colocate: bool, rollout_num_gpus: int | None = None,
-                trainer_num_gpus: int | None = None) -> Layout:
+                trainer_num_gpus: int | None = None) -> Placement:
     """Assign bundles (pure). Colocated: every bundle holds a rank and an engine."""
     if num_gpus < 1:
         raise PlacementError(f"the placement group needs at least one GPU, got {num_gpus}")
@@ -50,7 +50,7 @@ def plan_layout(num_gpus: int, *, colocate: bool, rollout_num_gpus: int | None =
                 f"--colocate shares all {num_gpus} GPUs; drop --rollout-num-gpus {rollout_num_gpus}"
             )
         bundles = tuple(range(num_gpus))
-        return Layout(num_gpus=num_gpus, colocate=True, trainer_bundles=bundles,
+        return Placement(num_gpus=num_gpus, colocate=True, trainer_bundles=bundles,
                       engine_bundles=bundles, trainer_gpus=COLOCATED_FRACTION,
                       engine_gpus=1 - COLOCATED_FRACTION)
     if rollout_num_gpus is None or not 1 <= rollout_num_gpus < num_gpus:
@@ -63,7 +63,7 @@ def plan_layout(num_gpus: int, *, colocate: bool, rollout_num_gpus: int | None =
         raise PlacementError(
             f"trainer {train} + rollout {rollout_num_gpus} GPUs do not fit in {num_gpus}"
         )
-    return Layout(num_gpus=num_gpus, colocate=False, trainer_bundles=tuple(range(train)),
+    return Placement(num_gpus=num_gpus, colocate=False, trainer_bundles=tuple(range(train)),
                   engine_bundles=tuple(range(train, train + rollout_num_gpus)),
                   trainer_gpus=1.0, engine_gpus=1.0)
 

@@ -8,6 +8,7 @@ installs (`--no-venv --no-install`), in that venv; what they would install is te
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -238,6 +239,38 @@ def test_commands_work_from_the_adopters_root(adopted, toolkit: Path, repo: Path
         assert flag in text, flag
 
 
+# "ci/suites.py" as its own path, not the tail of ".slime-ci/suites.py".
+TOOLKIT_REGISTRY = re.compile(r"(?<![\w.-])ci/suites\.py")
+
+
+def test_messages_name_the_adopters_registry(adopted, toolkit: Path, repo: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(repo, copy, symlinks=True)
+    (copy / "tests/utils/test_math.py").unlink()  # registered, gone
+    _write(copy, {"tests/extra/test_new.py": CPU_TEST})  # in no suite
+    said: list[str] = []
+    for argv, code in ((("slime-ci", "audit"), 1),
+                       (("slime-ci", "run", "--suite", "cpu_unit", "--dry-run"), 2),
+                       (("slime-ci", "changed", "--help"), 0),
+                       (("slime-ci", "workflows", "--help"), 0)):
+        done = _run(toolkit, *argv, cwd=copy)
+        said.append(done.stdout + done.stderr)
+        assert done.returncode == code, (argv, done.stdout + done.stderr)
+    assert "cpu_unit (.slime-ci/suites.py) but the file does not exist" in said[0], said[0]
+    assert "add an Entry to a GPU suite" not in said[0] and "in .slime-ci/suites.py" in said[0], said[0]
+    assert "(fix .slime-ci/suites.py, then run" in said[1], said[1]
+    # A registry the workflow cannot be made from: plan and workflows --check say where to fix it.
+    registry = copy / ".slime-ci/suites.py"
+    registry.write_text(registry.read_text().replace("label='run-ci-megatron'", "label=None", 1))
+    for argv in (("slime-ci", "workflows", "--check"), ("slime-ci", "plan", "--event", "pull_request")):
+        done = _run(toolkit, *argv, cwd=copy)
+        said.append(done.stdout + done.stderr)
+        assert done.returncode == 2 and "to it in .slime-ci/suites.py" in done.stderr, (argv, done.stderr)
+    for text in said:  # help names both candidates; nothing else names the toolkit's file
+        flat = " ".join(text.split()).replace(".slime-ci/suites.py or ci/suites.py", "")
+        assert not TOOLKIT_REGISTRY.search(flat), text
+
+
 def test_its_e2e_script_imports_u_without_the_toolkit(adopted, toolkit: Path, repo: Path) -> None:
     code = "import sys; sys.modules['ci'] = None; import runpy; runpy.run_path(sys.argv[1], run_name='e2e')"
     for cwd in (repo, repo / "tests", repo / "tests" / "ci"):
@@ -268,6 +301,35 @@ def test_session_installs_come_from_the_registry_and_the_spec(adopted, repo: Pat
     # Docker: the image has the rest; the host records the run (the history extra's own pins).
     assert gpu == [["nvidia-ml-py", "sqlalchemy==2.0.58", "psycopg[binary]==3.3.9", "GitPython>=3.1.40"],
                    ["/src/slime-ci"]]
+
+
+def test_the_toolkits_extras_have_one_source(toolkit: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyproject.toml: read here from the checkout; in the wheel's venv from its metadata."""
+    import importlib.metadata
+    import json
+
+    import tomllib
+
+    from ci import nox_sessions
+
+    extras = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    here = {name: list(nox_sessions.toolkit_extra(name)) for name in extras}
+    assert here["gpu-host"][0] == "nvidia-ml-py" and "slime-ci[history]" not in here["gpu-host"]
+    assert set(extras["history"]) <= set(here["gpu-host"])
+    code = f"import json; from ci.nox_sessions import toolkit_extra as t; print(json.dumps({{n: list(t(n)) " \
+           f"for n in {sorted(extras)!r}}}))"
+    done = _run(toolkit, "python", "-c", code, cwd=toolkit.parent)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == here
+    # Requires-Dist as a build writes it, markers included; a name it lacks is one clear error.
+    monkeypatch.setattr(nox_sessions, "_checkout_pyproject", lambda: None)
+    monkeypatch.setattr(importlib.metadata, "requires", lambda _name: [
+        'GitPython>=3.1.40; extra == "git"', "tomli; python_version < '3.11' and extra == 'git'",
+        'slime-ci[git]; extra == "all"', "plain"])
+    assert nox_sessions.toolkit_extra("all") == ("GitPython>=3.1.40", "tomli; python_version < '3.11'")
+    with pytest.raises(nox_sessions.UsageError, match="no extra 'nope'"):
+        nox_sessions.toolkit_extra("nope")
 
 
 if __name__ == "__main__":

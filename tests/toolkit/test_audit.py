@@ -95,7 +95,7 @@ def test_per_file_defects_without_a_registry(tmp_path):
     assert len(found) == len(expected_prefixes), found
     for line, prefix in zip(found, expected_prefixes, strict=True):
         assert line.startswith(prefix), (line, prefix)
-    assert "no ci/suites.py here: per-file checks only" in proc.stdout
+    assert "no .slime-ci/suites.py or ci/suites.py here: per-file checks only" in proc.stdout
     assert "tests/test_ok.py" not in proc.stdout
 
 

@@ -444,5 +444,17 @@ def test_import_workflow_caps_the_number_of_entries(checkout: Path) -> None:
     assert time.monotonic() - start < 30
 
 
+def test_every_command_is_dispatched_the_same_way() -> None:
+    """Each row names a function taking argv; only `run` records signals (no name is special)."""
+    import importlib
+
+    from ci.cli import SUBCOMMANDS
+
+    for name, command in SUBCOMMANDS.items():
+        module, function = command.target.split(":")
+        assert callable(getattr(importlib.import_module(module), function)), name
+    assert [n for n, c in SUBCOMMANDS.items() if c.records_signals] == ["run"]
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))

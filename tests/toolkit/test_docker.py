@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.docker import (
+from ci.docker_argv import (
     DEFAULT_PASSTHROUGH,
     DockerOptions,
     HostLimits,

@@ -1,4 +1,4 @@
-"""One 0-GPU entry through the real `docker run` path that `ci.docker` builds.
+"""One 0-GPU entry through the real `docker run` path that `ci.docker_argv` builds.
 
 The engine and the small local image come from `.ci/docker-engine.sh` (CI runs it first;
 this test runs it when the engine is not up). The entry is a pytest file in a workspace made
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from _ci import REPO
 
-from ci.docker import (
+from ci.docker_argv import (
     DockerOptions,
     container_name,
     docker_kill_argv,

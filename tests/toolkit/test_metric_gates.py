@@ -48,6 +48,13 @@ def test_the_baseline_passes_every_gate(history):
     assert [v.status for v in _verdicts(history, _series("baseline"))] == ["pass"] * len(ENTRY.gates)
 
 
+def test_a_gate_naming_a_missing_metric_says_which_registry_to_fix():
+    """In an adopting repository the registry is .slime-ci/suites.py; the line names that file."""
+    for registry in ("ci/suites.py", ".slime-ci/suites.py"):
+        verdict = judge(ENTRY.id, ENTRY.gates[0], (), (), hardware="emulated", registry=registry)
+        assert verdict.status == "error" and verdict.line.endswith(f"fix its gate in {registry}")
+
+
 def test_a_run_that_drifts_past_a_floor_fails_with_one_line(history):
     """The last reward 0.1 below the baseline (twice the floor): the reward gate names it."""
     base = _series("baseline")

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slime.backends.fsdp.config import TrainerConfig
-from slime.ray.placement import Layout, actor_options, compute_device
+from slime.ray.placement import Placement, actor_options, compute_device
 
 
 def _free_port() -> int:
@@ -28,7 +28,7 @@ def rendezvous(env: Mapping[str, str] | None = None) -> tuple[str, int]:
 class TrainGroup:
     """Start the ranks on their bundles, then call each method on all of them at once."""
 
-    def __init__(self, pg: Any, layout: Layout, config: TrainerConfig, *,
+    def __init__(self, pg: Any, layout: Placement, config: TrainerConfig, *,
                  env: Mapping[str, str] | None = None) -> None:
         import ray
 

@@ -78,11 +78,6 @@ def per_sample_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_mean(values, mask, dim=-1)
 
 
-def cut_rows(values: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:
-    """`[B, R]` → one 1-D tensor per sample, cut to its response length."""
-    return [values[b, :n] for b, n in enumerate(lengths)]
-
-
 def pad_rows(values: Sequence[torch.Tensor], width: int) -> torch.Tensor:
     """1-D tensors → `[B, width]`, zero-padded."""
     out = torch.zeros(len(values), width, dtype=torch.float32, device=values[0].device)
