@@ -88,8 +88,8 @@ from typing import TYPE_CHECKING, Any
 # (a YAML check) then starts without importing torch through the server.
 _WHERE = {
     "EngineActor": "actor", "create_engine_actor": "actor", "engine_device": "actor",
-    "EngineClient": "client", "EngineError": "client", "EngineRequestError": "client",
-    "EngineUnavailable": "client", "EngineRouter": "router", "EngineServer": "server",
+    "EngineClient": "client", "EngineError": "wire", "EngineRequestError": "wire",
+    "EngineUnavailable": "wire", "EngineRouter": "router", "EngineServer": "server",
     "SGLangServer": "sglang_backend", "launch_sglang_server": "sglang_backend",
 }
 
@@ -100,10 +100,11 @@ __all__ = [
 
 if TYPE_CHECKING:
     from slime.backends.engine.actor import EngineActor, create_engine_actor, engine_device
-    from slime.backends.engine.client import EngineClient, EngineError, EngineRequestError, EngineUnavailable
+    from slime.backends.engine.client import EngineClient
     from slime.backends.engine.router import EngineRouter
     from slime.backends.engine.server import EngineServer
     from slime.backends.engine.sglang_backend import SGLangServer, launch_sglang_server
+    from slime.backends.engine.wire import EngineError, EngineRequestError, EngineUnavailable
 
 
 def __getattr__(name: str) -> Any:

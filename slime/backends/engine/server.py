@@ -27,9 +27,10 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from slime.backends.engine.api import RequestError, build_response, parse_generate
-from slime.backends.engine.engine import Engine, EngineInputError, GenerateRequest
+from slime.backends.engine.api import build_responses, parse_generate
+from slime.backends.engine.engine import Engine, GenerateRequest
 from slime.backends.engine.weights import TENSOR_FORMAT, deserialize_named_tensors
+from slime.backends.engine.wire import RequestError, SamplingParams
 from slime.utils.strict_json import JSONBodyError, loads_strict
 
 _MEMORY_TAGS = {"weights", "kv_cache", "cuda_graph"}
@@ -293,7 +294,7 @@ class EngineServer:
             if exc.close:
                 # What is left of an unread body must not be read as the next request.
                 response.force_close()
-        except (RequestError, EngineInputError, JSONBodyError) as exc:
+        except (RequestError, JSONBodyError) as exc:
             response = _error(HTTPStatus.BAD_REQUEST, str(exc))
         except Exception as exc:  # the server answers; the caller sees what went wrong
             response = _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
@@ -340,18 +341,11 @@ class EngineServer:
     async def generate(self, body: dict[str, Any]) -> Any:
         engine = self._engine
         started = time.monotonic()
-        reqs, batched = parse_generate(body, engine.encode)
-        queued = [GenerateRequest(input_ids=r.input_ids, params=r.params,
-                                  seed=r.params.seed if r.params.seed is not None else engine.next_seed())
-                  for r in reqs for _ in range(r.n)]
-        gens, version = await asyncio.wrap_future(engine.submit(queued))
-        latency = time.monotonic() - started
-        # `n` samples of a prompt follow each other, as SGLang lists them.
-        out, at = [], 0
-        for r in reqs:
-            out += [build_response(r, g, weight_version=version, latency_s=latency, decode=engine.decode)
-                    for g in gens[at:at + r.n]]
-            at += r.n
+        prompts, batched = parse_generate(body, engine.encode)
+        gens, version = await asyncio.wrap_future(engine.submit(engine.sequences(prompts)))
+        out = [a.to_json() for a in build_responses(prompts, gens, weight_version=version,
+                                                     latency_s=time.monotonic() - started,
+                                                     decode=engine.decode)]
         if body.get("stream"):
             return _events(out)
         return HTTPStatus.OK, out if batched or len(out) > 1 else out[0]
@@ -360,8 +354,6 @@ class EngineServer:
         return HTTPStatus.OK, None
 
     async def health_generate(self, body: dict[str, Any]) -> tuple[int, Any]:
-        from slime.backends.engine.sampler import SamplingParams
-
         engine = self._engine
         bos = engine.tokenizer.bos_token_id
         await asyncio.wrap_future(engine.submit([GenerateRequest(
