@@ -216,7 +216,11 @@ _LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs", "input_token_lo
 
 
 def _lists(value: Any) -> Any:
-    return [_lists(v) for v in value] if isinstance(value, tuple) else value
+    # Entries are flat tuples (or None, or rows of them): one level of recursion at most.
+    if isinstance(value, tuple):
+        return [list(v) if isinstance(v, tuple) and (not v or not isinstance(v[0], tuple)) else _lists(v)
+                for v in value]
+    return value
 
 
 @dataclass(frozen=True, kw_only=True)
