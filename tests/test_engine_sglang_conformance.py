@@ -236,6 +236,15 @@ def test_n_samples_each_prompt_n_times(server):
     assert batch[2]["meta_info"]["prompt_tokens"] == 3
 
 
+def test_n_samples_with_a_seed_draw_with_consecutive_seeds(server):
+    sp = {"max_new_tokens": 8, "ignore_eos": True}
+    out = _gen(server, {"input_ids": PROMPT, "sampling_params": {**sp, "n": 3, "sampling_seed": 40}})
+    alone = [_gen(server, {"input_ids": PROMPT, "sampling_params": {**sp, "sampling_seed": s}})["output_ids"]
+             for s in (40, 41, 42)]
+    assert [o["output_ids"] for o in out] == alone
+    assert len({tuple(ids) for ids in alone}) > 1
+
+
 def test_logit_bias_moves_greedy_to_the_biased_token(server):
     assert _ids(server, logit_bias={"5": 100.0}) == [5] * 10
 

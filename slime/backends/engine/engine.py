@@ -143,9 +143,13 @@ class Engine:
             return self._seeds.randrange(2**31)
 
     def sequences(self, prompts: Sequence[GenerateInput]) -> list[GenerateRequest]:
-        """The sequences parsed `/generate` prompts ask for: `n` each, in order, seeded."""
-        return [GenerateRequest.of(p, p.params.seed if p.params.seed is not None else self.next_seed())
-                for p in prompts for _ in range(p.params.n)]
+        """The sequences parsed `/generate` prompts ask for: `n` each, in order, seeded.
+
+        With `sampling_seed` s the n samples of a prompt draw with s, s+1, … (the same seed
+        would give n copies of one sample); without one, each draws the engine's next seed.
+        """
+        return [GenerateRequest.of(p, p.params.seed + k if p.params.seed is not None else self.next_seed())
+                for p in prompts for k in range(p.params.n)]
 
     def check_request(self, input_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise `EngineInputError` when the prompt or its parameters cannot be served."""
