@@ -17,9 +17,11 @@ Python API
   `update_weights_from_tensor(named_tensors, *, weight_version=None)`, `weight_version()`,
   `release_memory_occupation(tags=None)`, `resume_memory_occupation(tags=None)`, `health()`,
   `is_healthy()`, `wait_healthy(timeout)`, `flush_cache()`, `model_info()`, `server_info()`
-  (alias `info()`), `request(method, path, body)`. Errors: `EngineUnavailable` (no answer;
-  the message names the URL), `EngineRequestError` (`.status`, `.message`, `.url`), both
-  `EngineError`.
+  (alias `info()`), `request(method, path, body)`. `generate` takes `wire.SamplingParams`
+  (or their JSON); `wire.parse_outputs` reads its answers as `wire.GenerateOutput`s. Errors
+  (`wire`): `EngineUnavailable` (no answer; the message names the URL), `EngineRequestError`
+  (`.status`, `.message`, `.url`), `EngineReplyError` (an answer that is not one), all
+  `EngineError`; the server's 400s are `RequestError`, an `EngineError` too.
 - `EngineRouter(urls_or_clients)`: `generate(...)` on the engine with the fewest requests in
   flight (ties: round robin); `update_weights_from_disk/tensor`, `release/resume_memory_occupation`,
   `flush_cache`, `health` on every engine; `weight_versions() -> {url: version}`.
