@@ -120,7 +120,7 @@ class GenerateInput:
 
     input_ids: tuple[int, ...]
     params: SamplingParams = field(default_factory=SamplingParams)
-    return_logprob: bool = True
+    return_logprob: bool = True  # SGLang's default is false; `request_body` always sends it
     logprob_start_len: int = -1  # prompt log-probs from this position; -1: none
     top_logprobs_num: int = 0  # the top-N alternatives of every reported position
     return_text_in_logprobs: bool = False
