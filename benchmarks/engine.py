@@ -1,6 +1,6 @@
 """Benchmark the rollout engine's HTTP layer: two server revisions side by side, and per-call costs.
 
-    python benchmarks/engine.py [--baseline REV] [--concurrent 200] [--rounds 3] [--max-new-tokens 4]
+    python benchmarks/engine.py [--baseline REV ...] [--concurrent 200] [--rounds 3] [--max-new-tokens 4]
     python benchmarks/engine.py --calls [--runs 5]
 
 Default mode: the engine at `--baseline` (default 941447b, the last one served by
@@ -9,7 +9,9 @@ same tiny Qwen2, one after the other, round after round; each round sends `--con
 one-prompt `/generate` requests at once over loopback (one connection each) and records
 every request's latency and the server process's CPU time. Printed: requests/s, p50/p99
 latency and server CPU ms per request per side (median over the rounds) and the ratios
-new/old; on a busy host the CPU column is the steadier one. `--calls`: the median latency of single calls (generate,
+new/old; on a busy host the CPU column is the steadier one. `--baseline` given more than once
+(say the last http.server revision and the revision before a change) runs every one of them in
+the same rounds and prints new/each. `--calls`: the median latency of single calls (generate,
 refits, release/resume) on this tree's engine.
 """
 
@@ -123,7 +125,9 @@ def compare(args: argparse.Namespace) -> int:
         from slime.model.tiny import build_tiny_model
 
         model = build_tiny_model(Path(tmp) / "m", seed=0)
-        sides = {f"old ({args.baseline})": _snapshot(args.baseline, Path(tmp) / "old"), "new (this tree)": ROOT}
+        baselines = args.baseline or [BASELINE]
+        sides = {f"old ({rev})": _snapshot(rev, Path(tmp) / f"old{i}") for i, rev in enumerate(baselines)}
+        sides["new (this tree)"] = ROOT
         rows: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in sides}
         for round_no in range(args.rounds):
             for name, root in sides.items():
@@ -146,9 +150,11 @@ def compare(args: argparse.Namespace) -> int:
         med[name] = tuple(statistics.median(v[i] for v in values) for i in range(4))
         rps, p50, p99, cpu = med[name]
         print(f"{name:<24} {rps:8.1f} {p50 * 1000:8.1f} {p99 * 1000:8.1f} {cpu * 1000:11.2f}")
-    old, new = med.values()
-    print(f"new/old: req/s {new[0] / old[0]:.2f}, p50 {new[1] / old[1]:.2f}, p99 {new[2] / old[2]:.2f}, "
-          f"server CPU per request {new[3] / old[3]:.2f}")
+    *olds, new = med.values()
+    for rev, old in zip(baselines, olds, strict=True):
+        label = "new/old" if len(olds) == 1 else f"new/{rev}"
+        print(f"{label}: req/s {new[0] / old[0]:.2f}, p50 {new[1] / old[1]:.2f}, p99 {new[2] / old[2]:.2f}, "
+              f"server CPU per request {new[3] / old[3]:.2f}")
     return 0
 
 
@@ -196,7 +202,8 @@ def calls(args: argparse.Namespace) -> int:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", default=BASELINE, help="revision whose engine is 'old' (default %(default)s)")
+    parser.add_argument("--baseline", action="append", metavar="REV",
+                        help=f"revision whose engine is 'old' (default {BASELINE}); repeat to compare several")
     parser.add_argument("--concurrent", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=4)

@@ -24,6 +24,7 @@ from typing import Any
 
 from slime import invariants as inv
 from slime import resume as ckpt
+from slime.backends.engine.wire import SamplingParams, parse_outputs
 from slime.rollout.batch import TrainBatch, batch_from_groups, load_batch, save_batch
 from slime.rollout.filter import dynamic_filter, trim_to_multiple
 from slime.rollout.generate import RolloutSpec, generate_groups
@@ -223,10 +224,10 @@ def _probe(run: Run) -> list[list[int]]:
     assert run.source is not None
     prompts = run.source.prompts[:4]
     ids = [list(run.tokenizer(p.text)["input_ids"]) for p in prompts]
-    params = [{"max_new_tokens": run.args.rollout_max_response_len, "temperature": 1.0,
-               "sampling_seed": 777 + i} for i in range(len(ids))]
-    answers = run.engines.clients[0].generate(ids, params)
-    return [list(a["output_ids"]) for a in answers]
+    params = [SamplingParams(max_new_tokens=run.args.rollout_max_response_len, temperature=1.0,
+                             seed=777 + i).to_json() for i in range(len(ids))]
+    answers = parse_outputs(run.engines.clients[0].generate(ids, params), len(ids))
+    return [list(a.output_ids) for a in answers]
 
 
 def _engine_bytes(run: Run) -> list[int]:

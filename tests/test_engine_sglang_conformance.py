@@ -236,6 +236,15 @@ def test_n_samples_each_prompt_n_times(server):
     assert batch[2]["meta_info"]["prompt_tokens"] == 3
 
 
+def test_n_samples_with_a_seed_draw_with_consecutive_seeds(server):
+    sp = {"max_new_tokens": 8, "ignore_eos": True}
+    out = _gen(server, {"input_ids": PROMPT, "sampling_params": {**sp, "n": 3, "sampling_seed": 40}})
+    alone = [_gen(server, {"input_ids": PROMPT, "sampling_params": {**sp, "sampling_seed": s}})["output_ids"]
+             for s in (40, 41, 42)]
+    assert [o["output_ids"] for o in out] == alone
+    assert len({tuple(ids) for ids in alone}) > 1
+
+
 def test_logit_bias_moves_greedy_to_the_biased_token(server):
     assert _ids(server, logit_bias={"5": 100.0}) == [5] * 10
 
@@ -306,6 +315,34 @@ def test_every_documented_parameter_is_in_exactly_one_list():
 def test_v1_models_lists_the_served_model(server, model):
     status, out = _call(server, "/v1/models")
     assert status == 200 and out["object"] == "list" and out["data"][0]["id"] == str(model)
+
+
+
+def test_the_clients_wire_model_is_the_servers():
+    # What a client builds with `wire` is what the server parses back, field for field, and
+    # what the server answers is what a client reads back: the one model on both sides.
+    from slime.backends.engine.api import build_response, parse_generate
+    from slime.backends.engine.sampler import Generation
+    from slime.backends.engine.wire import GenerateInput, parse_output, request_body
+
+    every = SamplingParams(max_new_tokens=9, temperature=0.5, top_p=0.9, top_k=4, min_p=0.1,
+                           stop_token_ids=(3,), stop=("x",), min_new_tokens=1, repetition_penalty=1.5,
+                           frequency_penalty=0.5, presence_penalty=-0.5, logit_bias=((5, 2.0),),
+                           ignore_eos=True, seed=7, n=2, skip_special_tokens=False, no_stop_trim=True)
+    inputs = [GenerateInput(input_ids=tuple(PROMPT), params=every, logprob_start_len=1, top_logprobs_num=2,
+                            rid="a"),
+              GenerateInput(input_ids=(1, 2), params=SamplingParams(max_new_tokens=3), return_logprob=False)]
+    body = json.loads(json.dumps(request_body(inputs)))
+    parsed, batched = parse_generate(body, tokenize=lambda text: [])
+    assert batched and parsed == inputs
+    single = request_body(inputs[:1])
+    assert single["input_ids"] == PROMPT and single["sampling_params"]["sampling_seed"] == 7
+    gen = Generation(output_ids=(4, 3), logprobs=(-0.5, -0.25), finish_reason={"type": "stop", "matched": 3},
+                     output_top=(((-0.5, 4), (-1.0, 6)), ((-0.25, 3), (-2.0, 4))),
+                     input_logprobs=(-1.5, -2.5, -3.5, -4.5), input_top=(((-1.5, 7), (-2.0, 1)),) * 4)
+    answer = build_response(parsed[0], gen, weight_version="3", latency_s=0.01, decode=lambda ids, skip: "t")
+    assert parse_output(json.loads(json.dumps(answer.to_json()))) == answer
+    assert answer.logprobs == (-0.5, -0.25) and answer.finish_kind == "stop" and answer.matched_stop == 3
 
 
 if __name__ == "__main__":

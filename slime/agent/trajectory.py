@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from slime.agent import chat_template
-from slime.agent.engine import Generation
 from slime.agent.messages import Message, ToolSpec
 from slime.agent.tokenizer import Tokenizer
+from slime.backends.engine.wire import GenerateOutput
 from slime.utils.types import Sample
 from slime.utils.types import Status as SampleStatus
 
@@ -216,9 +216,9 @@ class TrajectoryManager:
             prompt_ids=tuple(prompt),
         )
 
-    def commit(self, plan: TurnPlan, generation: Generation, response: Message) -> Turn:
+    def commit(self, plan: TurnPlan, generation: GenerateOutput, response: Message) -> Turn:
         """Record a finished turn; only whole, validated generations get here."""
-        assert generation.finish_reason is not None
+        assert generation.finish_kind is not None
         with self._lock:
             session = self._session(plan.session_id)
             turn = Turn(
@@ -230,7 +230,7 @@ class TrajectoryManager:
                 output_ids=generation.output_ids,
                 output_logprobs=generation.logprobs,
                 response=response,
-                finish_reason=generation.finish_reason,
+                finish_reason=generation.finish_kind,
             )
             session.turns[turn.id] = turn
             if plan.drift:

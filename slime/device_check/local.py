@@ -3,7 +3,7 @@
 `slime.loop` talks to `run.engines` and `run.trainer` through a handful of methods; these
 classes give them the same methods over an `Engine` and a `TrainRank` living in this process.
 Requests still go through the wire format of `/generate` (`api.parse_generate` and
-`build_response`), so what the loop reads is what the HTTP server would have answered.
+`build_responses`), so what the loop reads is what the HTTP server would have answered.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from slime.backends.engine.api import build_response, parse_generate
-from slime.backends.engine.engine import Engine, GenerateRequest
+from slime.backends.engine.api import build_responses, parse_generate
+from slime.backends.engine.engine import Engine
 
 
 class LocalClient:
@@ -39,19 +39,16 @@ class LocalClient:
         if sampling_params is not None:
             body["sampling_params"] = (dict(sampling_params) if isinstance(sampling_params, Mapping)
                                        else [dict(p) for p in sampling_params])
-        reqs, batched = parse_generate(body, engine.encode)
+        prompts, batched = parse_generate(body, engine.encode)
         started = time.perf_counter()
-        gens, version = engine.generate([
-            GenerateRequest(input_ids=r.input_ids, params=r.params,
-                            seed=r.params.seed if r.params.seed is not None else engine.next_seed())
-            for r in reqs])
+        gens, version = engine.generate(engine.sequences(prompts))
         _sync(engine.device)
         latency = time.perf_counter() - started
         self.generate_seconds += latency
         self.tokens_generated += sum(len(g.output_ids) for g in gens)
-        out = [build_response(r, g, weight_version=version, latency_s=latency, decode=engine.decode)
-               for r, g in zip(reqs, gens, strict=True)]
-        return out if batched else out[0]
+        out = [a.to_json() for a in build_responses(prompts, gens, weight_version=version, latency_s=latency,
+                                                    decode=engine.decode)]
+        return out if batched or len(out) > 1 else out[0]
 
 
 def _sync(device: torch.device) -> None:

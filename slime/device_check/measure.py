@@ -268,11 +268,12 @@ def _probe(state: _State) -> list[dict[str, Any]]:
 
     prompts = read_prompts(state.data_dir / "eval.jsonl")[:len(PROBE_SEEDS)]
     ids = [list(state.tokenizer(p.text)["input_ids"]) for p in prompts]
-    params = [{"max_new_tokens": state.opts.max_new_tokens, "temperature": 1.0, "sampling_seed": s}
+    from slime.backends.engine.wire import SamplingParams, parse_outputs
+
+    params = [SamplingParams(max_new_tokens=state.opts.max_new_tokens, temperature=1.0, seed=s).to_json()
               for s in PROBE_SEEDS]
-    answers = LocalClient(state.engine, "probe").generate(ids, params)
-    return [{"ids": a["output_ids"], "logprobs": [x[0] for x in a["meta_info"]["output_token_logprobs"]]}
-            for a in answers]
+    answers = parse_outputs(LocalClient(state.engine, "probe").generate(ids, params), len(ids))
+    return [{"ids": list(a.output_ids), "logprobs": list(a.logprobs)} for a in answers]
 
 
 def _held(state: _State) -> dict[str, Any]:

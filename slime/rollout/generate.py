@@ -13,6 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from slime.backends.engine.wire import (
+    EngineReplyError,
+    EngineUnavailable,
+    GenerateOutput,
+    SamplingParams,
+    parse_outputs,
+)
 from slime.rollout.rm_hub import grade
 from slime.rollout.source import Prompt
 from slime.utils.types import Sample
@@ -44,6 +51,83 @@ def _split(n: int, parts: int) -> list[list[int]]:
 MAX_RETRIES = 2
 
 
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """One sequence of the rollout: its prompt group and what is sent for it."""
+
+    group: int
+    input_ids: list[int]
+    params: SamplingParams
+
+
+def plan_jobs(tokenizer: Any, prompts: Sequence[Prompt], spec: RolloutSpec, rollout_id: int) -> list[Job]:
+    """`n_samples_per_prompt` sequences per prompt, group after group, each with its own seed."""
+    prompt_ids = [list(tokenizer(p.text)["input_ids"]) for p in prompts]
+    groups = [g for g in range(len(prompts)) for _ in range(spec.n_samples_per_prompt)]
+    return [Job(group=g, input_ids=prompt_ids[g], params=SamplingParams(
+        max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p,
+        stop_token_ids=spec.stop_token_ids, seed=sample_seed(spec.seed, rollout_id, pos)))
+        for pos, g in enumerate(groups)]
+
+
+def _call_engine(client: Any, jobs: Sequence[Job], recover: Callable[..., Any] | None,
+                 ) -> list[GenerateOutput]:
+    """One batched `/generate` of `jobs`; an engine that stops answering is replaced and asked again."""
+    if not jobs:
+        return []
+    for attempt in range(MAX_RETRIES + 1):
+        try:
+            out = client.generate([j.input_ids for j in jobs], [j.params.to_json() for j in jobs],
+                                  return_logprob=True)
+            return parse_outputs(out, len(jobs))
+        except EngineUnavailable:
+            if recover is None or attempt == MAX_RETRIES:
+                raise
+            client = recover(client, requests=len(jobs))
+    raise AssertionError("unreachable")
+
+
+def sample_all(clients: Sequence[Any], jobs: Sequence[Job], recover: Callable[..., Any] | None,
+               ) -> list[GenerateOutput]:
+    """Every job's answer, in job order: jobs dealt round-robin, one call per engine, in parallel."""
+    shares = _split(len(jobs), len(clients))
+    with ThreadPoolExecutor(max_workers=len(clients)) as pool:
+        answers = list(pool.map(lambda e: _call_engine(clients[e], [jobs[j] for j in shares[e]], recover),
+                                range(len(clients))))
+    results: dict[int, GenerateOutput] = {}
+    for engine, mine in enumerate(shares):
+        results.update(zip(mine, answers[engine], strict=True))
+    return [results[j] for j in range(len(jobs))]
+
+
+def one_weight_version(answers: Sequence[GenerateOutput], rollout_id: int) -> str:
+    """The weight version every answer reports; a rollout mixing versions (or lacking one) is refused."""
+    versions = {a.meta_info.weight_version for a in answers}
+    if None in versions:
+        raise EngineReplyError(f"rollout {rollout_id}: an engine answer has no meta_info.weight_version")
+    if len(versions) != 1:
+        raise RuntimeError(f"rollout {rollout_id} mixes engine weight versions {sorted(map(str, versions))}")
+    return str(versions.pop())
+
+
+def graded_groups(tokenizer: Any, prompts: Sequence[Prompt], jobs: Sequence[Job],
+                  answers: Sequence[GenerateOutput], spec: RolloutSpec) -> list[list[Sample]]:
+    """Each answer as a `Sample` of its prompt's group, rewarded by `spec.rm_type`."""
+    groups: list[list[Sample]] = [[] for _ in prompts]
+    for j, (job, answer) in enumerate(zip(jobs, answers, strict=True)):
+        prompt = prompts[job.group]
+        out_ids = list(answer.output_ids)
+        text = tokenizer.decode(out_ids, skip_special_tokens=True)
+        sample = Sample(group_index=job.group, index=j, prompt=prompt.text, tokens=job.input_ids + out_ids,
+                        response=text, response_length=len(out_ids), label=prompt.label,
+                        loss_mask=[1] * len(out_ids), rollout_log_probs=list(answer.logprobs),
+                        weight_versions=[str(answer.meta_info.weight_version)])
+        sample.apply_finish_reason(answer.finish_kind)
+        sample.reward = grade(spec.rm_type, text, prompt.label)
+        groups[job.group].append(sample)
+    return groups
+
+
 def generate_groups(clients: Sequence[Any], tokenizer: Any, prompts: Sequence[Prompt], spec: RolloutSpec,
                     *, rollout_id: int, recover: Callable[..., Any] | None = None,
                     ) -> tuple[list[list[Sample]], str]:
@@ -54,52 +138,9 @@ def generate_groups(clients: Sequence[Any], tokenizer: Any, prompts: Sequence[Pr
     tolerance), an engine that stops answering is replaced by the client it returns and its
     requests are sent again; their seeds make the retried samples the ones it would have given.
     """
-    from slime.backends.engine.client import EngineUnavailable
-
     if not clients:
         raise ValueError("no rollout engines to generate with")
-    prompt_ids = [list(tokenizer(p.text)["input_ids"]) for p in prompts]
-    jobs = [(g, k) for g in range(len(prompts)) for k in range(spec.n_samples_per_prompt)]
-    params = [{"max_new_tokens": spec.max_new_tokens, "temperature": spec.temperature,
-               "top_p": spec.top_p, "stop_token_ids": list(spec.stop_token_ids),
-               "sampling_seed": sample_seed(spec.seed, rollout_id, pos)} for pos in range(len(jobs))]
-    shares = _split(len(jobs), len(clients))
-
-    def call(engine: int) -> list[Any]:
-        mine = shares[engine]
-        if not mine:
-            return []
-        client = clients[engine]
-        for attempt in range(MAX_RETRIES + 1):
-            try:
-                out = client.generate([prompt_ids[jobs[j][0]] for j in mine], [params[j] for j in mine],
-                                      return_logprob=True)
-                return list(out)
-            except EngineUnavailable:
-                if recover is None or attempt == MAX_RETRIES:
-                    raise
-                client = recover(client, requests=len(mine))
-        raise AssertionError("unreachable")
-
-    with ThreadPoolExecutor(max_workers=len(clients)) as pool:
-        answers = list(pool.map(call, range(len(clients))))
-    results: dict[int, Any] = {}
-    for engine, mine in enumerate(shares):
-        results.update(zip(mine, answers[engine], strict=True))
-    versions = {str(results[j]["meta_info"]["weight_version"]) for j in range(len(jobs))}
-    if len(versions) != 1:
-        raise RuntimeError(f"rollout {rollout_id} mixes engine weight versions {sorted(versions)}")
-    groups: list[list[Sample]] = [[] for _ in prompts]
-    for j, (g, _k) in enumerate(jobs):
-        answer = results[j]
-        out_ids = [int(t) for t in answer["output_ids"]]
-        logprobs = [float(x[0]) for x in answer["meta_info"]["output_token_logprobs"]]
-        text = tokenizer.decode(out_ids, skip_special_tokens=True)
-        sample = Sample(group_index=g, index=j, prompt=prompts[g].text, tokens=prompt_ids[g] + out_ids,
-                        response=text, response_length=len(out_ids), label=prompts[g].label,
-                        loss_mask=[1] * len(out_ids), rollout_log_probs=logprobs,
-                        weight_versions=[str(answer["meta_info"]["weight_version"])])
-        sample.apply_finish_reason(answer["meta_info"]["finish_reason"])
-        sample.reward = grade(spec.rm_type, text, prompts[g].label)
-        groups[g].append(sample)
-    return groups, versions.pop()
+    jobs = plan_jobs(tokenizer, prompts, spec, rollout_id)
+    answers = sample_all(clients, jobs, recover)
+    version = one_weight_version(answers, rollout_id)
+    return graded_groups(tokenizer, prompts, jobs, answers, spec), version

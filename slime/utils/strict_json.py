@@ -42,9 +42,12 @@ def loads_strict(raw: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise JSONBodyError(f"the body is not UTF-8: {exc.reason} at byte {exc.start}") from None
-    depth = nesting_depth(raw)
-    if depth > max_depth:
-        raise JSONBodyError(f"the body nests {depth} levels deep; at most {max_depth} are allowed")
+    # No more opening brackets than `max_depth` (a body of ids has two) cannot nest deeper:
+    # counted at C speed, it spares the string scan of every ordinary request.
+    if raw.count(b"[") + raw.count(b"{") > max_depth:
+        depth = nesting_depth(raw)
+        if depth > max_depth:
+            raise JSONBodyError(f"the body nests {depth} levels deep; at most {max_depth} are allowed")
     try:
         return json.loads(text, parse_constant=_reject_constant)
     except JSONBodyError:

@@ -47,7 +47,7 @@ class _Client:
               for p in params]
         gens = generate(self.model, input_ids, sp, eos_token_id=self.tokenizer.eos_token_id,
                         pad_token_id=self.tokenizer.pad_token_id, seeds=[p["sampling_seed"] for p in params])
-        return [{"output_ids": list(g.output_ids),
+        return [{"text": self.tokenizer.decode(list(g.output_ids)), "output_ids": list(g.output_ids),
                  "meta_info": {"weight_version": str(self.version[0]), "finish_reason": g.finish_reason,
                                "output_token_logprobs": [[lp, t] for lp, t in zip(g.logprobs, g.output_ids,
                                                                                    strict=True)]}}

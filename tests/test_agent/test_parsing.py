@@ -193,7 +193,7 @@ def reply(**meta: object) -> dict[str, object]:
 
 def test_engine_reply_validation() -> None:
     gen = parse_generation(reply(), final=True)
-    assert gen.output_ids == (7,) and gen.logprobs == (-0.5,) and gen.finish_reason == "stop"
+    assert gen.output_ids == (7,) and gen.logprobs == (-0.5,) and gen.finish_kind == "stop"
     bad = [
         ([], "not a JSON object"),
         ({"error": "oom"}, "engine reported an error"),
@@ -210,7 +210,7 @@ def test_engine_reply_validation() -> None:
     for payload, message in bad:
         with pytest.raises(EngineError, match=message):
             parse_generation(payload, final=True)
-    assert parse_generation(reply(finish_reason=None), final=False).finish_reason is None
+    assert parse_generation(reply(finish_reason=None), final=False).finish_kind is None
 
 
 if __name__ == "__main__":

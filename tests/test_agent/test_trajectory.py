@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import pytest
 
 from slime.agent import chat_template
-from slime.agent.engine import Generation
 from slime.agent.messages import Message, ToolCall, ToolSpec
 from slime.agent.tokenizer import IM_END, ByteTokenizer
 from slime.agent.trajectory import TrajectoryManager, TrajectorySample, Turn, UnknownSession
+from slime.backends.engine.wire import FinishReason, GenerateOutput, MetaInfo
 
 NUM_GPUS = 0
 
@@ -21,13 +21,16 @@ SYSTEM = Message(role="system", content="Be brief.")
 USER = Message(role="user", content="Find the capital of France.")
 
 
-def generation(text: str, *, closed: bool = True, salt: int = 0) -> Generation:
+def generation(text: str, *, closed: bool = True, salt: int = 0) -> GenerateOutput:
     ids = TOK.encode(text) + ([TOK.token_id(IM_END)] if closed else [])
-    return Generation(
+    logprobs = [-0.1 - 0.01 * ((i + salt) % 9) for i in range(len(ids))]
+    return GenerateOutput(
         text=text,
         output_ids=tuple(ids),
-        logprobs=tuple(-0.1 - 0.01 * ((i + salt) % 9) for i in range(len(ids))),
-        finish_reason="stop" if closed else "length",
+        meta_info=MetaInfo(
+            finish_reason=FinishReason(type="stop" if closed else "length"),
+            output_token_logprobs=tuple((lp, t, None) for lp, t in zip(logprobs, ids, strict=True)),
+        ),
     )
 
 

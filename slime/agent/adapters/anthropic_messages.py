@@ -28,10 +28,10 @@ from slime.agent.adapters.common import (
     usage_counts,
 )
 from slime.agent.adapters.sampling import sampling_params
-from slime.agent.engine import EngineError, SamplingParams
 from slime.agent.messages import BadRequest, Message, ToolCall, ToolSpec
 from slime.agent.tokenizer import IM_END
 from slime.agent.trajectory import UnknownSession
+from slime.backends.engine.wire import EngineError, SamplingParams
 
 
 def _blocks(content: Any, param: str) -> list[dict[str, Any]]:
@@ -118,7 +118,7 @@ def read_tools(raw: Any) -> list[ToolSpec]:
 def _stop(result: TurnResult, params: SamplingParams) -> tuple[str, str | None]:
     if result.response.tool_calls:
         return "tool_use", None
-    if result.generation.finish_reason == "length":
+    if result.generation.finish_kind == "length":
         return "max_tokens", None
     matched = result.generation.matched_stop
     if isinstance(matched, str) and matched in params.stop:

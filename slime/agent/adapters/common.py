@@ -16,10 +16,11 @@ from typing import Any
 
 from aiohttp import web
 
-from slime.agent.engine import EngineClient, EngineError, Generation, SamplingParams
+from slime.agent.engine import EngineClient
 from slime.agent.messages import BadRequest, Message, ToolCall, ToolSpec
 from slime.agent.parsing import ContentStreamer, ParsedOutput, parse_output
 from slime.agent.trajectory import TrajectoryManager, Turn, UnknownSession
+from slime.backends.engine.wire import EngineError, GenerateOutput, SamplingParams
 from slime.utils.strict_json import JSONBodyError, loads_strict
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -43,7 +44,7 @@ class TurnResult:
     """A recorded turn and the provider-neutral answer built from it."""
 
     turn: Turn
-    generation: Generation
+    generation: GenerateOutput
     parsed: ParsedOutput
     response: Message
 
@@ -132,7 +133,7 @@ async def run_turn(
         streamer = None
     else:
         streamer = ContentStreamer(tools_offered=bool(tool_names), stops=params.stop)
-        last: Generation | None = None
+        last: GenerateOutput | None = None
         async for snapshot in ctx.engine.stream(plan.prompt_ids, params):
             last = snapshot
             delta = streamer.feed(snapshot.text)

@@ -27,10 +27,10 @@ from slime.agent.adapters.common import (
     usage_counts,
 )
 from slime.agent.adapters.sampling import sampling_params
-from slime.agent.engine import EngineError
 from slime.agent.messages import BadRequest, Message, ToolCall, ToolSpec, parse_arguments
 from slime.agent.tokenizer import IM_END
 from slime.agent.trajectory import UnknownSession
+from slime.backends.engine.wire import EngineError
 
 _ROLES = {
     "system": "system",
@@ -121,7 +121,7 @@ def read_tools(raw: Any) -> list[ToolSpec]:
 def _finish_reason(result: TurnResult) -> str:
     if result.response.tool_calls:
         return "tool_calls"
-    return "length" if result.generation.finish_reason == "length" else "stop"
+    return "length" if result.generation.finish_kind == "length" else "stop"
 
 
 def _wire_calls(result: TurnResult) -> list[dict[str, Any]]:

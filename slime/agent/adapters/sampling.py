@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from slime.agent.engine import SamplingParams
 from slime.agent.messages import BadRequest
+from slime.backends.engine.wire import SamplingParams
 
 
 def _number(body: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:

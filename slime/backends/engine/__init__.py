@@ -17,9 +17,11 @@ Python API
   `update_weights_from_tensor(named_tensors, *, weight_version=None)`, `weight_version()`,
   `release_memory_occupation(tags=None)`, `resume_memory_occupation(tags=None)`, `health()`,
   `is_healthy()`, `wait_healthy(timeout)`, `flush_cache()`, `model_info()`, `server_info()`
-  (alias `info()`), `request(method, path, body)`. Errors: `EngineUnavailable` (no answer;
-  the message names the URL), `EngineRequestError` (`.status`, `.message`, `.url`), both
-  `EngineError`.
+  (alias `info()`), `request(method, path, body)`. `generate` takes `wire.SamplingParams`
+  (or their JSON); `wire.parse_outputs` reads its answers as `wire.GenerateOutput`s. Errors
+  (`wire`): `EngineUnavailable` (no answer; the message names the URL), `EngineRequestError`
+  (`.status`, `.message`, `.url`), `EngineReplyError` (an answer that is not one), all
+  `EngineError`; the server's 400s are `RequestError`, an `EngineError` too.
 - `EngineRouter(urls_or_clients)`: `generate(...)` on the engine with the fewest requests in
   flight (ties: round robin); `update_weights_from_disk/tensor`, `release/resume_memory_occupation`,
   `flush_cache`, `health` on every engine; `weight_versions() -> {url: version}`.
@@ -88,8 +90,8 @@ from typing import TYPE_CHECKING, Any
 # (a YAML check) then starts without importing torch through the server.
 _WHERE = {
     "EngineActor": "actor", "create_engine_actor": "actor", "engine_device": "actor",
-    "EngineClient": "client", "EngineError": "client", "EngineRequestError": "client",
-    "EngineUnavailable": "client", "EngineRouter": "router", "EngineServer": "server",
+    "EngineClient": "client", "EngineError": "wire", "EngineRequestError": "wire",
+    "EngineUnavailable": "wire", "EngineRouter": "router", "EngineServer": "server",
     "SGLangServer": "sglang_backend", "launch_sglang_server": "sglang_backend",
 }
 
@@ -100,10 +102,11 @@ __all__ = [
 
 if TYPE_CHECKING:
     from slime.backends.engine.actor import EngineActor, create_engine_actor, engine_device
-    from slime.backends.engine.client import EngineClient, EngineError, EngineRequestError, EngineUnavailable
+    from slime.backends.engine.client import EngineClient
     from slime.backends.engine.router import EngineRouter
     from slime.backends.engine.server import EngineServer
     from slime.backends.engine.sglang_backend import SGLangServer, launch_sglang_server
+    from slime.backends.engine.wire import EngineError, EngineRequestError, EngineUnavailable
 
 
 def __getattr__(name: str) -> Any:

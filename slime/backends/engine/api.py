@@ -1,18 +1,30 @@
-"""The wire format of `/generate` (SGLang's names), parsed and built by pure functions."""
+"""The engine server's side of `/generate`: which of SGLang's fields it takes, checked strictly.
+
+The types are `wire`'s; this module is the server's policy over them (implemented, accepted,
+refused) and the pure functions that turn a request body into `wire.GenerateInput`s and one
+sampled sequence into a `wire.GenerateOutput`.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
 from typing import Any
 
-from slime.backends.engine.sampler import Generation, SamplingParams
+from slime.backends.engine.sampler import Generation
+from slime.backends.engine.wire import (
+    FinishReason,
+    GenerateInput,
+    GenerateOutput,
+    LogprobEntry,
+    MetaInfo,
+    RequestError,
+    SamplingParams,
+    parse_finish_reason,
+)
 
-
-class RequestError(ValueError):
-    """A malformed request body (HTTP 400); the message names the field and what it must be."""
-
+__all__ = ["ACCEPTED", "IMPLEMENTED", "REFUSED", "TOP_ACCEPTED", "TOP_IMPLEMENTED", "TOP_REFUSED",
+           "RequestError", "build_response", "build_responses", "parse_generate", "parse_sampling_params"]
 
 # SGLang's documented sampling parameters, in three kinds. Implemented: they change what is
 # sampled or reported. Accepted: they cannot matter for this engine (no streaming cadence,
@@ -46,20 +58,6 @@ MAX_STOPS = 32
 MAX_RID_CHARS = 512
 
 
-@dataclass(frozen=True, kw_only=True)
-class ParsedRequest:
-    """One prompt of a `/generate` call, validated (sampled `n` times)."""
-
-    input_ids: tuple[int, ...]
-    params: SamplingParams
-    n: int
-    return_logprob: bool
-    return_text_in_logprobs: bool
-    skip_special_tokens: bool
-    no_stop_trim: bool
-    rid: str | None
-
-
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -76,7 +74,9 @@ def _get(raw: dict[str, Any], key: str, default: Any) -> Any:
 
 def _number(raw: dict[str, Any], key: str, default: float, lo: float, hi: float, where: str, *,
             lo_open: bool = False) -> float:
-    value = _get(raw, key, default)
+    value = raw.get(key)
+    if value is None:  # absent or null: the default, valid by construction (most keys, most calls)
+        return default
     if not _is_num(value) or value > hi or value < lo or (lo_open and value == lo):
         interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
         raise RequestError(f"{where}.{key} must be a finite number in {interval}, got {value!r}")
@@ -84,21 +84,27 @@ def _number(raw: dict[str, Any], key: str, default: float, lo: float, hi: float,
 
 
 def _integer(raw: dict[str, Any], key: str, default: int, lo: int, hi: int, where: str) -> int:
-    value = _get(raw, key, default)
+    value = raw.get(key)
+    if value is None:
+        return default
     if not _is_int(value) or not lo <= value <= hi:
         raise RequestError(f"{where}.{key} must be an integer in [{lo}, {hi}], got {value!r}")
     return int(value)
 
 
 def _flag(raw: dict[str, Any], key: str, default: bool, where: str) -> bool:
-    value = _get(raw, key, default)
+    value = raw.get(key)
+    if value is None:
+        return default
     if not isinstance(value, bool):
         raise RequestError(f"{where}.{key} must be true or false, got {value!r}")
     return value
 
 
 def _stops(raw: dict[str, Any], where: str) -> tuple[str, ...]:
-    value = _get(raw, "stop", [])
+    value = raw.get("stop")
+    if value is None:
+        return ()
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(
             isinstance(t, str) and 0 < len(t) <= 256 for t in stops):
@@ -108,7 +114,9 @@ def _stops(raw: dict[str, Any], where: str) -> tuple[str, ...]:
 
 
 def _logit_bias(raw: dict[str, Any], where: str) -> tuple[tuple[int, float], ...]:
-    value = _get(raw, "logit_bias", {})
+    value = raw.get("logit_bias")
+    if value is None:
+        return ()
     if not isinstance(value, dict):
         raise RequestError(f"{where}.logit_bias must be an object of token id -> bias")
     out = []
@@ -120,16 +128,17 @@ def _logit_bias(raw: dict[str, Any], where: str) -> tuple[tuple[int, float], ...
     return tuple(out)
 
 
-def parse_sampling_params(raw: Any, where: str = "sampling_params") -> tuple[SamplingParams, dict[str, Any]]:
-    """(params, options) of one sampling_params object; options: n, skip_special_tokens, no_stop_trim."""
+def parse_sampling_params(raw: Any, where: str = "sampling_params") -> SamplingParams:
+    """One `sampling_params` object, validated."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise RequestError(f"{where} must be an object, got {type(raw).__name__}")
-    unknown = sorted(str(k)[:64] for k in set(raw) - _SAMPLING_KEYS)
+    unknown = [] if _SAMPLING_KEYS.issuperset(raw) else sorted(str(k)[:64] for k in set(raw) - _SAMPLING_KEYS)
     if unknown:
         raise RequestError(f"{where}: unsupported keys {unknown[:10]}; supported: {sorted(_SAMPLING_KEYS)}")
-    for key, feature in REFUSED.items():
+    # The common body holds no refused key: one C-level set test instead of a lookup per key.
+    for key, feature in () if REFUSED.keys().isdisjoint(raw) else REFUSED.items():
         if raw.get(key) is not None:
             raise RequestError(f"{where}.{key}: {feature} is not supported by this engine")
     custom = raw.get("custom_params")
@@ -150,7 +159,7 @@ def parse_sampling_params(raw: Any, where: str = "sampling_params") -> tuple[Sam
     seed = raw.get("sampling_seed")
     if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
         raise RequestError(f"{where}.sampling_seed must be an integer in [0, 2^63), got {seed!r}")
-    params = SamplingParams(
+    return SamplingParams(
         max_new_tokens=max_new, min_new_tokens=min_new,
         temperature=_number(raw, "temperature", 1.0, 0.0, 1e6, where),
         top_p=_number(raw, "top_p", 1.0, 0.0, 1.0, where, lo_open=True), top_k=top_k,
@@ -159,11 +168,10 @@ def parse_sampling_params(raw: Any, where: str = "sampling_params") -> tuple[Sam
         frequency_penalty=_number(raw, "frequency_penalty", 0.0, -2.0, 2.0, where),
         presence_penalty=_number(raw, "presence_penalty", 0.0, -2.0, 2.0, where),
         stop_token_ids=tuple(stop_ids), stop=_stops(raw, where), logit_bias=_logit_bias(raw, where),
-        ignore_eos=_flag(raw, "ignore_eos", False, where), seed=seed)
-    options = {"n": _integer(raw, "n", 1, 1, MAX_N, where),
-               "skip_special_tokens": _flag(raw, "skip_special_tokens", True, where),
-               "no_stop_trim": _flag(raw, "no_stop_trim", False, where)}
-    return params, options
+        ignore_eos=_flag(raw, "ignore_eos", False, where), seed=seed,
+        n=_integer(raw, "n", 1, 1, MAX_N, where),
+        skip_special_tokens=_flag(raw, "skip_special_tokens", True, where),
+        no_stop_trim=_flag(raw, "no_stop_trim", False, where))
 
 
 def _per_item(value: Any, count: int, batched: bool, name: str) -> list[Any]:
@@ -176,10 +184,10 @@ def _per_item(value: Any, count: int, batched: bool, name: str) -> list[Any]:
 
 
 def _check_top(body: dict[str, Any]) -> None:
-    unknown = sorted(str(k)[:64] for k in set(body) - _TOP_KEYS)
+    unknown = [] if _TOP_KEYS.issuperset(body) else sorted(str(k)[:64] for k in set(body) - _TOP_KEYS)
     if unknown:
         raise RequestError(f"unsupported keys {unknown[:10]}; supported: {sorted(_TOP_KEYS)}")
-    for key, feature in TOP_REFUSED.items():
+    for key, feature in () if TOP_REFUSED.keys().isdisjoint(body) else TOP_REFUSED.items():
         if body.get(key) not in (None, False, [], {}):
             raise RequestError(f"{key}: {feature} is not supported by this engine")
     if not isinstance(body.get("stream", False), bool):
@@ -209,7 +217,7 @@ def _prompts(body: dict[str, Any], tokenize: Callable[[str], list[int]]) -> tupl
     return prompts, batched
 
 
-def parse_generate(body: Any, tokenize: Callable[[str], list[int]]) -> tuple[list[ParsedRequest], bool]:
+def parse_generate(body: Any, tokenize: Callable[[str], list[int]]) -> tuple[list[GenerateInput], bool]:
     """(requests, batched) of a `/generate` body; `tokenize` turns `text` into ids."""
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object")
@@ -228,7 +236,7 @@ def parse_generate(body: Any, tokenize: Callable[[str], list[int]]) -> tuple[lis
     for i in range(count):
         where = f"sampling_params[{i}]" if batched and isinstance(body.get("sampling_params"), list) \
             else "sampling_params"
-        params, options = parse_sampling_params(raw_params[i], where)
+        params = parse_sampling_params(raw_params[i], where)
         if not isinstance(logprob[i], bool):
             raise RequestError("return_logprob must be true or false")
         start = -1 if start_len[i] is None else start_len[i]
@@ -242,50 +250,59 @@ def parse_generate(body: Any, tokenize: Callable[[str], list[int]]) -> tuple[lis
                                 or len(str(rid)) > MAX_RID_CHARS):
             raise RequestError(f"rid must be a string of at most {MAX_RID_CHARS} characters")
         # Log-probs are reported only when asked for, as SGLang does.
-        params = replace(params, logprob_start_len=start if logprob[i] else -1,
-                         top_logprobs_num=top if logprob[i] else 0)
-        out.append(ParsedRequest(input_ids=tuple(prompts[i]), params=params, n=options["n"],
-                                 return_logprob=logprob[i], return_text_in_logprobs=with_text,
-                                 skip_special_tokens=options["skip_special_tokens"],
-                                 no_stop_trim=options["no_stop_trim"], rid=None if rid is None else str(rid)))
+        out.append(GenerateInput(input_ids=tuple(prompts[i]), params=params, return_logprob=logprob[i],
+                                 logprob_start_len=start if logprob[i] else -1,
+                                 top_logprobs_num=top if logprob[i] else 0,
+                                 return_text_in_logprobs=with_text, rid=None if rid is None else str(rid)))
     return out, batched
 
 
 def _entries(pairs: Sequence[tuple[float | None, int]], decode: Callable[[Sequence[int], bool], str],
-             with_text: bool) -> list[list[Any]]:
-    return [[lp, tok, decode([tok], False) if with_text else None] for lp, tok in pairs]
+             with_text: bool) -> tuple[LogprobEntry, ...]:
+    return tuple((lp, tok, decode([tok], False) if with_text else None) for lp, tok in pairs)
 
 
-def build_response(req: ParsedRequest, gen: Generation, *, weight_version: str, latency_s: float,
-                   decode: Callable[[Sequence[int], bool], str]) -> dict[str, Any]:
-    """One sample's answer: `text`, `output_ids`, `meta_info` as SGLang's `/generate` returns them."""
-    meta: dict[str, Any] = {
-        "id": req.rid,
-        "finish_reason": gen.finish_reason,
-        "prompt_tokens": len(req.input_ids),
-        "completion_tokens": len(gen.output_ids),
-        "cached_tokens": 0,
-        "weight_version": weight_version,
-        "e2e_latency": latency_s,
-    }
+def build_response(req: GenerateInput, gen: Generation, *, weight_version: str, latency_s: float,
+                   decode: Callable[[Sequence[int], bool], str]) -> GenerateOutput:
+    """One sample's answer as SGLang's `/generate` returns it (`.to_json()` is the body)."""
     with_text = req.return_text_in_logprobs
+    report: dict[str, Any] = {}
     if req.return_logprob:
-        meta["output_token_logprobs"] = _entries(list(zip(gen.logprobs, gen.output_ids, strict=True)),
-                                                 decode, with_text)
-        if req.params.top_logprobs_num > 0:
-            meta["output_top_logprobs"] = [_entries(top, decode, with_text) for top in gen.output_top]
-        if req.params.logprob_start_len >= 0:
-            shown = req.input_ids[min(req.params.logprob_start_len, len(req.input_ids)):]
-            meta["input_token_logprobs"] = _entries(list(zip(gen.input_logprobs, shown, strict=True)),
-                                                    decode, with_text)
-            if req.params.top_logprobs_num > 0:
-                meta["input_top_logprobs"] = [None if top is None else _entries(top, decode, with_text)
-                                              for top in gen.input_top]
+        report["output_token_logprobs"] = _entries(list(zip(gen.logprobs, gen.output_ids, strict=True)),
+                                                   decode, with_text)
+        if req.top_logprobs_num > 0:
+            report["output_top_logprobs"] = tuple(_entries(top, decode, with_text) for top in gen.output_top)
+        if req.logprob_start_len >= 0:
+            shown = req.input_ids[min(req.logprob_start_len, len(req.input_ids)):]
+            report["input_token_logprobs"] = _entries(list(zip(gen.input_logprobs, shown, strict=True)),
+                                                      decode, with_text)
+            if req.top_logprobs_num > 0:
+                report["input_top_logprobs"] = tuple(None if top is None else _entries(top, decode, with_text)
+                                                     for top in gen.input_top)
+    finish: FinishReason | None = parse_finish_reason(gen.finish_reason) if gen.finish_reason else None
+    meta = MetaInfo(id=req.rid, finish_reason=finish, prompt_tokens=len(req.input_ids),
+                    completion_tokens=len(gen.output_ids), cached_tokens=0, weight_version=weight_version,
+                    e2e_latency=latency_s, **report)
     matched = gen.finish_reason.get("matched")
     ids = list(gen.output_ids)
-    if not req.no_stop_trim and isinstance(matched, int) and ids and ids[-1] == matched:
+    trim = not req.params.no_stop_trim
+    if trim and isinstance(matched, int) and ids and ids[-1] == matched:
         ids = ids[:-1]  # the matched stop token's text is trimmed from `text` (not from output_ids)
-    text = decode(ids, req.skip_special_tokens)
-    if not req.no_stop_trim and isinstance(matched, str) and matched in text:
+    text = decode(ids, req.params.skip_special_tokens)
+    if trim and isinstance(matched, str) and matched in text:
         text = text[:text.index(matched)]
-    return {"text": text, "output_ids": list(gen.output_ids), "meta_info": meta}
+    return GenerateOutput(text=text, output_ids=tuple(gen.output_ids), meta_info=meta)
+
+
+def build_responses(prompts: Sequence[GenerateInput], gens: Sequence[Generation], *, weight_version: str,
+                    latency_s: float, decode: Callable[[Sequence[int], bool], str]) -> list[GenerateOutput]:
+    """The answers of one call: `n` per prompt, following each other, as SGLang lists them."""
+    out: list[GenerateOutput] = []
+    at = 0
+    for p in prompts:
+        out += [build_response(p, g, weight_version=weight_version, latency_s=latency_s, decode=decode)
+                for g in gens[at:at + p.params.n]]
+        at += p.params.n
+    if at != len(gens):
+        raise ValueError(f"{len(gens)} generations for {at} sequences")
+    return out

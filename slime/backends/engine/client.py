@@ -10,27 +10,25 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slime.backends.engine.weights import TENSOR_FORMAT, serialize_named_tensors
+from slime.backends.engine.wire import (
+    EngineError,
+    EngineRequestError,
+    EngineUnavailable,
+    SamplingParams,
+    error_message,
+)
+
+__all__ = ["EngineClient", "EngineError", "EngineRequestError", "EngineUnavailable"]
 
 # Loopback and cluster-internal addresses: a proxy from the environment must never answer for them.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-class EngineError(RuntimeError):
-    """An engine call failed; the message names the engine's URL."""
+Params = Mapping[str, Any] | SamplingParams
 
 
-class EngineUnavailable(EngineError):
-    """The engine did not answer at all (down, wrong port, timed out)."""
-
-
-class EngineRequestError(EngineError):
-    """The engine answered with an HTTP error; `status` and the server's `message` are kept."""
-
-    def __init__(self, url: str, status: int, message: str) -> None:
-        self.url = url
-        self.status = status
-        self.message = message
-        super().__init__(f"{url} answered HTTP {status}: {message}")
+def _params_json(params: Params) -> dict[str, Any]:
+    return params.to_json() if isinstance(params, SamplingParams) else dict(params)
 
 
 class EngineClient:
@@ -52,14 +50,7 @@ class EngineClient:
             with _OPENER.open(req, timeout=timeout or self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
-            text = exc.read().decode(errors="replace")
-            try:
-                parsed = json.loads(text)
-                message = (parsed.get("message") or parsed.get("error", {}).get("message")
-                           if isinstance(parsed, dict) else None) or text
-            except ValueError:
-                message = text
-            raise EngineRequestError(self.url, exc.code, str(message)) from None
+            raise EngineRequestError(self.url, exc.code, error_message(exc.read())) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise EngineUnavailable(f"engine at {self.url} is unreachable ({method} {path}: {reason}); "
@@ -73,15 +64,20 @@ class EngineClient:
 
     # ---- generation -----------------------------------------------------------------------
     def generate(self, input_ids: Sequence[int] | Sequence[Sequence[int]],
-                 sampling_params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None, *,
+                 sampling_params: Params | Sequence[Params] | None = None, *,
                  return_logprob: bool = True, **extra: Any) -> Any:
-        """POST /generate; one prompt gives one answer dict, a list of prompts a list of them."""
+        """POST /generate; one prompt gives one answer dict, a list of prompts a list of them.
+
+        `sampling_params`: `wire.SamplingParams` (or its JSON, as SGLang's clients send it);
+        read the answers with `wire.parse_outputs`.
+        """
         body: dict[str, Any] = {"input_ids": [list(p) for p in input_ids]
                                 if input_ids and not isinstance(input_ids[0], int) else list(input_ids),
                                 "return_logprob": return_logprob, **extra}
         if sampling_params is not None:
-            body["sampling_params"] = (dict(sampling_params) if isinstance(sampling_params, Mapping)
-                                       else [dict(p) for p in sampling_params])
+            body["sampling_params"] = (_params_json(sampling_params)
+                                       if isinstance(sampling_params, (Mapping, SamplingParams))
+                                       else [_params_json(p) for p in sampling_params])
         return self.request("POST", "/generate", body)
 
     # ---- weights --------------------------------------------------------------------------

@@ -24,21 +24,31 @@ from typing import Any
 
 import torch
 
-from slime.backends.engine.sampler import Generation, SamplingParams, generate
+from slime.backends.engine.sampler import Generation, generate
 from slime.backends.engine.weights import check_named_tensors, read_checkpoint
+from slime.backends.engine.wire import GenerateInput, RequestError, SamplingParams
 
 
-class EngineInputError(ValueError):
+class EngineInputError(RequestError):
     """A request the engine cannot serve as sent (HTTP 400); the message says what to change."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class GenerateRequest:
-    """One sequence to sample: prompt ids, its parameters and the seed its randomness uses."""
+    """One sequence to sample: prompt ids, its parameters, the seed its randomness uses, and
+    which prompt log-probs (from `logprob_start_len`) and top-N alternatives it reports."""
 
     input_ids: tuple[int, ...]
     params: SamplingParams
     seed: int
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+
+    @classmethod
+    def of(cls, prompt: GenerateInput, seed: int) -> GenerateRequest:
+        """The sequence a parsed `/generate` prompt asks for, drawing with `seed`."""
+        return cls(input_ids=prompt.input_ids, params=prompt.params, seed=seed,
+                   logprob_start_len=prompt.logprob_start_len, top_logprobs_num=prompt.top_logprobs_num)
 
 
 _STOP = object()  # queued by close(): the worker ends after the work before it
@@ -131,6 +141,15 @@ class Engine:
         """A seed for a request that sent none: drawn from the engine's seed, in arrival order."""
         with self._seed_lock:
             return self._seeds.randrange(2**31)
+
+    def sequences(self, prompts: Sequence[GenerateInput]) -> list[GenerateRequest]:
+        """The sequences parsed `/generate` prompts ask for: `n` each, in order, seeded.
+
+        With `sampling_seed` s the n samples of a prompt draw with s, s+1, … (the same seed
+        would give n copies of one sample); without one, each draws the engine's next seed.
+        """
+        return [GenerateRequest.of(p, p.params.seed + k if p.params.seed is not None else self.next_seed())
+                for p in prompts for k in range(p.params.n)]
 
     def check_request(self, input_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise `EngineInputError` when the prompt or its parameters cannot be served."""
@@ -229,7 +248,8 @@ class Engine:
             outs = generate(self.model, [r.input_ids for r in flat], [r.params for r in flat],
                             eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id,
                             seeds=[r.seed for r in flat],
-                            decode=lambda ids: self.decode(ids, skip_special_tokens=False))
+                            decode=lambda ids: self.decode(ids, skip_special_tokens=False),
+                            reports=[(r.logprob_start_len, r.top_logprobs_num) for r in flat])
         except BaseException as exc:
             for _, future in jobs:
                 future.set_exception(exc)

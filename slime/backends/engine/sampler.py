@@ -14,35 +14,15 @@ from dataclasses import dataclass
 
 import torch
 
+from slime.backends.engine.wire import SamplingParams
 
-@dataclass(frozen=True, kw_only=True)
-class SamplingParams:
-    """SGLang's sampling parameters (those that change sampling here); temperature 0 means greedy.
+__all__ = ["NO_REPORT", "Generation", "Report", "SamplingParams", "generate", "left_pad"]
 
-    Order per step, as SGLang applies them: logit bias, repetition / frequency / presence
-    penalties (over the tokens generated so far), the stop-token mask until `min_new_tokens`,
-    then temperature, top-k, top-p and min-p.
-    """
 
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    stop_token_ids: tuple[int, ...] = ()
-    stop: tuple[str, ...] = ()  # stop strings, matched on the decoded output (special tokens kept)
-    min_new_tokens: int = 0
-    repetition_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    ignore_eos: bool = False
-    seed: int | None = None  # `sampling_seed` on the wire, as SGLang names it
-    # What to report rather than how to sample: prompt log-probs from this position (-1: none)
-    # and the top-N alternatives of every reported position.
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-
+# What an answer reports beyond the draw, per sequence: prompt log-probs from this position
+# (-1: none) and the top-N alternatives of every reported position (0: none).
+Report = tuple[int, int]
+NO_REPORT: Report = (-1, 0)
 
 TopLogprobs = tuple[tuple[float, int], ...]
 PromptReport = tuple[tuple[float | None, ...], tuple[TopLogprobs | None, ...]]
@@ -140,17 +120,20 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tenso
 @torch.no_grad()
 def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
              *, eos_token_id: int | None, pad_token_id: int, seeds: Sequence[int],
-             decode: Callable[[Sequence[int]], str] | None = None) -> list[Generation]:
+             decode: Callable[[Sequence[int]], str] | None = None,
+             reports: Sequence[Report] | None = None) -> list[Generation]:
     """Sample every prompt to its stop token or string or its own `max_new_tokens`, in one batch.
 
-    `decode` (ids to text, special tokens kept) is needed only for stop strings.
+    `decode` (ids to text, special tokens kept) is needed only for stop strings; `reports`
+    (default: none) says which log-probs beyond the sampled tokens' each sequence reports.
     """
     from transformers import DynamicCache
 
     if not prompts:
         return []
-    if not (len(prompts) == len(params) == len(seeds)):
-        raise ValueError("prompts, params and seeds must have the same length")
+    reports = [NO_REPORT] * len(prompts) if reports is None else list(reports)
+    if not (len(prompts) == len(params) == len(seeds) == len(reports)):
+        raise ValueError("prompts, params, seeds and reports must have the same length")
     device = next(model.parameters()).device
     generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
     stops = [set(p.stop_token_ids) | (set() if p.ignore_eos or eos_token_id is None else {eos_token_id})
@@ -165,7 +148,7 @@ def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: S
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                 **{cache_arg: cache})
     logits = out.logits[:, -1, :].float()
-    prompt_report = _prompt_logprobs(out.logits, prompts, params)
+    prompt_report = _prompt_logprobs(out.logits, prompts, reports)
     tokens: list[list[int]] = [[] for _ in prompts]
     tops: list[list[TopLogprobs]] = [[] for _ in prompts]
     logps: list[list[float]] = [[] for _ in prompts]
@@ -184,8 +167,8 @@ def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: S
             token = _draw(_adjust(logits[row], p, tokens[row], stops[row]), p, generators[row])
             tokens[row].append(token)
             logps[row].append(float(logprobs[row, token]))
-            if p.top_logprobs_num > 0:
-                tops[row].append(_top(logprobs[row], p.top_logprobs_num))
+            if reports[row][1] > 0:
+                tops[row].append(_top(logprobs[row], reports[row][1]))
             matched = _stop_string(decode(tokens[row]), p.stop) if p.stop and decode is not None else None
             if token in stops[row]:
                 reasons[row] = {"type": "stop", "matched": token}
@@ -207,18 +190,18 @@ def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: S
 
 
 def _prompt_logprobs(all_logits: torch.Tensor, prompts: Sequence[Sequence[int]],
-                     params: Sequence[SamplingParams]) -> list[PromptReport]:
+                     reports: Sequence[Report]) -> list[PromptReport]:
     """Per row, the log-probs of its prompt tokens from `logprob_start_len` (first token: None)."""
     width = all_logits.shape[1]
     out: list[PromptReport] = []
-    for row, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        if p.logprob_start_len < 0:
+    for row, (prompt, (start_len, top_n)) in enumerate(zip(prompts, reports, strict=True)):
+        if start_len < 0:
             out.append(((), ()))
             continue
         offset = width - len(prompt)  # left padding
         lps: list[float | None] = []
         tops: list[TopLogprobs | None] = []
-        for k in range(min(p.logprob_start_len, len(prompt)), len(prompt)):
+        for k in range(min(start_len, len(prompt)), len(prompt)):
             if k == 0:
                 lps.append(None)
                 tops.append(None)
@@ -226,6 +209,6 @@ def _prompt_logprobs(all_logits: torch.Tensor, prompts: Sequence[Sequence[int]],
             # Position k-1 predicts token k.
             row_lp = torch.log_softmax(all_logits[row, offset + k - 1].float(), dim=-1).cpu()
             lps.append(float(row_lp[prompt[k]]))
-            tops.append(_top(row_lp, p.top_logprobs_num) if p.top_logprobs_num > 0 else None)
+            tops.append(_top(row_lp, top_n) if top_n > 0 else None)
         out.append((tuple(lps), tuple(tops)))
     return out

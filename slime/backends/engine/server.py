@@ -13,6 +13,8 @@ JSON, and a JSON error for every refusal, its own or aiohttp's.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures as cf
+import contextlib
 import json
 import os
 import resource
@@ -27,9 +29,10 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from slime.backends.engine.api import RequestError, build_response, parse_generate
-from slime.backends.engine.engine import Engine, EngineInputError, GenerateRequest
+from slime.backends.engine.api import build_responses, parse_generate
+from slime.backends.engine.engine import Engine, GenerateRequest
 from slime.backends.engine.weights import TENSOR_FORMAT, deserialize_named_tensors
+from slime.backends.engine.wire import RequestError, SamplingParams
 from slime.utils.strict_json import JSONBodyError, loads_strict
 
 _MEMORY_TAGS = {"weights", "kv_cache", "cuda_graph"}
@@ -155,6 +158,46 @@ class _Server(web.Server):
             handler.force_close()
 
 
+class _Relay:
+    """The engine worker's results handed to the event loop, one wake-up per burst.
+
+    `asyncio.wrap_future` wakes the loop once per future (a write to its self-pipe each), and
+    a batch of 64 finishes 64 futures at once; here the first result of a burst schedules
+    one drain and the rest join it.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._ready: list[tuple[asyncio.Future[Any], cf.Future[Any]]] = []
+
+    def wait(self, future: cf.Future[Any]) -> asyncio.Future[Any]:
+        """An awaitable of `future`'s outcome on the loop (call on the loop)."""
+        waiter: asyncio.Future[Any] = self._loop.create_future()
+        future.add_done_callback(lambda done: self._deliver(waiter, done))
+        return waiter
+
+    def _deliver(self, waiter: asyncio.Future[Any], done: cf.Future[Any]) -> None:
+        with self._lock:
+            self._ready.append((waiter, done))
+            if len(self._ready) > 1:
+                return  # a drain is already scheduled
+        with contextlib.suppress(RuntimeError):  # a closed loop: the server stopped, no one waits
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            ready, self._ready = self._ready, []
+        for waiter, done in ready:
+            if waiter.cancelled():
+                continue
+            exc = done.exception()
+            if exc is not None:
+                waiter.set_exception(exc)
+            else:
+                waiter.set_result(done.result())
+
+
 def _fd_bound(wanted: int) -> int:
     # Each connection is a file descriptor; leave room for model files, pipes and the listener.
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -193,6 +236,7 @@ class EngineServer:
         self._runner: web.ServerRunner | None = None
         self._thread: threading.Thread | None = None
         self._address: tuple[str, int] | None = None
+        self._relay: _Relay | None = None
 
     @property
     def url(self) -> str:
@@ -210,6 +254,7 @@ class EngineServer:
                              gpu_ids=self.gpu_ids, cpu_threads=self.cpu_threads,
                              batch_delay_s=self.batch_delay_s)
         loop = asyncio.new_event_loop()
+        self._relay = _Relay(loop)
         try:
             self._runner = loop.run_until_complete(self._bind())
         except BaseException:
@@ -271,6 +316,15 @@ class EngineServer:
             raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                            f"the body is {request.content_length} bytes; at most {cap} are accepted",
                            close=True)
+        content = request.content
+        if content.is_eof():
+            # The whole body came with the head (every /generate of a rollout): nothing to
+            # wait for, so no timer and no read loop. The cap held above or is checked here.
+            data = content.read_nowait()
+            if len(data) > cap:
+                raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the body exceeds {cap} bytes",
+                               close=True)
+            return data
         data = bytearray()
         try:
             async with asyncio.timeout(self.limits.body_timeout_s):
@@ -293,7 +347,7 @@ class EngineServer:
             if exc.close:
                 # What is left of an unread body must not be read as the next request.
                 response.force_close()
-        except (RequestError, EngineInputError, JSONBodyError) as exc:
+        except (RequestError, JSONBodyError) as exc:
             response = _error(HTTPStatus.BAD_REQUEST, str(exc))
         except Exception as exc:  # the server answers; the caller sees what went wrong
             response = _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
@@ -332,6 +386,10 @@ class EngineServer:
             raise RuntimeError("the engine is stopped")
         return self.engine
 
+    def _wait(self, future: cf.Future[Any]) -> Awaitable[Any]:
+        assert self._relay is not None, "the server is not started"
+        return self._relay.wait(future)
+
     async def _blocking(self, fn: Callable[[], Any]) -> Any:
         # Refits, release and resume wait for the engine's worker; not on the event loop.
         return await asyncio.get_running_loop().run_in_executor(None, fn)
@@ -340,18 +398,11 @@ class EngineServer:
     async def generate(self, body: dict[str, Any]) -> Any:
         engine = self._engine
         started = time.monotonic()
-        reqs, batched = parse_generate(body, engine.encode)
-        queued = [GenerateRequest(input_ids=r.input_ids, params=r.params,
-                                  seed=r.params.seed if r.params.seed is not None else engine.next_seed())
-                  for r in reqs for _ in range(r.n)]
-        gens, version = await asyncio.wrap_future(engine.submit(queued))
-        latency = time.monotonic() - started
-        # `n` samples of a prompt follow each other, as SGLang lists them.
-        out, at = [], 0
-        for r in reqs:
-            out += [build_response(r, g, weight_version=version, latency_s=latency, decode=engine.decode)
-                    for g in gens[at:at + r.n]]
-            at += r.n
+        prompts, batched = parse_generate(body, engine.encode)
+        gens, version = await self._wait(engine.submit(engine.sequences(prompts)))
+        out = [a.to_json() for a in build_responses(prompts, gens, weight_version=version,
+                                                     latency_s=time.monotonic() - started,
+                                                     decode=engine.decode)]
         if body.get("stream"):
             return _events(out)
         return HTTPStatus.OK, out if batched or len(out) > 1 else out[0]
@@ -360,11 +411,9 @@ class EngineServer:
         return HTTPStatus.OK, None
 
     async def health_generate(self, body: dict[str, Any]) -> tuple[int, Any]:
-        from slime.backends.engine.sampler import SamplingParams
-
         engine = self._engine
         bos = engine.tokenizer.bos_token_id
-        await asyncio.wrap_future(engine.submit([GenerateRequest(
+        await self._wait(engine.submit([GenerateRequest(
             input_ids=(bos if bos is not None else 0,), params=SamplingParams(max_new_tokens=1), seed=0)]))
         return HTTPStatus.OK, None
 
