@@ -197,11 +197,151 @@ def test_free_now_leaves_out_held_gpus_and_what_earlier_waiters_claim(pattern: s
             time.sleep(0.01)
         # It waits for GPUs 0 and 1 and has claimed 1: only 2 and 3 are free for a newcomer.
         assert gpu_lock.free_now(pattern, 4) == (2, 3)
+        (w,) = gpu_lock.read_status(pattern, 4).waiters
+        assert (w.pid, w.host, w.command, w.count, w.devices) == (os.getpid(), socket.gethostname(),
+                                                                  "", None, (0, 1))
+        assert w.since is not None and abs(w.since - time.time()) < 60
         stop.set()
         waiter.join(timeout=10)
     assert [type(e) for e in outcome] == [gpu_lock.Abandoned]
+    assert str(outcome[0]) == "stopped waiting for GPU(s) 0,1"
     assert gpu_lock.free_now(pattern, 4) == (0, 1, 2, 3)
 
+
+
+def test_a_waiter_queued_for_a_count_is_shown_with_it(pattern: str) -> None:
+    tickets = _tickets(pattern)
+    path = tickets / "000000000009.json"
+    path.write_text(json.dumps({"ticket": 9, "count": 2, "devices": None, "pid": 12, "since": 5,
+                                "host": "node-3", "command": "big job"}))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        (w,) = gpu_lock.read_status(pattern, 4).waiters
+    finally:
+        os.close(fd)
+    assert (w.ticket, w.pid, w.since, w.host, w.command, w.count, w.devices) == (
+        9, 12, 5.0, "node-3", "big job", 2, None)
+
+
+def test_a_holder_starts_when_it_gets_the_gpus_not_when_it_asked(pattern: str) -> None:
+    lease = gpu_lock.acquire(count=1, total_gpus=1, lock_path_pattern=pattern)
+    got: list[float | None] = []
+
+    def later() -> None:
+        with hold(count=1, total_gpus=1, lock_path_pattern=pattern, timeout=20):
+            got.append(_holder(pattern, 0, 1).since)
+
+    waiter = threading.Thread(target=later)
+    waiter.start()
+    time.sleep(0.5)
+    released = time.time()
+    gpu_lock.release(lease)
+    waiter.join(timeout=20)
+    assert got and got[0] is not None and got[0] >= released - 0.05
+
+
+def test_a_thousand_taken_ticket_names_are_one_clear_error(pattern: str) -> None:
+    tickets = _tickets(pattern)
+    for number in range(1, 1001):
+        (tickets / f"{number:012d}.json").mkdir()
+    with pytest.raises(UsageError) as info:
+        gpu_lock.acquire(count=1, total_gpus=1, lock_path_pattern=pattern, timeout=1)
+    assert str(info.value) == (f"{tickets}: a thousand ticket names in a row are taken; "
+                               "empty the directory")
+    (tickets / "000000000001.json").rmdir()  # one name free: the next request queues there
+    with hold(count=1, total_gpus=1, lock_path_pattern=pattern, timeout=1) as lease:
+        assert lease.ticket == 1
+
+
+def test_a_linked_queue_directory_is_refused_and_nothing_is_left_open(pattern: str,
+                                                                      tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    Path(pattern).parent.mkdir()
+    Path(gpu_lock.tickets_dir(pattern)).symlink_to(elsewhere)
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(UsageError) as info:
+        gpu_lock.acquire(count=1, total_gpus=1, lock_path_pattern=pattern, timeout=1)
+    assert str(info.value) == (f"{gpu_lock.tickets_dir(pattern)} is a symbolic link; it must be the "
+                               "directory of the GPU queue's tickets: remove it")
+    assert len(os.listdir("/proc/self/fd")) == before
+    Path(gpu_lock.tickets_dir(pattern)).unlink()
+    Path(gpu_lock.tickets_dir(pattern)).write_text("")
+    with pytest.raises(UsageError, match="is not a directory; it must be the directory"):
+        gpu_lock.acquire(count=1, total_gpus=1, lock_path_pattern=pattern, timeout=1)
+
+
+@pytest.mark.parametrize(("timeout", "held", "outcome"), [
+    (0.0, False, "lease"),  # zero: take them if free, never wait
+    (0.0, True, "timeout"),
+    (float("inf"), False, "lease"),  # forever is a documented wait
+])
+def test_zero_and_forever_are_timeouts_a_request_may_give(pattern: str, timeout: float, held: bool,
+                                                          outcome: str) -> None:
+    blocker = gpu_lock.acquire(count=1, total_gpus=1, lock_path_pattern=pattern) if held else None
+    try:
+        if outcome == "lease":
+            with hold(count=1, total_gpus=1, lock_path_pattern=pattern, timeout=timeout) as lease:
+                assert lease.devices == (0,)
+                assert lease.paths == (gpu_lock.gpu_path(pattern, 0),)
+                assert lease.ticket >= 1
+        else:
+            with pytest.raises(WaitTimeout, match="timed out after 0s"), hold(
+                    count=1, total_gpus=1, lock_path_pattern=pattern, timeout=timeout):
+                pass
+    finally:
+        if blocker is not None:
+            gpu_lock.release(blocker)
+
+
+def test_a_negative_timeout_names_its_flag() -> None:
+    with pytest.raises(UsageError) as info:
+        gpu_lock.acquire(count=1, total_gpus=1, lock_path_pattern="/nonexistent/{gpu_id}", timeout=-1)
+    assert str(info.value) == "--timeout -1: must be 0 or more seconds"
+
+
+@pytest.mark.parametrize(("request_", "message"), [
+    ({"total_gpus": 2}, "say how many GPUs: pass --count N or --devices 0,1"),
+    ({"count": 1, "devices": (0,), "total_gpus": 2}, "pass either --count or --devices, not both"),
+    ({"count": 3, "total_gpus": 2}, "--count 3 is more than the 2 GPU(s) on this machine; lower it or "
+                                    "pass --total-gpus"),
+    ({"devices": (), "total_gpus": 2}, "--devices is empty; list GPU indices such as 0,1"),
+    ({"devices": (5,), "total_gpus": 4}, "GPU 5 does not exist: devices are 0..3"),
+    ({"count": 1, "total_gpus": 257}, "--total-gpus 257: must be between 1 and 256"),
+])
+def test_impossible_requests_say_exactly_what_to_do(request_: dict[str, object], message: str) -> None:
+    with pytest.raises(UsageError) as info:
+        gpu_lock.make_request(**request_)  # type: ignore[arg-type]
+    assert str(info.value) == message
+
+
+def test_the_largest_machine_is_allowed() -> None:
+    assert gpu_lock.make_request(count=256, total_gpus=256).size == 256
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    ("/tmp/x\0{gpu_id}", "--lock-path-pattern contains a NUL byte; give a file path"),
+    ("/tmp/{{gpu_id}}.lock", "--lock-path-pattern '/tmp/{{gpu_id}}.lock' gives the same file for every GPU"),
+    ("/tmp/{gpu_id}/", "--lock-path-pattern '/tmp/{gpu_id}/' names a directory; name a file in it, "
+                       "e.g. /dev/shm/custom_gpu_lock_{gpu_id}.lock"),
+])
+def test_bad_patterns_say_what_is_wrong(bad: str, message: str) -> None:
+    with pytest.raises(UsageError) as info:
+        gpu_lock.validate_pattern(bad)
+    assert str(info.value) == message
+
+
+def test_a_holder_describes_itself() -> None:
+    since = 1_700_000_000.0
+    clock = time.strftime("%H:%M:%S", time.localtime(since))
+    here = socket.gethostname()
+    assert gpu_lock.Holder(pid=None, command="", since=None, host="", child_pid=None).describe() == \
+        "an unknown process"
+    assert gpu_lock.Holder(pid=7, command="job", since=since, host=here, child_pid=None).describe() == \
+        f"pid 7 (`job`) since {clock}"
+    assert gpu_lock.Holder(pid=7, command="", since=None, host="far", child_pid=None).describe() == \
+        "pid 7 on far"
 
 # --- the timeout message ----------------------------------------------------------------------
 
@@ -263,8 +403,9 @@ def test_check_files_creates_the_queue_its_sticky_directory_and_every_gpu_file(p
     for gpu in range(3):
         assert Path(gpu_lock.gpu_path(pattern, gpu)).is_file()
     assert not Path(gpu_lock.gpu_path(pattern, 3)).exists()
-    assert Path(gpu_lock.queue_path(pattern)).is_file()
-    assert stat.S_IMODE(os.stat(gpu_lock.tickets_dir(pattern)).st_mode) == 0o1777
+    locks = Path(pattern).parent
+    assert (locks / "gpu_queue.lock").is_file()
+    assert stat.S_IMODE(os.stat(locks / "gpu_queue.lock.d").st_mode) == 0o1777
     with pytest.raises(UsageError, match="--total-gpus 0"):
         gpu_lock.check_files(pattern, 0)
     with pytest.raises(UsageError, match="must contain"):
@@ -308,8 +449,13 @@ SETPRIV = shutil.which("setpriv")
 
 @pytest.mark.skipif(os.geteuid() != 0 or SETPRIV is None,
                     reason="needs root and setpriv to act as a second user (uid 65534)")
-def test_a_queue_directory_that_cannot_be_made_is_one_clear_error() -> None:
-    # Another user may use the queue file, but not create the queue's directory beside it.
+@pytest.mark.parametrize(("tickets_dir", "what"), [
+    (False, "{shared}/gpu_queue.lock.d: cannot create the GPU queue"),
+    (True, "{shared}/gpu_queue.lock.d/000000000001.json: cannot queue for GPUs"),
+])
+def test_a_queue_another_user_cannot_write_is_one_clear_error(tickets_dir: bool, what: str) -> None:
+    # Another user may use the queue file, but not create the queue's directory beside it, or
+    # (when root made it without the sticky mode) a ticket in it.
     # /dev/shm, not tmp_path: pytest's temporary root is closed to other users.
     shared = Path(tempfile.mkdtemp(prefix="slime-ci-queue-", dir="/dev/shm"))
     try:
@@ -317,6 +463,9 @@ def test_a_queue_directory_that_cannot_be_made_is_one_clear_error() -> None:
         queue = shared / "gpu_queue.lock"
         queue.touch()
         queue.chmod(0o666)
+        if tickets_dir:
+            (shared / "gpu_queue.lock.d").mkdir()
+            (shared / "gpu_queue.lock.d").chmod(0o755)
         pattern = str(shared / "gpu_{gpu_id}.lock")
         proc = subprocess.run(
             [str(SETPRIV), "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
@@ -326,9 +475,8 @@ def test_a_queue_directory_that_cannot_be_made_is_one_clear_error() -> None:
     finally:
         shutil.rmtree(shared, ignore_errors=True)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr == (f"error: {shared / 'gpu_queue.lock.d'}: cannot create the GPU queue "
-                           "(Permission denied); pass a --lock-path-pattern in a directory you can "
-                           "write\n")
+    assert proc.stderr == (f"error: {what.format(shared=shared)} (Permission denied); pass a "
+                           "--lock-path-pattern in a directory you can write\n")
 
 
 # --- GPU count from the driver ----------------------------------------------------------------
