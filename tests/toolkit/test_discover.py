@@ -6,6 +6,7 @@ from pathlib import PurePosixPath
 
 import pytest
 
+from ci import discover as discover_module
 from ci.discover import MAX_SOURCE_BYTES, discover, is_test_file, read_source, read_test_file
 
 NUM_GPUS = 0
@@ -221,19 +222,31 @@ def test_files_nested_too_deeply_for_the_parser_are_findings():
     assert tf.kind == "pytest"
 
 
+def _unreadable(path, num_gpus_problem, syntax_error):
+    return discover_module.TestFile(path=path, num_gpus=None, num_gpus_line=None, num_gpus_problem=num_gpus_problem,
+                    test_functions=0, has_main=False, main_runs_something=False, main_line=None,
+                    syntax_error=syntax_error)
+
+
 def test_read_test_file_reports_what_it_cannot_read(tmp_path):
     tests = tmp_path / "tests"
     tests.mkdir()
-    (tests / "test_latin1.py").write_bytes(b"NUM_GPUS = 0\n# caf\xe9\n")
-    latin = read_test_file(tmp_path, "tests/test_latin1.py")
-    assert latin.num_gpus is None and latin.num_gpus_problem == "the file is not UTF-8"
-    assert latin.syntax_error is not None and "utf-8" in latin.syntax_error
-    assert (latin.test_functions, latin.has_main, latin.main_line) == (0, False, None)
-    missing = read_test_file(tmp_path, "tests/test_gone.py")
-    assert missing.syntax_error == "cannot read it (No such file or directory)"
-    assert missing.num_gpus_problem == "the file does not parse"
+    (tests / "test_latin1.py").write_bytes(b"NUM_GPUS = 0\ndef test_a(): pass\n# caf\xe9\n")
+    assert read_test_file(tmp_path, "tests/test_latin1.py") == _unreadable(
+        "tests/test_latin1.py", "the file is not UTF-8",
+        "'utf-8' codec can't decode byte 0xe9 in position 37: invalid continuation byte")
+    assert read_test_file(tmp_path, "tests/test_gone.py") == _unreadable(
+        "tests/test_gone.py", "the file does not parse", "cannot read it (No such file or directory)")
     (tests / "test_dir.py").mkdir()
-    assert read_test_file(tmp_path, "tests/test_dir.py").syntax_error == "cannot read it (Is a directory)"
+    assert read_test_file(tmp_path, "tests/test_dir.py") == _unreadable(
+        "tests/test_dir.py", "the file does not parse", "cannot read it (Is a directory)")
+
+
+def test_an_endless_file_is_read_only_up_to_the_limit(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_zero.py").symlink_to("/dev/zero")
+    assert read_test_file(tmp_path, "tests/test_zero.py") == _unreadable(
+        "tests/test_zero.py", "the file does not parse", "larger than 4 MiB; no test file is that big")
 
 
 def test_a_file_over_the_size_limit_is_not_parsed(tmp_path, monkeypatch):
