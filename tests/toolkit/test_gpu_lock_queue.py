@@ -224,6 +224,20 @@ def test_a_waiter_queued_for_a_count_is_shown_with_it(pattern: str) -> None:
         9, 12, 5.0, "node-3", "big job", 2, None)
 
 
+def test_a_bare_ticket_claims_its_count_and_names_nobody(pattern: str) -> None:
+    path = _tickets(pattern) / "000000000002.json"
+    path.write_text(json.dumps({"ticket": 2, "count": 2}))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        (w,) = gpu_lock.read_status(pattern, 4).waiters
+        # The waiter ahead will take the two lowest GPUs: a newcomer gets only the others.
+        assert gpu_lock.free_now(pattern, 4) == (2, 3)
+    finally:
+        os.close(fd)
+    assert (w.pid, w.since, w.host, w.command, w.count, w.devices) == (None, None, "", "", 2, None)
+
+
 def test_a_holder_starts_when_it_gets_the_gpus_not_when_it_asked(pattern: str) -> None:
     lease = gpu_lock.acquire(count=1, total_gpus=1, lock_path_pattern=pattern)
     got: list[float | None] = []
