@@ -286,6 +286,21 @@ def test_a_linked_queue_directory_is_refused_and_nothing_is_left_open(pattern: s
         gpu_lock.acquire(count=1, total_gpus=1, lock_path_pattern=pattern, timeout=1)
 
 
+def test_a_linked_gpu_file_met_mid_probe_is_refused_and_the_probed_gpus_let_go(
+        pattern: str, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    Path(pattern).parent.mkdir()
+    Path(gpu_lock.gpu_path(pattern, 1)).symlink_to(victim)
+    with pytest.raises(UsageError, match="symbolic link"):
+        gpu_lock.acquire(count=2, total_gpus=2, lock_path_pattern=pattern, timeout=1)
+    assert victim.read_text() == "precious\n"
+    # GPU 0 was locked by the probe before GPU 1 was refused: it is free again.
+    assert gpu_lock.read_status(pattern, 1).gpus[0].holder is None
+    with hold(count=1, total_gpus=1, lock_path_pattern=pattern, timeout=1) as lease:
+        assert lease.devices == (0,)
+
+
 @pytest.mark.parametrize(("timeout", "held", "outcome"), [
     (0.0, False, "lease"),  # zero: take them if free, never wait
     (0.0, True, "timeout"),
