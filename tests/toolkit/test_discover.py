@@ -264,8 +264,20 @@ def test_a_file_over_the_size_limit_is_not_parsed(tmp_path, monkeypatch):
 
 def test_a_syntax_error_names_its_line_and_the_parsers_words():
     tf = read_source("tests/test_x.py", "NUM_GPUS = 0\n\n\nx = (\n")
-    assert tf.syntax_error == "line 4: '(' was never closed"
-    assert tf.num_gpus is None and tf.num_gpus_line is None
+    assert tf == _unreadable("tests/test_x.py", "the file does not parse", "line 4: '(' was never closed")
+
+
+def test_functions_and_classes_add_up_in_any_order():
+    tf = _read("""
+        NUM_GPUS = 0
+        def test_first(): pass
+        def test_second(): pass
+        class TestLater:
+            def test_a(self): pass
+        class TestEmpty:
+            pass
+    """)
+    assert tf.test_functions == 3
 
 
 def test_discover_without_a_tests_directory_finds_nothing(tmp_path):
