@@ -126,6 +126,8 @@ def _is_main_guard(node: ast.stmt) -> bool:
     if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
         return False
     test = node.test
+    if not (len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False  # `__name__ != "__main__"` runs on import, not as a script
     sides = [test.left, *test.comparators]
     names = [s.id for s in sides if isinstance(s, ast.Name)]
     consts = [s.value for s in sides if isinstance(s, ast.Constant)]

@@ -107,12 +107,19 @@ def _norm(path: str) -> str:
 
 def select_paths(entries: Sequence[PlannedEntry], paths: Iterable[str], *, suite: str) -> list[PlannedEntry]:
     """Keep entries whose file is one of `paths` (a directory selects what lies under it)."""
-    wanted = [_norm(p).rstrip("/") for p in paths]
+    given = list(paths)
+    if "" in given:
+        raise UsageError("an empty path names no test; give a test file or directory (`.` for all)")
+    wanted = [_norm(p).rstrip("/") for p in given]
     known = sorted({e.path for e in entries})
     for w in wanted:
         if not any(e.path == w or _under(e.path, w) for e in entries):
+            # "." normalises to "" (the checkout itself): name it as the user can type it.
+            name = w or "."
+            if not known:
+                raise UsageError(f"{name} is not a test of {suite}: {suite} has no entries")
             shown = ", ".join(known[:12]) + (f", … ({len(known)} in all)" if len(known) > 12 else "")
-            raise UsageError(f"{w} is not a test of {suite}; known: {shown}")
+            raise UsageError(f"{name} is not a test of {suite}; known: {shown}")
     return [e for e in entries if any(e.path == w or _under(e.path, w) for w in wanted)]
 
 

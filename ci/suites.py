@@ -301,31 +301,41 @@ class MutationTarget:
 # Equivalent mutants (no test can tell them apart), each with its reason; not counted.
 MUTATION_EQUIVALENT = "ci/mutation-equivalent.txt"
 
-# Each threshold is at or below the last measured score, so a test that stops catching a
-# break fails the run; raise it as tests improve (aim: 0.9). Modules without a measured score
-# state that aim until their first run.
+# Each threshold sits just below the last measured score (README "Mutation testing"), so a
+# test that stops catching a break fails the run; raise it as tests improve (aim: 0.9).
+# A module measured only in part states the share its measured part proves.
 MUTATION_TARGETS: tuple[MutationTarget, ...] = (
-    MutationTarget(source="ci/plan.py", tests=("tests/toolkit/test_plan.py",), threshold=0.9),
+    MutationTarget(source="ci/plan.py", tests=("tests/toolkit/test_plan.py",), threshold=0.98),  # 99.0 %
     MutationTarget(source="ci/changed.py",
                    tests=("tests/toolkit/test_changed.py", "tests/toolkit/test_changed_affected.py"),
+                   # A run cut short: 264 of its 509 mutants killed, 50 survived, the rest unchecked.
+                   threshold=0.5),
+    MutationTarget(source="ci/gpu_lock.py",
+                   tests=("tests/toolkit/test_gpu_lock.py", "tests/toolkit/test_gpu_lock_queue.py",
+                          "tests/toolkit/test_gpu_lock_security.py"),
                    threshold=0.9),
-    MutationTarget(source="ci/gpu_lock.py", tests=("tests/toolkit/test_gpu_lock.py",), threshold=0.9),
-    MutationTarget(source="ci/results.py", tests=("tests/toolkit/test_results.py",), threshold=0.9),
-    MutationTarget(source="ci/discover.py", tests=("tests/toolkit/test_discover.py",), threshold=0.9),
-    # First measured at 60 % (mostly the wording of `python -m ci plan`'s output): a floor.
-    MutationTarget(source="ci/triggers.py", tests=("tests/toolkit/test_triggers.py",), threshold=0.55),
+    MutationTarget(source="ci/results.py", tests=("tests/toolkit/test_results.py",), threshold=0.98),  # 100 %
+    MutationTarget(source="ci/discover.py", tests=("tests/toolkit/test_discover.py",),
+                   threshold=0.97),  # 99.3 %
+    # Measured at 56.9 % with test_triggers.py alone (mostly the wording of `python -m ci plan`);
+    # the other three files were added after that run and can only kill more: a floor.
+    MutationTarget(source="ci/triggers.py",
+                   tests=("tests/toolkit/test_triggers.py", "tests/toolkit/test_triggers_rules.py",
+                          "tests/toolkit/test_triggers_agree.py", "tests/toolkit/test_events.py"),
+                   threshold=0.55),
     MutationTarget(source="slime/utils/ppo_utils.py",
                    tests=("tests/test_policy_loss.py", "tests/test_cispo_loss.py",
                           "tests/test_grpo_advantages.py", "tests/test_gae.py", "tests/test_ppo_kl.py",
                           "tests/test_masked_whiten.py",
                           "tests/test_discounted_returns.py", "tests/test_reinforce_plus_plus.py",
                           "tests/test_log_probs_entropy.py"),
-                   threshold=0.9),
+                   threshold=0.97),  # 97.9 %
     MutationTarget(source="slime/rollout/rm_hub",
                    tests=("tests/test_rm_arith.py", "tests/test_rm_dapo_math.py",
                           "tests/test_rm_deepscaler.py", "tests/test_rm_f1.py", "tests/test_rm_gpqa.py",
                           "tests/test_rm_hub_grade.py",
                           "tests/test_rm_math_boxed.py", "tests/test_rm_math_equivalence.py",
-                          "tests/test_rm_math_normalize.py", "tests/utils/test_time_limit.py"),
-                   threshold=0.9),
+                          "tests/test_rm_math_forms.py", "tests/test_rm_math_normalize.py",
+                          "tests/utils/test_time_limit.py"),
+                   threshold=0.9),  # not measured yet: the aim
 )

@@ -141,7 +141,9 @@ def test_main_bad_input_exits_2_before_running_anything(capsys):
     with pytest.raises(UsageError, match="--jobs 0: need at least 1"):
         mutation.main(["--jobs", "0", "--dry-run"])
     assert mutation.main(["--dry-run", "ci/plan.py"]) == EXIT_OK
-    assert capsys.readouterr().out.startswith("ci/plan.py  needs 90%  tests: tests/toolkit/test_plan.py")
+    plan = next(t for t in MUTATION_TARGETS if t.source == "ci/plan.py")
+    assert capsys.readouterr().out.startswith(f"ci/plan.py  needs {plan.threshold:.0%}  tests: "
+                                              "tests/toolkit/test_plan.py")
 
 
 CALC = '''

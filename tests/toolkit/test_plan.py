@@ -170,6 +170,18 @@ def test_select_paths_of_an_unknown_path_lists_the_known_ones():
                               "tests/test_a.py, tests/utils/deep/test_c.py, tests/utils/test_b.py")
 
 
+def test_select_paths_of_the_checkout_takes_all_and_names_it_when_there_is_nothing():
+    # "." and "./" name the checkout itself: every entry lies under it. With no entry to
+    # take, the message names it as typed, not as the empty path it normalises to.
+    assert [e.id for e in select_paths(ENTRIES, ["."], suite="s")] == [e.id for e in ENTRIES]
+    for path in (".", "./"):
+        with pytest.raises(UsageError) as err:
+            select_paths([], [path], suite="gpu_smoke")
+        assert str(err.value) == ". is not a test of gpu_smoke: gpu_smoke has no entries"
+    with pytest.raises(UsageError, match="an empty path names no test"):
+        select_paths(ENTRIES, [""], suite="s")
+
+
 def test_select_paths_shows_twelve_known_files_and_the_count():
     many = [pe(f"tests/test_{i:02}.py") for i in range(14)]
     with pytest.raises(UsageError) as err:

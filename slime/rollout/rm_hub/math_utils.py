@@ -205,9 +205,16 @@ def _split_top_level(s: str) -> list[str]:
     return parts
 
 
+_OUTER = (("(", ")"), ("[", "]"), ("\\{", "\\}"))
+
+
 def _strip_outer(s: str) -> str:
-    if len(s) >= 2 and s[0] + s[-1] in ("()", "[]", "\\{\\}") and _matching_pair(s):
-        return s[1:-1]
+    # A set's braces are two characters each (`\{1,2\}`): compared as first + last
+    # character they never matched, and sets were compared only as whole strings.
+    for left, right in _OUTER:
+        if (len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right)
+                and _matching_pair(s[len(left) - 1:])):
+            return s[len(left):-len(right)]
     return s
 
 
@@ -230,6 +237,9 @@ def _equivalent(a: str, b: str, timeout: float) -> bool:
     ta, tb = latex_to_sympy_text(a), latex_to_sympy_text(b)
     if ta is None or tb is None:
         return False
+    # Imported before the clock starts: sympy's first import takes seconds on a loaded
+    # machine, and the limit is for the comparison, not for loading the library.
+    import sympy.parsing.sympy_parser  # noqa: F401
     try:
         return call_with_time_limit(_sympy_equal, timeout, ta, tb)
     except TimeLimitExceeded:
