@@ -2,8 +2,9 @@
 
 For each planted break in slime/ (a real one-line bug, committed on its own branch of a
 scratch clone), cpu_unit runs twice from the same start: with `--order longest` (today)
-and with `--order failure-first` (what failed on the branch before, then the files the
-branch's diff changes or affects, then longest first). Each run is watched live; the
+and with `--order failure-first` (what failed on the branch before, then the test files
+the branch's diff changes or affects, nearest in the import graph first and equally near
+ones shortest first, then the rest longest first). Each run is watched live; the
 seconds from its start to its first FAILED line are taken and the run is interrupted
 (SIGINT, as Ctrl-C) so the benchmark pays only until the first failure.
 
