@@ -29,6 +29,11 @@ def test_the_estimate_is_the_p90_of_the_last_15_passing_runs():
     est = estimates(old + recent + failed)
     assert est["a"] == pytest.approx(percentile([10] * 13 + [30, 11], 0.9))
     assert 10 < est["a"] < 30  # one slow outlier does not set it, one fast run does not either
+    # Never passed: its failed runs' seconds, not the planner's guess; a timeout never counts.
+    never = [_row("b", 90.0, outcome="failed", n=1), _row("b", 100.0, outcome="failed", n=2),
+             _row("b", 300.0, outcome="timeout", n=3), _row("c", 300.0, outcome="timeout", n=4)]
+    est = estimates(old + never)
+    assert est["b"] == pytest.approx(99.0) and "c" not in est and est["a"] == 100.0
 
 
 def test_failure_first_orders_failed_then_nearest_shortest_then_longest():
@@ -157,10 +162,10 @@ def test_on_a_branch_the_failed_then_the_changed_entry_run_first(tmp_path):
 
     assert order() == ["tests/e2e/test_flop.py", "tests/e2e/test_short.py", "tests/e2e/test_long.py",
                        "tests/e2e/test_mid.py"]
-    # Longest first from the history's p90s; test_flop never passed, so it has no estimate and
-    # the planner's guess for an unknown entry (twice the median) puts it early.
-    longest = ["tests/e2e/test_flop.py", "tests/e2e/test_long.py", "tests/e2e/test_mid.py",
-               "tests/e2e/test_short.py"]
+    # Longest first from the history's p90s; test_flop never passed, so its estimate is the
+    # second its failed run took, and it goes last.
+    longest = ["tests/e2e/test_long.py", "tests/e2e/test_mid.py", "tests/e2e/test_short.py",
+               "tests/e2e/test_flop.py"]
     assert order("--order", "longest") == longest
     git(root, "checkout", "-q", "main")  # on main: longest first
     assert order() == longest
