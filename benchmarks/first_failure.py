@@ -2,8 +2,9 @@
 
 For each planted break in slime/ (a real one-line bug, committed on its own branch of a
 scratch clone), cpu_unit runs twice from the same start: with `--order longest` (today)
-and with `--order failure-first` (what failed on the branch before, then the files the
-branch's diff changes or affects, then longest first). Each run is watched live; the
+and with `--order failure-first` (what failed on the branch before, then the test files
+the branch's diff changes or affects, nearest in the import graph first and equally near
+ones shortest first, then the rest longest first). Each run is watched live; the
 seconds from its start to its first FAILED line are taken and the run is interrupted
 (SIGINT, as Ctrl-C) so the benchmark pays only until the first failure.
 
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +57,17 @@ def ci_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "ci", "run", "--suite", "cpu_unit", *args]
 
 
+def _cause(lines: Iterator[str]) -> str:
+    """The first `E ` line of the failed file's output tail (the runner prints it next), so a
+    reader can tell a failure the break caused from one the machine's load did."""
+    for n, line in enumerate(lines):
+        if line.startswith("E ") and line[1:].strip():
+            return line[1:].strip()[:90]
+        if line.startswith("error: ") or n > 400:
+            return line.strip()[:90]
+    return "?"
+
+
 def first_failure(clone: Path, argv: list[str], limit: float) -> tuple[float | None, str]:
     """Seconds from start to the first failing file (and its name); the run is then interrupted."""
     env = {**os.environ, "PYTHONPATH": str(clone)}
@@ -67,7 +80,7 @@ def first_failure(clone: Path, argv: list[str], limit: float) -> tuple[float | N
     for line in proc.stdout:
         match = FIRST_FAIL.match(line)
         if match:
-            found = (time.monotonic() - start, match.group(2))
+            found = (time.monotonic() - start, f"{match.group(2)}: {_cause(proc.stdout)}")
             break
         if time.monotonic() - start > limit:
             break
@@ -86,9 +99,16 @@ def main() -> int:
                         "measure them with one full run of the unbroken checkout)")
     parser.add_argument("-j", "--jobs", type=int, help="the runner's -j")
     parser.add_argument("--limit", type=float, default=900, help="seconds a side may take (default 900)")
+    parser.add_argument("--breaks", help="which breaks to plant, by number, e.g. 1,3 (default: all)")
     args = parser.parse_args()
     jobs = ["-j", str(args.jobs)] if args.jobs else []
-    print(f"{len(BREAKS)} planted breaks; {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
+    try:
+        chosen = {int(x) for x in args.breaks.split(",")} if args.breaks else set(range(1, len(BREAKS) + 1))
+    except ValueError:
+        parser.error(f"--breaks {args.breaks!r}: expected numbers like 1,3")
+    if not chosen <= set(range(1, len(BREAKS) + 1)):
+        parser.error(f"--breaks: there are {len(BREAKS)} breaks, numbered from 1")
+    print(f"{len(chosen)} planted breaks; {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory(prefix="first-failure-") as tmp:
         clone = Path(tmp) / "repo"
         subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], check=True)
@@ -107,6 +127,8 @@ def main() -> int:
                   f"{len(json.loads(durations.read_text()))} files")
         rows = []
         for n, (what, path, old, new) in enumerate(BREAKS, 1):
+            if n not in chosen:
+                continue
             git(clone, "checkout", "-q", "-B", f"break-{n}", "base")
             target = clone / path
             text = target.read_text(encoding="utf-8")
@@ -124,8 +146,8 @@ def main() -> int:
             rows.append((what, today, ours))
             shown = lambda s: "none" if s is None else f"{s:6.1f}s"  # noqa: E731
             ratio = f"{ours / today:.2f}" if today and ours else "-"
-            print(f"  {what:<34} today {shown(today)} ({f_today or '-'})  "
-                  f"failure-first {shown(ours)} ({f_ours or '-'})  ratio {ratio}")
+            print(f"  {what:<34} today {shown(today)}  failure-first {shown(ours)}  ratio {ratio}\n"
+                  f"      today's first: {f_today or '-'}\n      failure-first's: {f_ours or '-'}")
         git(clone, "checkout", "-q", "base")
     pairs = [(t, o) for _, t, o in rows if t and o]
     if pairs:

@@ -224,19 +224,22 @@ def touched_paths(changes: Iterable[Change]) -> set[str]:
     return paths
 
 
-def affected_tests(root: Path, changes: Sequence[Change]) -> dict[str, str]:
-    """Test files that import a changed file of this repository, directly or not -> why."""
+def affected_test_chains(root: Path, changes: Sequence[Change]) -> dict[str, tuple[str, ...]]:
+    """Test files that import a changed file, directly or not -> the shortest import chain
+    `(test, via_1, …, changed)`: its length less one is the test's import distance."""
     touched = {p for p in touched_paths(changes) if p.endswith(".py")}
     if not touched:
         return {}
     gone = [c.path for c in changes if c.status == "deleted"]
     gone += [c.old_path for c in changes if c.old_path is not None]
     chains = affected_chains(root, touched, also_known=gone)
-    return {
-        node: describe_chain(chain)
-        for node, chain in sorted(chains.items())
-        if is_test_file(node) and (root / node).is_file()
-    }
+    return {node: chain for node, chain in sorted(chains.items())
+            if is_test_file(node) and (root / node).is_file()}
+
+
+def affected_tests(root: Path, changes: Sequence[Change]) -> dict[str, str]:
+    """Test files that import a changed file of this repository, directly or not -> why."""
+    return {node: describe_chain(chain) for node, chain in affected_test_chains(root, changes).items()}
 
 
 # --- entries ----------------------------------------------------------------------------

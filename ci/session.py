@@ -211,7 +211,7 @@ def parse(argv: Sequence[str]) -> Options:
 
 
 def select(opts: Options, durations: Mapping[str, float],
-           first: tuple[frozenset[str], frozenset[str]] | None = None) -> list[PlannedEntry]:
+           first: tuple[frozenset[str], Mapping[str, int]] | None = None) -> list[PlannedEntry]:
     """The entries this invocation runs, in run order.
 
     `first`: (entry ids that failed on this branch, test files its diff changes or
@@ -240,13 +240,13 @@ def select(opts: Options, durations: Mapping[str, float],
     return planner.longest_first(entries, durations)
 
 
-def _first(opts: Options, run: history.HistoryRun) -> tuple[frozenset[str], frozenset[str]] | None:
+def _first(opts: Options, run: history.HistoryRun) -> tuple[frozenset[str], Mapping[str, int]] | None:
     order = opts.args.order
     if order == "longest" or (order == "auto" and not run.on_feature_branch):
         return None
     changed = history.changed_tests(opts.root, opts.args.base,
                                     warn=lambda m: print(f"note: {m}", file=sys.stderr))
-    return run.before.failed_here, frozenset(changed)
+    return run.before.failed_here, changed
 
 
 def _gpu_budget(opts: Options, entries: Sequence[PlannedEntry]) -> int:

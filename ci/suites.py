@@ -79,6 +79,18 @@ class Entry:
         return " ".join((self.path, *self.test_args))
 
 
+# The registry's auto-quarantine, for every suite that does not set its own: an entry is
+# held once more than 1 in 10 of its recent runs (the last 50) was a flake (failed, then
+# passed on a retry, or failed on a commit where it also passed) and it has at least 10
+# runs recorded, so one bad afternoon of a new entry is not yet a rate. Without retries
+# (the CPU suites) each such flake was a red job for nothing; at more than 1 in 10 people
+# learn to re-run red, which costs more than one test that runs but does not gate. A
+# consistent failure is not a flake and is never held: it fails the job, and `history
+# monitor` reports it. `quarantine_rate=None` on a suite: never held automatically.
+AUTO_QUARANTINE_RATE = 0.1
+AUTO_QUARANTINE_MIN_RUNS = 10
+
+
 @dataclass(frozen=True, kw_only=True)
 class Suite:
     """A named set of entries: one nox session, one CI job (or matrix)."""
@@ -103,8 +115,8 @@ class Suite:
     cadences: tuple[str, ...] | None = None
     # Quarantine an entry automatically once its flake rate over the history window is
     # above this (with at least `quarantine_min_runs` runs recorded); None: never.
-    quarantine_rate: float | None = None
-    quarantine_min_runs: int = 5
+    quarantine_rate: float | None = AUTO_QUARANTINE_RATE
+    quarantine_min_runs: int = AUTO_QUARANTINE_MIN_RUNS
 
     # What the tier means everywhere else; the rest of the toolkit asks these, not the tier.
     @property

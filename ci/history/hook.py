@@ -58,16 +58,20 @@ def begin(url: str | None, *, suite: Suite, root: Path, env: Mapping[str, str], 
                       registry=registry_name(source) if source is not None else REGISTRY)
 
 
-def changed_tests(root: Path, base: str, warn: Warn) -> set[str]:
-    """Test files the branch's diff edits or affects (imports); empty when git cannot say."""
+def changed_tests(root: Path, base: str, warn: Warn) -> dict[str, int]:
+    """Test files the branch's diff edits (distance 0) or reaches through imports (the
+    chain's length: 1 for a direct importer) -> that distance; empty when git cannot say."""
     try:
-        from ci.changed import affected_tests, diff_vs_base, edited_tests
+        from ci.changed import affected_test_chains, diff_vs_base, edited_tests
 
         _base, _head, changes = diff_vs_base(root, base)
-        return set(edited_tests(changes)) | set(affected_tests(root, changes))
+        distances = {path: 0 for path in edited_tests(changes)}
+        for path, chain in affected_test_chains(root, changes).items():
+            distances.setdefault(path, len(chain) - 1)
+        return distances
     except Exception as exc:  # ordering is a hint: no diff must never stop a run
         warn(f"failure-first order without the diff ({str(exc).splitlines()[0] if str(exc) else exc})")
-        return set()
+        return {}
 
 
 def registry_entries(suite: Suite) -> dict[str, Entry]:

@@ -35,12 +35,19 @@ def estimates(rows: Iterable[AttemptRow], *, runs: int = ESTIMATE_RUNS,
     """Seconds per entry: the q-quantile of its last `runs` passing attempts (rows oldest first).
 
     A high percentile, so one slow outlier does not dominate and one fast run does not
-    make the planner starve a shard.
+    make the planner starve a shard. An entry with no passing run in the history (it
+    failed every time, e.g. a service that did not start) takes the same quantile of its
+    failed runs: what it took when it failed is a better guess than the planner's guess
+    for an entry it knows nothing of. Interrupted, timed-out or lost runs never count.
     """
-    seen: dict[str, list[float]] = defaultdict(list)
+    passing: dict[str, list[float]] = defaultdict(list)
+    failing: dict[str, list[float]] = defaultdict(list)
     for r in finals(rows):
         if r.outcome in ("passed", "flaky"):
-            seen[r.entry_id].append(r.seconds)
+            passing[r.entry_id].append(r.seconds)
+        elif r.outcome not in UNMEASURED:
+            failing[r.entry_id].append(r.seconds)
+    seen = {**failing, **passing}
     return {k: round(percentile(v[-runs:], q), 2) for k, v in seen.items()}
 
 

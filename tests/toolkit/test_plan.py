@@ -14,6 +14,7 @@ from ci.errors import EXIT_NOTHING, EXIT_USAGE, NothingRegistered, UsageError
 from ci.plan import (
     PlannedEntry,
     estimate,
+    failure_first,
     longest_first,
     parse_shard,
     plan_entry,
@@ -328,6 +329,18 @@ def test_shard_weighs_unmeasured_entries_by_their_estimate():
 def test_one_shard_is_everything_longest_first():
     durations = {"a": 1.0, "b": 3.0, "c": 2.0}
     assert [e.id for e in shard([pe("a"), pe("b"), pe("c")], 1, 1, durations)] == ["b", "c", "a"]
+
+
+def test_failure_first_failed_then_by_import_distance_shortest_first_then_longest():
+    durations = {"f_long": 9.0, "f_short": 2.0, "e": 50.0, "d1_slow": 30.0, "d1_fast": 3.0,
+                 "d1_tie": 3.0, "d2": 0.5, "r_long": 40.0, "r_short": 1.0}
+    entries = [pe(k) for k in sorted(durations)]
+    order = failure_first(entries, durations, failed={"f_long", "f_short", "d2"},
+                          changed={"e": 0, "d1_slow": 1, "d1_fast": 1, "d1_tie": 1, "d2": 2})
+    assert [e.id for e in order] == ["d2", "f_short", "f_long", "e", "d1_fast", "d1_tie", "d1_slow",
+                                     "r_long", "r_short"]
+    # Nothing failed, nothing reached: exactly longest first.
+    assert failure_first(entries, durations, failed=set(), changed={}) == longest_first(entries, durations)
 
 
 if __name__ == "__main__":
