@@ -27,6 +27,7 @@ from ci.cadences import (
 )
 from ci.discover import is_test_file
 from ci.errors import UsageError
+from ci.log import Log
 from ci.registry import load_registry
 from ci.style import Style
 from ci.suites import GPU_RUNNER_LABELS, SUITES, Suite, Tier
@@ -165,7 +166,7 @@ def table(suites: Sequence[Suite] = SUITES, style: Style | None = None) -> tuple
     if style.check_job:
         extra = (*extra, check_job(style.check_job, style))
     jobs = (*(job_for(s, style) for s in suites), *extra)
-    ids = [j.id for j in jobs]
+    ids = [j.id for j in jobs] + [PLAN_JOB]  # the workflow's own plan job takes that id
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise UsageError(f"two CI jobs named {', '.join(dupes)}: rename the suite in ci/suites.py")
@@ -259,6 +260,25 @@ def _quote(text: str) -> str:
 SAME_REPO = "github.event.pull_request.head.repo.full_name == github.repository"
 
 
+# The workflow's `plan` job (ci/workflow.py) runs `python -m ci plan` on the PR's diff and
+# publishes the ids of the jobs it runs; a job it gates asks that list. Only GPU jobs are
+# gated: the diff decides nothing for a CPU job, and they need not wait for it.
+PLAN_JOB = "plan"
+PLAN_OUTPUT = "jobs"
+
+
+def gated_by_plan(job: Job) -> bool:
+    """Whether the job waits for the plan job and runs on a PR only when its verdict says so."""
+    return job.self_hosted and job.label is not None and not job.scheduled_only
+
+
+def plan_term(job: Job) -> str:
+    """The plan job's verdict on this job (its published list names it)."""
+    # `|| '[]'`: a plan that failed publishes nothing, and fromJSON('') is an error.
+    return (f"contains(fromJSON(needs.{PLAN_JOB}.outputs.{PLAN_OUTPUT} || '[]'), "
+            f"{_quote(job.id)})")
+
+
 def pr_terms(job: Job) -> list[str]:
     """When the job runs for a pull_request event: AND-ed terms, false for other events."""
     terms = ["github.event_name == 'pull_request'"]
@@ -271,6 +291,7 @@ def pr_terms(job: Job) -> list[str]:
         *terms,
         f"contains(github.event.pull_request.labels.*.name, {label})",
         f"(github.event.action != 'labeled' || github.event.label.name == {label})",
+        *([plan_term(job)] if gated_by_plan(job) else []),
     ]
 
 
@@ -293,8 +314,14 @@ def condition_lines(job: Job) -> list[str]:
                 "|| (github.event_name == 'pull_request' && github.event.action != 'labeled')", *tail]
     first, *rest = pr_terms(job)
     and_lines = [f"&& {t}" for t in rest]
-    return ["github.event_name == 'workflow_dispatch'", f"|| ({first}",
-            *and_lines[:-1], and_lines[-1] + ")", *tail]
+    lines = ["github.event_name == 'workflow_dispatch'", f"|| ({first}",
+             *and_lines[:-1], and_lines[-1] + ")", *tail]
+    if not gated_by_plan(job):
+        return lines
+    # A job with `needs:` is skipped whenever what it needs was, unless its `if:` calls a
+    # status function: the plan job runs on pull requests only, and a push, a schedule or a
+    # dispatch must still run this one.
+    return ["!cancelled()", f"&& ({lines[0]}", *lines[1:-1], lines[-1] + ")"]
 
 
 def condition(job: Job) -> str:
@@ -377,6 +404,30 @@ def render_plan(event: Event, decisions: Sequence[Decision]) -> str:
     return "\n".join(lines)
 
 
+def read_paths(path: Path) -> list[str]:
+    """Changed paths from a file: NUL-separated (`git diff -z`) or one a line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--paths-from {path}: cannot read it ({exc.__class__.__name__}); "
+                         "pass a file of changed paths") from None
+    return sorted({p for p in text.replace("\0", "\n").splitlines() if p.strip()})
+
+
+def summary_markdown(event: Event, decisions: Sequence[Decision]) -> str:
+    """The plan as the step summary shows it: every job, whether it runs, and why."""
+    lines = [f"### CI plan: {_describe(event)}", "", "| job | runs | why |", "|---|---|---|"]
+    lines += [f"| `{d.job.id}` | {'yes' if d.runs else '**skipped**'} | "
+              f"{d.why.replace('|', chr(92) + '|')} |" for d in decisions]
+    return "\n".join(lines)
+
+
+def publish(event: Event, decisions: Sequence[Decision], log: Log) -> None:
+    """The jobs that run, as the step output the gated jobs read; the reasons in the summary."""
+    log.output(PLAN_OUTPUT, json.dumps([d.job.id for d in decisions if d.runs]))
+    log.summary(summary_markdown(event, decisions))
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="python -m ci plan",
@@ -422,6 +473,12 @@ def _parser() -> argparse.ArgumentParser:
                              "GPU-irrelevant paths only)")
     parser.add_argument("--diff", default=None, metavar="BASE",
                         help="pull_request: read the changed files from `git diff BASE...HEAD`")
+    parser.add_argument("--paths-from", type=Path, default=None, metavar="FILE",
+                        help="pull_request: read the changed files from FILE, one a line or "
+                             "NUL-separated (`git diff --name-only -z`)")
+    parser.add_argument("--github", action="store_true",
+                        help="in GitHub Actions: publish the running job ids as the step output "
+                             f"`{PLAN_OUTPUT}` and the table (with each reason) in the step summary")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--root", type=Path, default=Path.cwd(),
                         help="repository root whose registry is planned (default: .)")
@@ -442,9 +499,13 @@ def main(argv: list[str]) -> int:
 
         return resolve_main(args, root, registry.suites)
     jobs = table(registry.suites, registry.style)
-    if args.paths is not None and args.diff is not None:
-        raise UsageError("pass --paths or --diff, not both")
+    given = [f for f, v in (("--paths", args.paths), ("--diff", args.diff),
+                            ("--paths-from", args.paths_from)) if v is not None]
+    if len(given) > 1:
+        raise UsageError(f"pass one of --paths, --diff and --paths-from, not {' and '.join(given)}")
     args.changed_paths = _split(args.paths) if args.paths is not None else None
+    if args.paths_from is not None:
+        args.changed_paths = read_paths(args.paths_from)
     if args.diff is not None:
         from ci.changed import diff_vs_base
 
@@ -453,6 +514,8 @@ def main(argv: list[str]) -> int:
         args.changed_paths = sorted({p for c in changes for p in (c.path, c.old_path) if p})
     event = parse_event(args, jobs, registry.style.schedules, registry.style.gpu_irrelevant)
     decisions = plan(event, jobs)
+    if args.github:
+        publish(event, decisions, Log.from_env())
     if args.json:
         print(json.dumps([
             {"job": d.job.id, "session": d.job.session, "runs_on": list(d.job.runs_on),

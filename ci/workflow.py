@@ -27,9 +27,12 @@ from ci.timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES, SETUP_MINUTES
 from ci.triggers import (
     BASE_BRANCH,
     CHECK_SESSION,
+    PLAN_JOB,
+    PLAN_OUTPUT,
     WORKFLOW_NAME,
     Job,
     condition_lines,
+    gated_by_plan,
     pr_terms,
     table,
 )
@@ -45,6 +48,7 @@ from ci.yaml_writer import (  # the writer lives apart so ci/gateway_workflow.py
     Folded,
     Node,
     Note,
+    Script,
     _banner,
     _expr,
     _uses,
@@ -192,11 +196,67 @@ def _steps(job: Job, style: Style) -> list[Node]:
     return steps
 
 
+# The diff gate.
+#
+# A labelled PR whose diff touches only GPU-irrelevant paths (Style.gpu_irrelevant) runs its
+# CPU jobs and skips its GPU jobs. `python -m ci plan` decides that, as it decides everything
+# else: the `plan` job runs it on the PR's event and diff, publishes the ids of the jobs that
+# run (output `jobs`) and writes every job's verdict and reason to its step summary; each GPU
+# job `needs:` it and runs on a PR only when the list names it. The label terms stay in the
+# GPU jobs' `if:` too (rendered from the same rules), so plan output from a fork's code can
+# never reach a self-hosted runner. The plan job has a group of its own run: it cancels
+# nothing, and a label added later starts only the job that label gates.
+PLAN_MINUTES = 10
+# The checkout of a pull_request is the merge commit; its first parent is the base branch's tip,
+# so `git diff HEAD^1 HEAD` is the PR's change as it would merge. --no-renames lists both sides
+# of a rename: moving code into docs/ still changes the code.
+_PLAN_SCRIPT = (
+    'git diff --no-renames --name-only -z HEAD^1 HEAD > "$RUNNER_TEMP/changed-paths"',
+    'set -- --event pull_request --labels "$LABELS" --paths-from "$RUNNER_TEMP/changed-paths" --github',
+    'if [ "$ACTION" = labeled ]; then set -- "$@" --added "$ADDED"; else set -- "$@" --action "$ACTION"; fi',
+    'if [ "$FORK" = true ]; then set -- "$@" --fork; fi',
+    'python -m ci plan "$@"',
+)
+
+
+def plan_job(style: Style) -> dict[str, Node]:
+    """The job that asks `python -m ci plan` which jobs this PR event runs."""
+    return {
+        "name": PLAN_JOB,
+        "if": "github.event_name == 'pull_request'",
+        "runs-on": style.hosted_runner[0] if len(style.hosted_runner) == 1 else Flow(style.hosted_runner),
+        "permissions": {"contents": Note("read", "actions/checkout reads the repository")},
+        "concurrency": {"group": f"{WORKFLOW_NAME}-run{_expr('github.run_id')}-{PLAN_JOB}",
+                        "cancel-in-progress": True},
+        "timeout-minutes": PLAN_MINUTES,
+        "outputs": {PLAN_OUTPUT: _expr(f"steps.plan.outputs.{PLAN_OUTPUT}")},
+        "steps": [
+            {"name": "Check out", "uses": _uses(CHECKOUT),
+             "with": {"persist-credentials": False,
+                      "fetch-depth": Note(2, "the merge commit and the base tip: the PR's diff")}},
+            {"name": "Set up Python", "uses": _uses(SETUP_PYTHON),
+             "with": {"python-version": style.python}},
+            # This repository's checkout is the toolkit (stdlib only for `plan`); an adopting
+            # repository installs it (its `install` names the toolkit's package).
+            *([] if style.own_jobs else [{"name": "Install the toolkit", "run": style.install}]),
+            {"name": "python -m ci plan (this event, this diff)", "id": "plan",
+             # Values reach the shell through the environment, never through ${{ }} in `run:`.
+             "env": {"LABELS": _expr("join(github.event.pull_request.labels.*.name, ',')"),
+                     "ACTION": _expr("github.event.action"),
+                     "ADDED": _expr("github.event.label.name"),
+                     "FORK": _expr("github.event.pull_request.head.repo.full_name != github.repository")},
+             "run": Script(_PLAN_SCRIPT)},
+        ],
+    }
+
+
 def _job(job: Job, style: Style) -> dict[str, Node]:
     out: dict[str, Node] = {
         "name": job.id if job.shards == 1 else f"{job.id} (shard {_expr('matrix.shard')})",
-        "if": Folded(tuple(condition_lines(job))),
     }
+    if gated_by_plan(job):
+        out["needs"] = Note(PLAN_JOB, "runs on a PR only if the plan of its diff says so")
+    out["if"] = Folded(tuple(condition_lines(job)))
     if job.self_hosted:
         out["runs-on"] = Note(Flow(job.runs_on),
                               "zizmor: ignore[self-hosted-runner] GPU jobs need GPU machines; "
@@ -235,7 +295,8 @@ def workflow(jobs: Sequence[Job], style: Style | None = None) -> dict[str, Node]
             }}},
         },
         "permissions": {},
-        "jobs": {j.id: _job(j, style) for j in jobs},
+        "jobs": {**({PLAN_JOB: plan_job(style)} if any(gated_by_plan(j) for j in jobs) else {}),
+                 **{j.id: _job(j, style) for j in jobs}},
     }
 
 

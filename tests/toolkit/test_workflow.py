@@ -87,9 +87,10 @@ def test_yaml_writer_round_trips_tricky_scalars_through_a_real_parser() -> None:
 
 def test_one_job_per_session_each_running_nox() -> None:
     jobs = _workflow()["jobs"]
-    assert list(jobs) == [s.name for s in SUITES] + ["lint", "gpu_smoke", "megatron_stability"]
+    # The plan job asks `python -m ci plan` about the PR's diff (tests/toolkit/test_events.py).
+    assert list(jobs) == ["plan", *(s.name for s in SUITES), "lint", "gpu_smoke", "megatron_stability"]
     for job_id, job in jobs.items():
-        if job_id == "megatron_stability":  # its own shape: tests/toolkit/test_events.py
+        if job_id in ("megatron_stability", "plan"):  # their own shape: tests/toolkit/test_events.py
             continue
         last = _nox_step(job)
         assert last["run"] == f"nox -s {job_id}"
@@ -149,7 +150,7 @@ def test_suite_jobs_restore_durations_from_main_before_the_run_and_save_after_it
     assert not any("actions/cache" in s.get("uses", "") for s in jobs["lint"]["steps"])
     keys = set()
     for job_id, job in jobs.items():
-        if job_id in ("lint", "megatron_stability"):  # workflow checks; the infinite mode
+        if job_id in ("lint", "megatron_stability", "plan"):  # workflow checks; the infinite mode
             continue
         restore_at, restore, save_at, save = _cache_steps(job)
         nox_at = job["steps"].index(_nox_step(job))
@@ -199,8 +200,9 @@ def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> No
     text = _files()[WORKFLOW_PATH]
     uses = re.findall(r"uses: (\S+)(.*)", text)
     # checkout and setup-python everywhere; cache restore and save in every job but lint.
-    # The weekly stability job keeps no durations (its runs repeat until a bound).
-    assert len(uses) == 4 * len(table()) - 2 - 2
+    # The weekly stability job keeps no durations (its runs repeat until a bound); the plan
+    # job checks out and sets up Python.
+    assert len(uses) == 4 * len(table()) - 2 - 2 + 2
     for ref, rest in uses:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40}", ref), ref
         assert re.fullmatch(r"  # v\d+\.\d+\.\d+", rest), rest
