@@ -299,6 +299,9 @@ def scenarios(jobs: tuple[Job, ...]) -> Iterator[Event]:
             for added in sorted(labels):
                 yield Event(name="pull_request", action="labeled", labels=labels,
                             added=added, from_fork=fork)
+            # A docs-only diff: the plan job publishes no GPU job, and the workflow obeys it.
+            yield Event(name="pull_request", action="synchronize", labels=labels, from_fork=fork,
+                        gpu_skip="the diff touches only GPU-irrelevant paths")
 
 
 def _workflow(jobs: tuple[Job, ...]) -> dict[str, Any]:
