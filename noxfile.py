@@ -132,6 +132,13 @@ def gpu_smoke(session: nox.Session) -> None:
                     "--retries", str(SMOKE_RETRIES), *(("--only", *only) if only else ()), *_posargs(session))
 
 
+@nox.session
+def history(session: nox.Session) -> None:
+    """The run history: show, flaky, monitor; in CI each job's last step records its run (`-- record`)."""
+    _install(session, "history")
+    session.run("python", "-m", "ci", "history", *_posargs(session))
+
+
 @nox.session(tags=["nightly"])
 def mutation(session: nox.Session) -> None:
     """Mutation score per core module (ci.suites.MUTATION_TARGETS); nightly and on demand, not -t ci."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from ci.args import Parser, existing_dir
 from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
-from ci.history.store import HISTORY_FILE
+from ci.history.store import HISTORY_ENV, HISTORY_FILE
 from ci.registry import REGISTRY_PATHS, Registry, load_registry, registry_path
 from ci.style import NOX_VERSION, Style
 from ci.suites import PLANTS_CADENCE, PLANTS_DIR
@@ -104,17 +104,30 @@ def concurrency_group(job: Job) -> Folded:
     ))
 
 
-# Measured durations.
+# Measured durations and the run history.
 #
-# `--shard I/K` and the longest-first order read .ci-cache/durations.json, but a
-# hosted runner starts empty. Each job restores the file its own job last saved on
-# main (the newest cache under the job's key prefix; the primary key never exists,
-# so the prefix always decides), and a run on main saves it again under a key of
-# its own (cache entries are immutable). Only a push to main saves: pull requests
-# read main's cache and can never write one that main or another PR would read.
-# Failed runs save too: the durations they measured are still true. The run-history
-# SQLite file travels with them, so hosted jobs keep their history the same way.
+# `--shard I/K` and the longest-first order read .ci-cache/durations.json and the run history
+# (.ci-cache/history.sqlite), but a hosted runner starts empty. Each job restores the files its
+# own job last saved on main (the newest cache under the job's key prefix; the primary key never
+# exists, so the prefix always decides), and a run on main saves them again under a key of its
+# own (cache entries are immutable). Only a push to main saves: pull requests read main's cache
+# and can never write one that main or another PR would read. Failed runs save too: what they
+# measured is still true.
+#
+# A sharded job keeps one cache per shard (each shard runs other entries), and every shard
+# restores all K of them and merges them (`history merge`) before it plans: all shards then
+# plan from the same history, so they agree on the partition, and none keeps only its own.
+#
+# Every suite job's last step (`if: always()`) is `history record`: it writes runs the session
+# spooled, and records the job even when its session never got to (an install failed, the job
+# timed out or was cancelled). GPU jobs on self-hosted runners use a shared store instead of
+# the cache: SLIME_CI_HISTORY_URL comes from the repository secret of that name, passed only to
+# the steps that open the store (the session and the record step; nothing else sees it).
+# Without the secret they fall back to the cached SQLite file.
 CACHED_FILES = f"{DURATIONS_FILE}\n{HISTORY_FILE}\n"
+SHARDS_DIR = ".ci-cache/shards"
+HISTORY_SECRET = HISTORY_ENV
+HISTORY_SESSION = "history"
 
 
 def durations_prefix(job: Job) -> str:
@@ -122,22 +135,37 @@ def durations_prefix(job: Job) -> str:
     return f"{DURATIONS_KEY}-{job.id}-"
 
 
-def _restore_durations(job: Job) -> dict[str, Node]:
-    return {"name": "Restore measured durations (last run on main)", "uses": _uses(CACHE_RESTORE),
-            "with": {"path": CACHED_FILES,
-                     "key": durations_prefix(job) + _expr("github.run_id"),
-                     "restore-keys": durations_prefix(job)}}
+def _shard_files(shard: str) -> str:
+    folder = f"{SHARDS_DIR}/{shard}"
+    return "".join(f"{folder}/{Path(f).name}\n" for f in (DURATIONS_FILE, HISTORY_FILE))
+
+
+def _restore_durations(job: Job) -> list[Node]:
+    if job.shards == 1:
+        return [{"name": "Restore measured durations and history (last run on main)",
+                 "uses": _uses(CACHE_RESTORE),
+                 "with": {"path": CACHED_FILES,
+                          "key": durations_prefix(job) + _expr("github.run_id"),
+                          "restore-keys": durations_prefix(job)}}]
+    return [{"name": f"Restore shard {i}'s durations and history (last run on main)",
+             "uses": _uses(CACHE_RESTORE),
+             "with": {"path": _shard_files(str(i)),
+                      "key": f"{durations_prefix(job)}{i}-" + _expr("github.run_id"),
+                      "restore-keys": f"{durations_prefix(job)}{i}-"}}
+            for i in range(1, job.shards + 1)]
 
 
 def _save_durations(job: Job) -> dict[str, Node]:
-    shard = _expr("matrix.shard") + "-" if job.shards > 1 else ""
-    return {"name": "Save measured durations", "if": Folded((
+    sharded = job.shards > 1
+    shard = _expr("matrix.shard") + "-" if sharded else ""
+    saved = f"{SHARDS_DIR}/{_expr('matrix.shard')}/{Path(DURATIONS_FILE).name}" if sharded else DURATIONS_FILE
+    return {"name": "Save measured durations and history", "if": Folded((
                 "!cancelled()",
                 "&& github.event_name == 'push'",
                 f"&& github.ref == 'refs/heads/{BASE_BRANCH}'",
-                f"&& hashFiles('{DURATIONS_FILE}') != ''")),
+                f"&& hashFiles('{saved}') != ''")),
             "uses": _uses(CACHE_SAVE),
-            "with": {"path": CACHED_FILES,
+            "with": {"path": _shard_files(_expr("matrix.shard")) if sharded else CACHED_FILES,
                      "key": durations_prefix(job) + shard
                      + _expr("github.run_id") + "-" + _expr("github.run_attempt")}}
 
@@ -145,6 +173,36 @@ def _save_durations(job: Job) -> dict[str, Node]:
 def records_durations(job: Job) -> bool:
     """Jobs that run suites (every job but the workflow checks) keep durations."""
     return job.session not in ("lint", CHECK_SESSION) and not job.infinite
+
+
+def records_history(job: Job, style: Style) -> bool:
+    """Jobs whose last step records the run (this repository's noxfile has the history session)."""
+    return style.own_jobs and job.session not in ("lint", CHECK_SESSION)
+
+
+# Not an environment secret: a job naming an environment adds a deployment to the PR's
+# timeline on every run. The job reaches same-repository PRs only (see its if:).
+_SECRET_NOTE = "zizmor: ignore[secrets-outside-env] the history store's URL, for this step only"
+
+
+def _history_env(job: Job) -> dict[str, Node]:
+    if not job.self_hosted:
+        return {}
+    return {HISTORY_ENV: Note(_expr(f"secrets.{HISTORY_SECRET}"), _SECRET_NOTE)}
+
+
+def _merge_shards(job: Job) -> dict[str, Node]:
+    return {"name": "Merge the shards' histories and durations",
+            "run": f"nox -s {HISTORY_SESSION} -- merge {SHARDS_DIR}"}
+
+
+def _record(job: Job) -> dict[str, Node]:
+    env: dict[str, Node] = {"STATUS": _expr("job.status"), **_history_env(job)}
+    run = f'nox -s {HISTORY_SESSION} -- record --suite {job.session} --status "$STATUS"'
+    if job.shards > 1:
+        env["SHARD"] = _expr("matrix.shard")
+        run += f' --keep-in "{SHARDS_DIR}/$SHARD"'
+    return {"name": "Record the run in the history", "if": "always()", "env": env, "run": run}
 
 
 def _steps(job: Job, style: Style) -> list[Node]:
@@ -158,7 +216,9 @@ def _steps(job: Job, style: Style) -> list[Node]:
         {"name": "Install nox", "run": style.install},
     ]
     if records_durations(job):
-        steps.append(_restore_durations(job))
+        steps += _restore_durations(job)
+        if job.shards > 1 and records_history(job, style):
+            steps.append(_merge_shards(job))
     env: dict[str, Node] = {}
     if records_durations(job):
         env.update(style.suite_env)
@@ -168,6 +228,7 @@ def _steps(job: Job, style: Style) -> list[Node]:
                                                  _expr("inputs.infinite_run && '1' || '0'"))
         # The lock wait stays well inside the job's timeout-minutes (ci/timeouts.py).
         env[LOCK_TIMEOUT_ENV] = str(LOCK_WAIT_MINUTES * 60)
+        env.update(_history_env(job))
         # No secrets here: a GPU host that reports to W&B sets WANDB_API_KEY in its
         # runners' environment (runners/README.md), so the workflow grants none. An adopting
         # repository whose old CI passed a secret keeps it (Style.gpu_env).
@@ -191,6 +252,8 @@ def _steps(job: Job, style: Style) -> list[Node]:
         step["env"] = env
     step["run"] = run
     steps.append(step)
+    if records_history(job, style):
+        steps.append(_record(job))
     if records_durations(job):
         steps.append(_save_durations(job))
     return steps
