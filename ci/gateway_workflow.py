@@ -153,7 +153,7 @@ def run_file(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
                    "run": resolve}],
     }
     gpu = max((j.minutes for j in jobs if j.self_hosted and not j.scheduled_only), default=LINT_MINUTES)
-    cpu = max((j.minutes for j in jobs if not j.self_hosted), default=LINT_MINUTES)
+    cpu = max((j.minutes for j in jobs if not j.self_hosted and j.kind == "suite"), default=LINT_MINUTES)
     out: dict[str, Node] = {"resolve": resolve_job}
     for tier, runner, minutes in ((CPU_TIER, style.hosted_runner, cpu), (GPU_TIER, style.gpu_runner, gpu)):
         env: dict[str, Node] = {"SUITE": _expr("inputs.suite"), "ONLY": _expr("inputs.only")}

@@ -20,7 +20,7 @@ from typing import Any
 from ci import suites as suites_module
 from ci.errors import UsageError
 from ci.style import Style, style_from
-from ci.suites import SUITES, Suite
+from ci.suites import SUITES, Check, Smoke, Suite
 
 REGISTRY = "ci/suites.py"
 # Where `slime-ci adopt` writes an adopting repository's registry: a hidden directory whose
@@ -37,6 +37,8 @@ class Registry:
 
     suites: tuple[Suite, ...]
     source: Path | None = None  # the file they were read from; None: the toolkit's own
+    # Sessions that are not suites (SESSIONS: checks such as lint, the GPU smoke).
+    sessions: tuple[Check | Smoke, ...] = ()
     # An adopting repository's extras: its workflow's look (ci.style), its install profiles
     # (name -> requirements) and the host variables its sessions default to (cache mounts).
     workflow: Mapping[str, Any] = field(default_factory=dict)
@@ -93,7 +95,8 @@ def read_suites(path: Path) -> tuple[Suite, ...] | None:
 def read_registry(path: Path) -> Registry | None:
     """The registry a file declares (SUITES, and WORKFLOW / PROFILES / HOST_ENV when set)."""
     if path.resolve() == Path(suites_module.__file__ or "").resolve():
-        return Registry(suites=SUITES, source=path)  # this toolkit's own registry, already imported
+        # This toolkit's own registry, already imported.
+        return Registry(suites=SUITES, source=path, sessions=suites_module.SESSIONS)
     module = _execute(path)
     suites = getattr(module, "SUITES", None)
     if suites is None:
@@ -101,7 +104,8 @@ def read_registry(path: Path) -> Registry | None:
     profiles = getattr(module, "PROFILES", {}) or {}
     return Registry(suites=tuple(suites), source=path, workflow=dict(getattr(module, "WORKFLOW", {}) or {}),
                     profiles={k: tuple(v) for k, v in profiles.items()},
-                    host_env=dict(getattr(module, "HOST_ENV", {}) or {}))
+                    host_env=dict(getattr(module, "HOST_ENV", {}) or {}),
+                    sessions=tuple(getattr(module, "SESSIONS", ()) or ()))
 
 
 def registry_path(root: Path) -> Path | None:
@@ -117,4 +121,4 @@ def own_registry(root: Path) -> Registry | None:
 
 def load_registry(root: Path) -> Registry:
     """The registry that governs the checkout at root: its own, or the toolkit's."""
-    return own_registry(root) or Registry(suites=SUITES)
+    return own_registry(root) or Registry(suites=SUITES, sessions=suites_module.SESSIONS)

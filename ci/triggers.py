@@ -30,13 +30,14 @@ from ci.errors import UsageError
 from ci.log import Log
 from ci.registry import load_registry
 from ci.style import Style
-from ci.suites import GPU_RUNNER_LABELS, SUITES, Suite, Tier
-from ci.timeouts import CPU_MINUTES, LINT_MINUTES, MAX_MINUTES, SETUP_MINUTES, suite_minutes
+from ci.suites import GPU_RUNNER_LABELS, SESSIONS, SUITES, Check, Smoke, Suite, Tier
+from ci.timeouts import LINT_MINUTES, MAX_MINUTES, SETUP_MINUTES, suite_minutes
 
 EventName = Literal["pull_request", "push", "workflow_dispatch", "schedule"]
 # `plan --event issue_comment` answers a PR comment command (ci.gateway), not the job table.
 COMMENT_EVENT = "issue_comment"
 PullRequestAction = Literal["opened", "synchronize", "reopened", "labeled"]
+JobKind = Literal["suite", "check", "smoke"]
 
 BASE_BRANCH = "main"
 WORKFLOW_NAME = "pr-test"
@@ -60,8 +61,9 @@ class Job:
     full_history: bool = False  # the session diffs against origin/main
     minutes: int = LINT_MINUTES  # timeout-minutes (ci/timeouts.py)
     crons: tuple[str, ...] = ()  # the scheduled runs that run it (ci/cadences.py)
-    scheduled_only: bool = False  # the stability job: only its cron, never a PR, push or dispatch
+    scheduled_only: bool = False  # only its crons, never a PR, push or dispatch
     infinite: bool = False  # runs its suite with SLIME_TEST_ENABLE_INFINITE_RUN=1
+    kind: JobKind = "suite"  # a suite; a check (commands, ci.suites.Check); a smoke (ci.suites.Smoke)
 
     @property
     def self_hosted(self) -> bool:
@@ -74,26 +76,27 @@ class Job:
         return f"nox -s {self.session}"
 
 
-# Not a suite: the workflow's own checks (drift, zizmor, schema) as a CPU nox session.
-LINT = Job(
-    id="lint",
-    session="lint",
-    tier="cpu",
-    purpose="Workflow checks: generated files up to date, zizmor, workflow schema",
-    runs_on=HOSTED_RUNNER,
-    minutes=LINT_MINUTES,
-)
+def session_job(session: Check | Smoke, style: Style, suites: Sequence[Suite]) -> Job:
+    """The CI job of a session that is not a suite (ci.suites.SESSIONS): a hosted CPU job."""
+    if isinstance(session, Smoke):
+        known = {s.name for s in suites}
+        unknown = [r.suite for r in session.runs if r.suite not in known]
+        if unknown:
+            raise UsageError(f"session {session.name} runs suite {unknown[0]!r}, which the registry "
+                             f"lacks: name one of {', '.join(sorted(known))} in ci/suites.py")
+        return Job(id=session.name, session=session.name, tier="cpu", purpose=session.purpose,
+                   runs_on=style.hosted_runner, minutes=session.minutes, kind="smoke")
+    if session.every_event == bool(session.cadences):
+        raise UsageError(f"session {session.name}: set every_event=True or cadences=(...) in "
+                         "ci/suites.py, not both (or neither, for a session no CI job runs)")
+    return Job(id=session.name, session=session.name, tier="cpu", purpose=session.purpose,
+               runs_on=style.hosted_runner, minutes=session.minutes, kind="check",
+               crons=_crons(style, session.cadences), scheduled_only=bool(session.cadences))
 
-# Not a suite either: the GPU entries on emulated GPUs under real locks (see noxfile.py), so every
-# pull request exercises the GPU tier's runner, allocator and e2e path without a GPU.
-GPU_SMOKE = Job(
-    id="gpu_smoke",
-    session="gpu_smoke",
-    tier="cpu",
-    purpose="GPU tier smoke: megatron, precision, a ckpt entry and sglang_config on emulated GPUs",
-    runs_on=HOSTED_RUNNER,
-    minutes=CPU_MINUTES,
-)
+
+def runs_in_ci(session: Check | Smoke) -> bool:
+    """Whether a CI job runs the session (a check no event and no cadence reaches runs on demand)."""
+    return isinstance(session, Smoke) or session.every_event or bool(session.cadences)
 
 
 def job_for(suite: Suite, style: Style | None = None) -> Job:
@@ -150,19 +153,25 @@ CHECK_SESSION = "workflows"
 def check_job(job_id: str, style: Style) -> Job:
     """The `workflows --check` job of an adopting repository."""
     return Job(id=job_id, session=CHECK_SESSION, tier="cpu", runs_on=style.hosted_runner,
-               minutes=LINT_MINUTES,
+               minutes=LINT_MINUTES, kind="check",
                purpose="Generated workflow and U files are current with the registry")
 
 
-def table(suites: Sequence[Suite] = SUITES, style: Style | None = None) -> tuple[Job, ...]:
-    """Every CI job: one per suite, then this repository's lint and GPU-smoke jobs (or an
-    adopting repository's check job)."""
+def table(suites: Sequence[Suite] = SUITES, style: Style | None = None,
+          sessions: Sequence[Check | Smoke] = SESSIONS) -> tuple[Job, ...]:
+    """Every CI job: one per suite, then this repository's sessions that are not suites (lint,
+    the GPU smoke; scheduled checks after the stability job), or an adopting repository's
+    check job."""
     style = style or Style()
-    extra: tuple[Job, ...] = (LINT, GPU_SMOKE) if style.own_jobs else ()
+    own = [session_job(x, style, suites) for x in sessions if runs_in_ci(x)] if style.own_jobs else []
+    extra: tuple[Job, ...] = tuple(j for j in own if not j.scheduled_only)
     stability = stability_job(suites, style)
-    check_schedules(style.schedules, suites, [WEEKLY] if stability else [])
+    scheduled = [c for x in sessions if isinstance(x, Check) and runs_in_ci(x) for c in x.cadences] \
+        if style.own_jobs else []
+    check_schedules(style.schedules, suites, [*([WEEKLY] if stability else []), *scheduled])
     if stability is not None:
         extra = (*extra, stability)
+    extra = (*extra, *(j for j in own if j.scheduled_only))
     if style.check_job:
         extra = (*extra, check_job(style.check_job, style))
     jobs = (*(job_for(s, style) for s in suites), *extra)
@@ -498,7 +507,7 @@ def main(argv: list[str]) -> int:
         from ci.comment_cli import resolve_main
 
         return resolve_main(args, root, registry.suites)
-    jobs = table(registry.suites, registry.style)
+    jobs = table(registry.suites, registry.style, registry.sessions)
     given = [f for f, v in (("--paths", args.paths), ("--diff", args.diff),
                             ("--paths-from", args.paths_from)) if v is not None]
     if len(given) > 1:

@@ -22,11 +22,9 @@ from ci.errors import UsageError
 from ci.history.store import HISTORY_ENV, HISTORY_FILE
 from ci.registry import REGISTRY_PATHS, Registry, load_registry, registry_path
 from ci.style import NOX_VERSION, Style
-from ci.suites import PLANTS_CADENCE, PLANTS_DIR
 from ci.timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES, SETUP_MINUTES
 from ci.triggers import (
     BASE_BRANCH,
-    CHECK_SESSION,
     PLAN_JOB,
     PLAN_OUTPUT,
     WORKFLOW_NAME,
@@ -171,13 +169,13 @@ def _save_durations(job: Job) -> dict[str, Node]:
 
 
 def records_durations(job: Job) -> bool:
-    """Jobs that run suites (every job but the workflow checks) keep durations."""
-    return job.session not in ("lint", CHECK_SESSION) and not job.infinite
+    """Jobs that run suites (every job but the checks) keep durations."""
+    return job.kind != "check" and not job.infinite
 
 
 def records_history(job: Job, style: Style) -> bool:
     """Jobs whose last step records the run (this repository's noxfile has the history session)."""
-    return style.own_jobs and job.session not in ("lint", CHECK_SESSION)
+    return style.own_jobs and job.kind != "check"
 
 
 # Not an environment secret: a job naming an environment adds a deployment to the PR's
@@ -329,7 +327,7 @@ def _job(job: Job, style: Style) -> dict[str, Node]:
     out["permissions"] = {"contents": Note("read", "actions/checkout reads the repository")}
     out["concurrency"] = {"group": concurrency_group(job), "cancel-in-progress": True}
     out["timeout-minutes"] = Note(job.minutes, "bound derived in ci/timeouts.py")
-    if job.tier == "cpu" and records_durations(job):
+    if job.tier == "cpu" and (records_durations(job) or job.scheduled_only):  # they install torch
         out["env"] = {"SLIME_CI_TORCH_INDEX": TORCH_CPU_INDEX}
     if job.shards > 1:
         out["strategy"] = {"fail-fast": False,
@@ -389,20 +387,19 @@ TABLE_BEGIN = f"<!-- sessions: {MARKER} from ci/suites.py; edit the registry, no
 TABLE_END = "<!-- end of sessions -->"
 
 
-# Sessions no CI job runs (yet): name, when they are meant to run, what they run.
-OFF_CI_SESSIONS: tuple[tuple[str, str, str], ...] = (
-    ("plants", f"{PLANTS_CADENCE} cadence (not scheduled yet); on demand",
-     "Planted breaks: each makes the entry that claims it fail, for its stated reason"),
-)
+def _where(job: Job) -> str:
+    if job.scheduled_only:
+        cadences = sorted({c for cron, c in Style().schedules.items() if cron in job.crons})
+        return " and ".join(cadences) + " schedule" if cadences else "its schedule"
+    return f"label `{job.label}`" if job.label else "every PR, push to `main`, dispatch"
 
 
 def session_table(jobs: Sequence[Job], extra: Sequence[tuple[str, str, str]] = ()) -> str:
     """The README's table of sessions: CPU jobs first, then GPU ones, each in table order."""
     rows = ["| session | tier | in GitHub Actions | what it runs |", "|---|---|---|---|"]
-    # A scheduled-only job runs a session listed already (README: "When CI runs").
-    for job in sorted((j for j in jobs if not j.scheduled_only), key=lambda j: j.self_hosted):
-        where = f"label `{job.label}`" if job.label else "every PR, push to `main`, dispatch"
-        rows.append(f"| `{job.session}` | {'GPU' if job.self_hosted else 'CPU'} | {where} | "
+    # The stability job runs a session listed already (README: "When CI runs").
+    for job in sorted((j for j in jobs if not j.infinite), key=lambda j: j.self_hosted):
+        rows.append(f"| `{job.session}` | {'GPU' if job.self_hosted else 'CPU'} | {_where(job)} | "
                     f"{job.purpose} |")
     rows += [f"| `{name}` | CPU | {when} | {what} |" for name, when, what in extra]
     return "\n".join(rows)
@@ -417,8 +414,7 @@ def readme(root: Path, jobs: Sequence[Job]) -> dict[str, str]:
     begin, end = text.find(TABLE_BEGIN), text.find(TABLE_END)
     if begin < 0 or end < begin:
         return {}
-    extra = OFF_CI_SESSIONS if (root / PLANTS_DIR).is_dir() else ()  # a checkout with plants
-    table_text = f"{TABLE_BEGIN}\n{session_table(jobs, extra)}\n"
+    table_text = f"{TABLE_BEGIN}\n{session_table(jobs)}\n"
     return {README_PATH: text[:begin] + table_text + text[end:]}
 
 
@@ -520,7 +516,7 @@ def main(argv: list[str]) -> int:
     root: Path = (find_root(Path.cwd().resolve()) if args.root is None
                   else existing_dir("--root", args.root))
     registry = load_registry(root)
-    jobs = table(registry.suites, registry.style)
+    jobs = table(registry.suites, registry.style, registry.sessions)
     changes = drift(root, {**render(jobs, registry.style), **readme(root, jobs), **u_generated(root),
                            **adopted_u(root, registry)})
     if args.check or args.dry_run:

@@ -200,6 +200,28 @@ def test_plan_paths_from_a_file_and_bad_input(tmp_path: Path, capsys: pytest.Cap
         main(["--paths", "a", "--paths-from", str(paths), "--root", str(REPO)])
 
 
+def test_sessions_that_are_not_suites_get_their_jobs_from_the_registry() -> None:
+    from ci.suites import SESSIONS, Check, Smoke, SmokeRun
+    from ci.triggers import session_job
+
+    jobs = {j.id: j for j in table()}
+    for session in SESSIONS:
+        if isinstance(session, Check) and session.cadences:
+            job = jobs[session.name]  # scheduled only: its cadence's cron, hosted, its own bound
+            assert job.scheduled_only and job.minutes == session.minutes and not job.self_hosted
+            assert job.crons == tuple(c for c, n in DEFAULT_SCHEDULES.items() if n in session.cadences)
+    assert "history" not in jobs  # on demand only: no event or cadence names it
+    assert jobs["lint"].label is None and not jobs["lint"].scheduled_only
+    smoke = Smoke(name="s", purpose="p", profiles=(), runs=(SmokeRun(suite="nope"),))
+    with pytest.raises(UsageError, match="runs suite 'nope', which the registry lacks"):
+        session_job(smoke, Style(), SUITES)
+    both = Check(name="c", purpose="p", profiles=(), commands=(), every_event=True, cadences=("nightly",))
+    with pytest.raises(UsageError, match="not both"):
+        session_job(both, Style(), SUITES)
+    with pytest.raises(UsageError, match=r"maps to no cadence|no cron maps to it"):
+        table(SUITES, Style(), (Check(name="c", purpose="p", profiles=(), commands=(), cadences=("monthly",)),))
+
+
 COMMENT_ROWS: list[tuple[str, str, str, bool, str]] = [
     # comment, actor, association, fork, verdict
     ("/rerun-test tests/e2e/test_tiny_ckpt.py", "alice", "MEMBER", False, "allowed"),

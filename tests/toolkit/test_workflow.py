@@ -31,6 +31,8 @@ from ci.workflow import (
 )
 
 NUM_GPUS = 0
+# The checks of ci.suites.SESSIONS that only a schedule runs, in registry order.
+SCHEDULED_CHECKS: tuple[str, ...] = ()
 
 BIN = Path(sys.executable).parent
 
@@ -91,14 +93,16 @@ def test_yaml_writer_round_trips_tricky_scalars_through_a_real_parser() -> None:
 def test_one_job_per_session_each_running_nox() -> None:
     jobs = _workflow()["jobs"]
     # The plan job asks `python -m ci plan` about the PR's diff (tests/toolkit/test_events.py).
-    assert list(jobs) == ["plan", *(s.name for s in SUITES), "lint", "gpu_smoke", "megatron_stability"]
+    # After the stability job, the scheduled checks (ci.suites.SESSIONS with cadences).
+    assert list(jobs) == ["plan", *(s.name for s in SUITES), "lint", "gpu_smoke", "megatron_stability",
+                          *SCHEDULED_CHECKS]
     for job_id, job in jobs.items():
         if job_id in ("megatron_stability", "plan"):  # their own shape: tests/toolkit/test_events.py
             continue
         last = _nox_step(job)
         assert last["run"] == f"nox -s {job_id}"
         assert job["steps"][2]["run"].startswith("python -m pip install nox==")
-        gpu = job_id not in {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke"}
+        gpu = job_id not in {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke", *SCHEDULED_CHECKS}
         assert job["runs-on"] == (["self-hosted", "gpu"] if gpu else "ubuntu-latest")
         assert ("SLIME_TEST_ENABLE_INFINITE_RUN" in last.get("env", {})) == gpu
         assert job["timeout-minutes"] > 0
@@ -158,7 +162,7 @@ def test_suite_jobs_restore_durations_from_main_before_the_run_and_save_after_it
     assert not any("actions/cache" in s.get("uses", "") for s in jobs["lint"]["steps"])
     keys = set()
     for job_id, job in jobs.items():
-        if job_id in ("lint", "megatron_stability", "plan"):  # workflow checks; the infinite mode
+        if job_id in ("lint", "megatron_stability", "plan", *SCHEDULED_CHECKS):  # checks; infinite mode
             continue
         restore_at, restore, save_at, save = _cache_steps(job)
         nox_at = job["steps"].index(_nox_step(job))
@@ -183,7 +187,7 @@ def test_suite_jobs_restore_durations_from_main_before_the_run_and_save_after_it
 def test_every_suite_job_records_its_run_last_even_when_it_failed() -> None:
     jobs = _workflow()["jobs"]
     for job in table():
-        if job.session == "lint":
+        if job.kind == "check":  # commands, not suites: nothing to record
             assert not any("history" in s.get("run", "") for s in jobs[job.id]["steps"])
             continue
         step = _record_step(jobs[job.id])
@@ -247,7 +251,7 @@ def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> No
     # checkout and setup-python everywhere; cache restore and save in every job but lint.
     # The weekly stability job keeps no durations (its runs repeat until a bound); the plan
     # job checks out and sets up Python.
-    assert len(uses) == 4 * len(table()) - 2 - 2 + 2
+    assert len(uses) == sum(2 if j.kind == "check" or j.infinite else 4 for j in table()) + 2
     for ref, rest in uses:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40}", ref), ref
         assert re.fullmatch(r"  # v\d+\.\d+\.\d+", rest), rest
