@@ -360,13 +360,13 @@ SESSIONS: tuple[Check | Smoke, ...] = (
           purpose="The run history: show, flaky, monitor; in CI each job's last step records its run "
                   "(`-- record`)",
           commands=(("python", "-m", "ci", "history"),)),
-    Check(name="mutation", profiles=("mutation",), tags=("nightly",),
+    Check(name="mutation", profiles=("mutation",), tags=("nightly",), cadences=("nightly",),
           posargs=True, minutes=240,
           purpose="Mutation score per core module (ci.suites.MUTATION_TARGETS); nightly and on demand, "
                   "not -t ci",
           commands=(("python", "-m", "ci", "mutation"),)),
     Check(name="plants", profiles=("dev", "gpu-host"), tags=("cpu", PLANTS_CADENCE),
-          posargs=True, minutes=180,
+          cadences=(PLANTS_CADENCE,), posargs=True, minutes=180,
           purpose="Every planted break (tests/e2e/plants) makes the entry that claims it fail, for its "
                   "reason",
           commands=(("python", "-m", "ci", "plants"),)),

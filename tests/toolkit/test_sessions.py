@@ -17,7 +17,7 @@ nox = pytest.importorskip("nox", reason="the dev profile brings nox")
 # Sessions that are not suites: registry data too (SESSIONS in ci/suites.py).
 NOT_SUITES = {s.name for s in load_registry(REPO).sessions}
 # Sessions no workflow runs (on demand only): not in README's table of CI jobs.
-NO_JOB = {"history", "mutation", "plants"}
+NO_JOB = {"history"}
 
 
 @pytest.fixture(scope="module")
