@@ -370,6 +370,10 @@ SESSIONS: tuple[Check | Smoke, ...] = (
           purpose="Every planted break (tests/e2e/plants) makes the entry that claims it fail, for its "
                   "reason",
           commands=(("python", "-m", "ci", "plants"),)),
+    Check(name="lock_check", profiles=("lock",), tags=("cpu", "weekly"), cadences=("weekly",),
+          purpose="The lock files (constraints/) against a fresh resolve of pyproject.toml: fails when "
+                  "they are behind",
+          commands=(("python", "-m", "ci", "lock", "--check"),)),
 )
 
 

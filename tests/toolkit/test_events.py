@@ -63,7 +63,7 @@ ROWS: list[tuple[str, list[str], set[str]]] = [
                                                                    "precision", "ckpt",
                                                                    "plants", "mutation"}),
     ("weekly cron", ["--event", "schedule", "--cron", WEEKLY],
-     {"sglang_config", "megatron", "precision", "ckpt", "image", "megatron_stability"}),
+     {"sglang_config", "megatron", "precision", "ckpt", "image", "megatron_stability", "lock_check"}),
     ("dispatch", ["--event", "workflow_dispatch"], CPU | GPU),
 ]
 

@@ -32,7 +32,7 @@ from ci.workflow import (
 
 NUM_GPUS = 0
 # The checks of ci.suites.SESSIONS that only a schedule runs, in registry order.
-SCHEDULED_CHECKS = ("mutation", "plants")
+SCHEDULED_CHECKS = ("mutation", "plants", "lock_check")
 
 BIN = Path(sys.executable).parent
 
