@@ -143,7 +143,7 @@ def _register(func: Callable[[nox.Session], None], name: str, doc: str, tags: tu
 
 
 # The sessions that are not suites (SESSIONS in ci/suites.py): lint, the GPU smoke, history,
-# mutation, plants, the lock check. Their CI jobs come from the same data (ci/triggers.py).
+# mutation, plants, the lock check. Their CI jobs come from the same data (ci/event_plan.py).
 for _session in _registry.sessions:
     if isinstance(_session, Smoke):
         _smoke_session(_session)

@@ -14,7 +14,7 @@ from ci.interrupts import PROCESS
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("ci.session", "run a suite (a nox session's work): plan, run, report"),
     "audit": ("ci.audit", "check that every test file is registered, declares NUM_GPUS and runs something"),
-    "plan": ("ci.triggers", "show which CI jobs and sessions an event and its labels would run"),
+    "plan": ("ci.event_plan", "show which CI jobs and sessions an event and its labels would run"),
     "lock-gpus": ("ci.lock_cli", "run a command holding N GPUs exclusively (fair FIFO queue)"),
     "gpu-status": ("ci.lock_cli", "show each GPU: free or held, by whom, since when; waiters"),
     "changed": ("ci.changed", "list (or run) the test files a branch adds or modifies vs its base"),

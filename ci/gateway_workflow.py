@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ci.commands import POLICY_PATH
+from ci.event_plan import WORKFLOW_NAME, Job
 from ci.gateway import RUN_FILE_WORKFLOW
 from ci.style import Style
 from ci.suites import CPU_TIER, GPU_TIER
 from ci.timeouts import LINT_MINUTES, LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES
-from ci.triggers import WORKFLOW_NAME, Job
 from ci.yaml_writer import (
     CHECKOUT,
     SETUP_PYTHON,

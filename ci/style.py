@@ -34,7 +34,7 @@ class Style:
     install: str = f"python -m pip install nox=={NOX_VERSION}"
     suite_env: Mapping[str, str] = field(default_factory=dict)  # every suite job's step
     gpu_env: Mapping[str, str] = field(default_factory=dict)  # GPU jobs' step (secrets, caches)
-    source: str = "ci/suites.py and ci/triggers.py"
+    source: str = "ci/suites.py and ci/event_plan.py"
     # cron -> cadence of the scheduled runs (ci/cadences.py); {} turns schedules off.
     schedules: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_SCHEDULES))
     # The weekly stability job: this suite in the infinite mode for at most these minutes.

@@ -1,4 +1,4 @@
-"""Render `.github/` from the job table (`ci.triggers`), and check the committed files match.
+"""Render `.github/` from the job table (`ci.event_plan`), and check the committed files match.
 
 The workflow holds no test lists and no logic beyond "which session, on which
 runner, when": every job checks out, installs nox and runs `nox -s <session>`,
@@ -19,11 +19,7 @@ from pathlib import Path
 from ci.args import Parser, existing_dir
 from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
-from ci.history.store import HISTORY_ENV, HISTORY_FILE
-from ci.registry import REGISTRY_PATHS, Registry, load_registry, registry_path
-from ci.style import NOX_VERSION, Style
-from ci.timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES, SETUP_MINUTES
-from ci.triggers import (
+from ci.event_plan import (
     BASE_BRANCH,
     PLAN_JOB,
     PLAN_OUTPUT,
@@ -34,6 +30,10 @@ from ci.triggers import (
     pr_terms,
     table,
 )
+from ci.history.store import HISTORY_ENV, HISTORY_FILE
+from ci.registry import REGISTRY_PATHS, Registry, load_registry, registry_path
+from ci.style import NOX_VERSION, Style
+from ci.timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES, SETUP_MINUTES
 from ci.u_files import generated as u_generated
 from ci.yaml_writer import (  # the writer lives apart so ci/gateway_workflow.py can share it
     CACHE_RESTORE,
@@ -376,7 +376,7 @@ def render(jobs: Sequence[Job], style: Style | None = None) -> dict[str, str]:
         **comment_files(jobs, style),
         WORKFLOW_PATH: to_yaml(workflow(jobs, style), spaced=2, header=_banner(style.source)),
         ACTIONLINT_PATH: to_yaml(actionlint_config(jobs),
-                                 header=_banner("the runner labels in ci/triggers.py")),
+                                 header=_banner("the runner labels in ci/event_plan.py")),
     }
 
 
@@ -487,7 +487,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog=COMMAND,
         description=f"Write {WORKFLOW_PATH} and {ACTIONLINT_PATH} from the registry "
-                    "(ci/suites.py) and the trigger table (ci/triggers.py).",
+                    "(ci/suites.py) and the trigger table (ci/event_plan.py).",
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true",

@@ -21,11 +21,11 @@ from _gitrepo import git
 
 from ci.cadences import DEFAULT_SCHEDULES, check_schedules, gpu_irrelevant
 from ci.errors import UsageError
+from ci.event_plan import PLAN_JOB, gated_by_plan, main, plan_term, table
 from ci.gateway_workflow import GATEWAY_PATH, RUN_FILE_PATH
 from ci.style import Style
 from ci.suites import SUITES, Suite
 from ci.timeouts import MAX_MINUTES, suite_minutes
-from ci.triggers import PLAN_JOB, gated_by_plan, main, plan_term, table
 from ci.workflow import WORKFLOW_PATH, render
 
 NUM_GPUS = 0
@@ -202,8 +202,8 @@ def test_plan_paths_from_a_file_and_bad_input(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_sessions_that_are_not_suites_get_their_jobs_from_the_registry() -> None:
+    from ci.event_plan import session_job
     from ci.suites import SESSIONS, Check, Smoke, SmokeRun
-    from ci.triggers import session_job
 
     jobs = {j.id: j for j in table()}
     for session in SESSIONS:

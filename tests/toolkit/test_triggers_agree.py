@@ -20,9 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ci.style import Style
-from ci.suites import SUITES, Suite
-from ci.triggers import (
+from ci.event_plan import (
     PLAN_JOB,
     Event,
     Job,
@@ -31,6 +29,8 @@ from ci.triggers import (
     gating_labels,
     table,
 )
+from ci.style import Style
+from ci.suites import SUITES, Suite
 from ci.workflow import WORKFLOW_PATH, render
 
 NUM_GPUS = 0

@@ -15,8 +15,8 @@ import yaml
 from _ci import REPO as ROOT
 
 from ci.errors import UsageError
+from ci.event_plan import table
 from ci.suites import SUITES, Suite
-from ci.triggers import table
 from ci.workflow import (
     ACTIONLINT_PATH,
     MARKER,
