@@ -1,4 +1,4 @@
-"""The sessions: one per suite of the registry (generated below), plus `lint` and `gpu_smoke`.
+"""The sessions: one per suite of the registry and one per entry of its SESSIONS (lint, gpu_smoke, …).
 
     nox -l                       list sessions and what they are for
     nox -s cpu_unit              the CPU correctness tier, in its own venv
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import nox
@@ -19,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from ci import lock, profiles  # noqa: E402
 from ci.registry import load_registry  # noqa: E402
-from ci.suites import PLANTS_CADENCE, Suite  # noqa: E402
+from ci.suites import Check, Smoke, Suite  # noqa: E402
 
 nox.options.sessions = ["cpu_unit"]
 nox.options.default_venv_backend = "venv"
@@ -85,7 +86,7 @@ def _suite_session(suite: Suite) -> None:
                      *(["git"] if suite.dynamic else []))  # entries come from a git diff
         else:
             _install(session, suite.profile)
-        for step in BEFORE.get(suite.name, ()):
+        for step in suite.before:
             session.run(*step)
         _suite(session, suite.name)
 
@@ -96,71 +97,55 @@ def _suite_session(suite: Suite) -> None:
     nox.session(name=suite.name, tags=tags)(run_suite)
 
 
-# Commands a suite's session runs before the suite itself.
-BEFORE: dict[str, tuple[tuple[str, ...], ...]] = {
-    "toolkit": (("python", "-m", "ci", "audit"),),  # the registry is sound before its tests run
-}
-
 # One session per suite of the registry: adding a Suite to ci/suites.py adds its session.
-for _registered in load_registry(ROOT):
+_registry = load_registry(ROOT)
+for _registered in _registry:
     _suite_session(_registered)
 
 
-# Sessions that are not suites.
+def _expand(args: tuple[str, ...]) -> list[str]:
+    """A command's arguments, each one with `*` a glob under the checkout (ci.suites.Check)."""
+    out: list[str] = []
+    for arg in args:
+        out += sorted(str(p) for p in ROOT.glob(arg)) if "*" in arg else [arg]
+    return out
 
 
-@nox.session(tags=["cpu", "ci"])
-def lint(session: nox.Session) -> None:
-    """Generated workflow is current and passes zizmor and the schemas; ruff everywhere, mypy on ci/."""
-    _install(session, "lint")
-    session.run("python", "-m", "ci", "workflows", "--check")
-    session.run("zizmor", "--offline", "--persona", "pedantic", ".github/workflows")
-    workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
-    session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
-    session.run("check-jsonschema", "--builtin-schema", "vendor.compose-spec",
-                "runners/docker-compose.yml")
-    session.run("ruff", "check", ".")
-    session.run("mypy")
+def _check_session(check: Check) -> None:
+    """Register the nox session of a check of the registry: its commands, in order."""
+
+    def run_check(session: nox.Session) -> None:
+        _install(session, *check.profiles)
+        for i, command in enumerate(check.commands):
+            last = i == len(check.commands) - 1
+            session.run(*_expand(command), *(_posargs(session) if check.posargs and last else ()))
+
+    _register(run_check, check.name, f"{check.purpose}.", check.tags)
 
 
-@nox.session(tags=["cpu", "ci"])
-def gpu_smoke(session: nox.Session) -> None:
-    """The GPU tier without GPUs: megatron, precision, one ckpt entry, sglang_config (emulated)."""
-    _install(session, "e2e", "gpu-host")
-    for suite, *only in SMOKE:
-        session.run("python", "-m", "ci", "run", "--suite", suite, "--emulate-gpus", "--gpus", "8",
-                    "--retries", str(SMOKE_RETRIES), *(("--only", *only) if only else ()), *_posargs(session))
+def _smoke_session(smoke: Smoke) -> None:
+    """Register the nox session of a smoke of the registry: GPU suites on emulated GPUs."""
+
+    def run_smoke(session: nox.Session) -> None:
+        _install(session, *smoke.profiles)
+        for run in smoke.runs:
+            session.run("python", "-m", "ci", "run", "--suite", run.suite, "--emulate-gpus",
+                        "--gpus", str(smoke.gpus), "--retries", str(smoke.retries),
+                        *(("--only", run.only) if run.only else ()), *_posargs(session))
+
+    _register(run_smoke, smoke.name, f"{smoke.purpose}.", smoke.tags)
 
 
-@nox.session(tags=["nightly"])
-def mutation(session: nox.Session) -> None:
-    """Mutation score per core module (ci.suites.MUTATION_TARGETS); nightly and on demand, not -t ci."""
-    _install(session, "mutation")
-    session.run("python", "-m", "ci", "mutation", *session.posargs)
+def _register(func: Callable[[nox.Session], None], name: str, doc: str, tags: tuple[str, ...]) -> None:
+    func.__doc__ = doc
+    func.__name__ = func.__qualname__ = name
+    nox.session(name=name, tags=list(tags))(func)
 
 
-@nox.session(tags=["cpu", PLANTS_CADENCE])
-def plants(session: nox.Session) -> None:
-    """Every planted break (tests/e2e/plants) makes the entry that claims it fail, for its reason.
-
-    The subset PLANTS_CI of ci/suites.py also runs in the toolkit suite (tests/toolkit/test_plants.py).
-    """
-    _install(session, "dev", "gpu-host")
-    session.run("python", "-m", "ci", "plants", *session.posargs)
-
-
-# On the 2-core CI host an emulated entry has, once in a few dozen runs, lost a Ray worker
-# (Ray's SYSTEM_ERROR; what killed it is not known yet, and a failing job now prints the crash
-# lines of the head's worker logs). One rerun; an entry that passes on it is reported FLAKY in
-# the summary table and the JUnit file, never as a plain pass.
-SMOKE_RETRIES = 1
-
-# What `gpu_smoke` runs of each GPU suite: all of it, or the one entry named. Of ckpt's five
-# optimizer-location combinations the one that crosses devices on both save and load runs
-# here; the label job runs all five.
-SMOKE: tuple[tuple[str, ...], ...] = (
-    ("megatron",),
-    ("precision",),
-    ("ckpt", "gpu --load-optimizer cpu"),
-    ("sglang_config",),
-)
+# The sessions that are not suites (SESSIONS in ci/suites.py): lint, the GPU smoke, history,
+# mutation, plants, the lock check. Their CI jobs come from the same data (ci/event_plan.py).
+for _session in _registry.sessions:
+    if isinstance(_session, Smoke):
+        _smoke_session(_session)
+    else:
+        _check_session(_session)

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import NoReturn
 
 from ci.errors import EXIT_OK, UsageError
+from ci.event_plan import CHECK_SESSION, table
 from ci.import_workflow import GENERATED_MARK, MatrixJob, build, read_matrix, suite_name
 from ci.registry import ADOPTED_REGISTRY, Registry, read_registry
 from ci.style import NOX_VERSION
-from ci.triggers import CHECK_SESSION, table
 from ci.u_files import U_DIR, packaged
 from ci.workflow import render
 from ci.yaml_writer import MARKER

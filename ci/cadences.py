@@ -48,6 +48,10 @@ def check_schedules(schedules: Mapping[str, str], suites: Sequence[Suite],
         if missing:
             raise UsageError(f"suite {suite.name} runs on cadence {missing[0]!r} but no cron maps to it: "
                              f"add one to WORKFLOW['schedules'] (cron -> cadence)")
+    for cadence in extra:  # a session's or the stability job's: a job no cron would ever start
+        if cadence not in reached:
+            raise UsageError(f"cadence {cadence!r} is named in the registry but no cron maps to it: "
+                             f"add one to WORKFLOW['schedules'] (cron -> cadence)")
 
 
 def cadence_of(cron: str, schedules: Mapping[str, str]) -> str:

@@ -28,7 +28,7 @@ SUBCOMMANDS: dict[str, Command] = {
                    help="run a suite (a nox session's work): plan, run, report", records_signals=True),
     "audit": Command(target="ci.audit:main",
                      help="check that every test file is registered, declares NUM_GPUS and runs something"),
-    "plan": Command(target="ci.triggers:main",
+    "plan": Command(target="ci.event_plan:main",
                     help="show which CI jobs and sessions an event and its labels would run"),
     "lock-gpus": Command(target="ci.lock_cli:main",
                          help="run a command holding N GPUs exclusively (fair FIFO queue)"),

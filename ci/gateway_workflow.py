@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ci.commands import POLICY_PATH
+from ci.event_plan import WORKFLOW_NAME, Job
 from ci.gateway import RUN_FILE_WORKFLOW
 from ci.style import Style
 from ci.suites import CPU_TIER, GPU_TIER
 from ci.timeouts import LINT_MINUTES, LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES
-from ci.triggers import WORKFLOW_NAME, Job
 from ci.yaml_writer import (
     CHECKOUT,
     SETUP_PYTHON,
@@ -153,7 +153,7 @@ def run_file(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
                    "run": resolve}],
     }
     gpu = max((j.minutes for j in jobs if j.self_hosted and not j.scheduled_only), default=LINT_MINUTES)
-    cpu = max((j.minutes for j in jobs if not j.self_hosted), default=LINT_MINUTES)
+    cpu = max((j.minutes for j in jobs if not j.self_hosted and j.kind == "suite"), default=LINT_MINUTES)
     out: dict[str, Node] = {"resolve": resolve_job}
     for tier, runner, minutes in ((CPU_TIER, style.hosted_runner, cpu), (GPU_TIER, style.gpu_runner, gpu)):
         env: dict[str, Node] = {"SUITE": _expr("inputs.suite"), "ONLY": _expr("inputs.only")}

@@ -26,16 +26,18 @@ class Log:
     """Writes progress for a human, and Actions commands when running in Actions."""
 
     def __init__(self, *, actions: bool, stream: TextIO | None = None,
-                 summary_path: str | None = None) -> None:
+                 summary_path: str | None = None, output_path: str | None = None) -> None:
         self.actions = actions
         self.stream = stream if stream is not None else sys.stdout
         self.summary_path = summary_path
+        self.output_path = output_path
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, stream: TextIO | None = None) -> Log:
         env = env if env is not None else os.environ
         return cls(actions=in_actions(env), stream=stream,
-                   summary_path=env.get("GITHUB_STEP_SUMMARY") or None)
+                   summary_path=env.get("GITHUB_STEP_SUMMARY") or None,
+                   output_path=env.get("GITHUB_OUTPUT") or None)
 
     def line(self, text: str = "") -> None:
         print(text, file=self.stream, flush=True)
@@ -70,3 +72,11 @@ class Log:
         if self.summary_path:
             with Path(self.summary_path).open("a", encoding="utf-8") as fh:
                 fh.write(markdown.rstrip("\n") + "\n")
+
+    def output(self, name: str, value: str) -> None:
+        """Set a step output (`$GITHUB_OUTPUT`); a no-op outside Actions. One line only."""
+        if "\n" in value or "\r" in value or "=" in name:
+            raise ValueError(f"step output {name!r}: one line, a name without '='")
+        if self.output_path:
+            with Path(self.output_path).open("a", encoding="utf-8") as fh:
+                fh.write(f"{name}={value}\n")

@@ -21,7 +21,7 @@ from typing import Any
 from ci import suites as suites_module
 from ci.errors import UsageError
 from ci.style import Style, style_from
-from ci.suites import SUITES, Suite
+from ci.suites import SUITES, Check, Smoke, Suite
 
 REGISTRY = "ci/suites.py"
 # Where `slime-ci adopt` writes an adopting repository's registry: a hidden directory whose
@@ -41,6 +41,8 @@ class Registry:
     # The file as the checkout names it, for every message that says "fix it in <registry>":
     # an adopting repository's is .slime-ci/suites.py, never this toolkit's ci/suites.py.
     name: str = REGISTRY
+    # Sessions that are not suites (SESSIONS: checks such as lint, the GPU smoke).
+    sessions: tuple[Check | Smoke, ...] = ()
     # An adopting repository's extras: its workflow's look (ci.style), its install profiles
     # (name -> requirements) and the host variables its sessions default to (cache mounts).
     workflow: Mapping[str, Any] = field(default_factory=dict)
@@ -98,7 +100,8 @@ def read_registry(path: Path) -> Registry | None:
     """The registry a file declares (SUITES, and WORKFLOW / PROFILES / HOST_ENV when set)."""
     name = registry_name(path)
     if path.resolve() == Path(suites_module.__file__ or "").resolve():
-        return Registry(suites=SUITES, source=path, name=name)  # the toolkit's own, already imported
+        return Registry(suites=SUITES, source=path, name=name,
+                        sessions=suites_module.SESSIONS)  # the toolkit's own, already imported
     module = _execute(path)
     suites = getattr(module, "SUITES", None)
     if suites is None:
@@ -107,7 +110,8 @@ def read_registry(path: Path) -> Registry | None:
     return Registry(suites=tuple(suites), source=path, name=name,
                     workflow=dict(getattr(module, "WORKFLOW", {}) or {}),
                     profiles={k: tuple(v) for k, v in profiles.items()},
-                    host_env=dict(getattr(module, "HOST_ENV", {}) or {}))
+                    host_env=dict(getattr(module, "HOST_ENV", {}) or {}),
+                    sessions=tuple(getattr(module, "SESSIONS", ()) or ()))
 
 
 def registry_name(path: Path) -> str:
@@ -129,4 +133,4 @@ def own_registry(root: Path) -> Registry | None:
 
 def load_registry(root: Path) -> Registry:
     """The registry that governs the checkout at root: its own, or the toolkit's."""
-    return own_registry(root) or Registry(suites=SUITES)
+    return own_registry(root) or Registry(suites=SUITES, sessions=suites_module.SESSIONS)

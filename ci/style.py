@@ -34,7 +34,7 @@ class Style:
     install: str = f"python -m pip install nox=={NOX_VERSION}"
     suite_env: Mapping[str, str] = field(default_factory=dict)  # every suite job's step
     gpu_env: Mapping[str, str] = field(default_factory=dict)  # GPU jobs' step (secrets, caches)
-    source: str = "ci/suites.py and ci/triggers.py"
+    source: str = "ci/suites.py and ci/event_plan.py"
     # The registry file the repository edits, named in every "fix it there" message; set
     # from the loaded registry (ci.registry.Registry.style).
     registry: str = "ci/suites.py"

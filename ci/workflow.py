@@ -1,4 +1,4 @@
-"""Render `.github/` from the job table (`ci.triggers`), and check the committed files match.
+"""Render `.github/` from the job table (`ci.event_plan`), and check the committed files match.
 
 The workflow holds no test lists and no logic beyond "which session, on which
 runner, when": every job checks out, installs nox and runs `nox -s <session>`,
@@ -19,20 +19,21 @@ from pathlib import Path
 from ci.args import Parser, existing_dir
 from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
-from ci.history.store import HISTORY_FILE
-from ci.registry import REGISTRY_PATHS, Registry, load_registry, registry_path
-from ci.style import NOX_VERSION, Style
-from ci.suites import PLANTS_CADENCE, PLANTS_DIR
-from ci.timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES, SETUP_MINUTES
-from ci.triggers import (
+from ci.event_plan import (
     BASE_BRANCH,
-    CHECK_SESSION,
+    PLAN_JOB,
+    PLAN_OUTPUT,
     WORKFLOW_NAME,
     Job,
     condition_lines,
+    gated_by_plan,
     pr_terms,
     table,
 )
+from ci.history.store import HISTORY_ENV, HISTORY_FILE
+from ci.registry import REGISTRY_PATHS, Registry, load_registry, registry_path
+from ci.style import NOX_VERSION, Style
+from ci.timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES, SETUP_MINUTES
 from ci.u_files import generated as u_generated
 from ci.yaml_writer import (  # the writer lives apart so ci/gateway_workflow.py can share it
     CACHE_RESTORE,
@@ -45,6 +46,7 @@ from ci.yaml_writer import (  # the writer lives apart so ci/gateway_workflow.py
     Folded,
     Node,
     Note,
+    Script,
     _banner,
     _expr,
     _uses,
@@ -100,17 +102,30 @@ def concurrency_group(job: Job) -> Folded:
     ))
 
 
-# Measured durations.
+# Measured durations and the run history.
 #
-# `--shard I/K` and the longest-first order read .ci-cache/durations.json, but a
-# hosted runner starts empty. Each job restores the file its own job last saved on
-# main (the newest cache under the job's key prefix; the primary key never exists,
-# so the prefix always decides), and a run on main saves it again under a key of
-# its own (cache entries are immutable). Only a push to main saves: pull requests
-# read main's cache and can never write one that main or another PR would read.
-# Failed runs save too: the durations they measured are still true. The run-history
-# SQLite file travels with them, so hosted jobs keep their history the same way.
+# `--shard I/K` and the longest-first order read .ci-cache/durations.json and the run history
+# (.ci-cache/history.sqlite), but a hosted runner starts empty. Each job restores the files its
+# own job last saved on main (the newest cache under the job's key prefix; the primary key never
+# exists, so the prefix always decides), and a run on main saves them again under a key of its
+# own (cache entries are immutable). Only a push to main saves: pull requests read main's cache
+# and can never write one that main or another PR would read. Failed runs save too: what they
+# measured is still true.
+#
+# A sharded job keeps one cache per shard (each shard runs other entries), and every shard
+# restores all K of them and merges them (`history merge`) before it plans: all shards then
+# plan from the same history, so they agree on the partition, and none keeps only its own.
+#
+# Every suite job's last step (`if: always()`) is `history record`: it writes runs the session
+# spooled, and records the job even when its session never got to (an install failed, the job
+# timed out or was cancelled). GPU jobs on self-hosted runners use a shared store instead of
+# the cache: SLIME_CI_HISTORY_URL comes from the repository secret of that name, passed only to
+# the steps that open the store (the session and the record step; nothing else sees it).
+# Without the secret they fall back to the cached SQLite file.
 CACHED_FILES = f"{DURATIONS_FILE}\n{HISTORY_FILE}\n"
+SHARDS_DIR = ".ci-cache/shards"
+HISTORY_SECRET = HISTORY_ENV
+HISTORY_SESSION = "history"
 
 
 def durations_prefix(job: Job) -> str:
@@ -118,29 +133,74 @@ def durations_prefix(job: Job) -> str:
     return f"{DURATIONS_KEY}-{job.id}-"
 
 
-def _restore_durations(job: Job) -> dict[str, Node]:
-    return {"name": "Restore measured durations (last run on main)", "uses": _uses(CACHE_RESTORE),
-            "with": {"path": CACHED_FILES,
-                     "key": durations_prefix(job) + _expr("github.run_id"),
-                     "restore-keys": durations_prefix(job)}}
+def _shard_files(shard: str) -> str:
+    folder = f"{SHARDS_DIR}/{shard}"
+    return "".join(f"{folder}/{Path(f).name}\n" for f in (DURATIONS_FILE, HISTORY_FILE))
+
+
+def _restore_durations(job: Job) -> list[Node]:
+    if job.shards == 1:
+        return [{"name": "Restore measured durations and history (last run on main)",
+                 "uses": _uses(CACHE_RESTORE),
+                 "with": {"path": CACHED_FILES,
+                          "key": durations_prefix(job) + _expr("github.run_id"),
+                          "restore-keys": durations_prefix(job)}}]
+    return [{"name": f"Restore shard {i}'s durations and history (last run on main)",
+             "uses": _uses(CACHE_RESTORE),
+             "with": {"path": _shard_files(str(i)),
+                      "key": f"{durations_prefix(job)}{i}-" + _expr("github.run_id"),
+                      "restore-keys": f"{durations_prefix(job)}{i}-"}}
+            for i in range(1, job.shards + 1)]
 
 
 def _save_durations(job: Job) -> dict[str, Node]:
-    shard = _expr("matrix.shard") + "-" if job.shards > 1 else ""
-    return {"name": "Save measured durations", "if": Folded((
+    sharded = job.shards > 1
+    shard = _expr("matrix.shard") + "-" if sharded else ""
+    saved = f"{SHARDS_DIR}/{_expr('matrix.shard')}/{Path(DURATIONS_FILE).name}" if sharded else DURATIONS_FILE
+    return {"name": "Save measured durations and history", "if": Folded((
                 "!cancelled()",
                 "&& github.event_name == 'push'",
                 f"&& github.ref == 'refs/heads/{BASE_BRANCH}'",
-                f"&& hashFiles('{DURATIONS_FILE}') != ''")),
+                f"&& hashFiles('{saved}') != ''")),
             "uses": _uses(CACHE_SAVE),
-            "with": {"path": CACHED_FILES,
+            "with": {"path": _shard_files(_expr("matrix.shard")) if sharded else CACHED_FILES,
                      "key": durations_prefix(job) + shard
                      + _expr("github.run_id") + "-" + _expr("github.run_attempt")}}
 
 
 def records_durations(job: Job) -> bool:
-    """Jobs that run suites (every job but the workflow checks) keep durations."""
-    return job.session not in ("lint", CHECK_SESSION) and not job.infinite
+    """Jobs that run suites (every job but the checks) keep durations."""
+    return job.kind != "check" and not job.infinite
+
+
+def records_history(job: Job, style: Style) -> bool:
+    """Jobs whose last step records the run (this repository's noxfile has the history session)."""
+    return style.own_jobs and job.kind != "check"
+
+
+# Not an environment secret: a job naming an environment adds a deployment to the PR's
+# timeline on every run. The job reaches same-repository PRs only (see its if:).
+_SECRET_NOTE = "zizmor: ignore[secrets-outside-env] the history store's URL, for this step only"
+
+
+def _history_env(job: Job) -> dict[str, Node]:
+    if not job.self_hosted:
+        return {}
+    return {HISTORY_ENV: Note(_expr(f"secrets.{HISTORY_SECRET}"), _SECRET_NOTE)}
+
+
+def _merge_shards(job: Job) -> dict[str, Node]:
+    return {"name": "Merge the shards' histories and durations",
+            "run": f"nox -s {HISTORY_SESSION} -- merge {SHARDS_DIR}"}
+
+
+def _record(job: Job) -> dict[str, Node]:
+    env: dict[str, Node] = {"STATUS": _expr("job.status"), **_history_env(job)}
+    run = f'nox -s {HISTORY_SESSION} -- record --suite {job.session} --status "$STATUS"'
+    if job.shards > 1:
+        env["SHARD"] = _expr("matrix.shard")
+        run += f' --keep-in "{SHARDS_DIR}/$SHARD"'
+    return {"name": "Record the run in the history", "if": "always()", "env": env, "run": run}
 
 
 def _steps(job: Job, style: Style) -> list[Node]:
@@ -154,7 +214,9 @@ def _steps(job: Job, style: Style) -> list[Node]:
         {"name": "Install nox", "run": style.install},
     ]
     if records_durations(job):
-        steps.append(_restore_durations(job))
+        steps += _restore_durations(job)
+        if job.shards > 1 and records_history(job, style):
+            steps.append(_merge_shards(job))
     env: dict[str, Node] = {}
     if records_durations(job):
         env.update(style.suite_env)
@@ -164,6 +226,7 @@ def _steps(job: Job, style: Style) -> list[Node]:
                                                  _expr("inputs.infinite_run && '1' || '0'"))
         # The lock wait stays well inside the job's timeout-minutes (ci/timeouts.py).
         env[LOCK_TIMEOUT_ENV] = str(LOCK_WAIT_MINUTES * 60)
+        env.update(_history_env(job))
         # No secrets here: a GPU host that reports to W&B sets WANDB_API_KEY in its
         # runners' environment (runners/README.md), so the workflow grants none. An adopting
         # repository whose old CI passed a secret keeps it (Style.gpu_env).
@@ -187,16 +250,74 @@ def _steps(job: Job, style: Style) -> list[Node]:
         step["env"] = env
     step["run"] = run
     steps.append(step)
+    if records_history(job, style):
+        steps.append(_record(job))
     if records_durations(job):
         steps.append(_save_durations(job))
     return steps
 
 
+# The diff gate.
+#
+# A labelled PR whose diff touches only GPU-irrelevant paths (Style.gpu_irrelevant) runs its
+# CPU jobs and skips its GPU jobs. `python -m ci plan` decides that, as it decides everything
+# else: the `plan` job runs it on the PR's event and diff, publishes the ids of the jobs that
+# run (output `jobs`) and writes every job's verdict and reason to its step summary; each GPU
+# job `needs:` it and runs on a PR only when the list names it. The label terms stay in the
+# GPU jobs' `if:` too (rendered from the same rules), so plan output from a fork's code can
+# never reach a self-hosted runner. The plan job has a group of its own run: it cancels
+# nothing, and a label added later starts only the job that label gates.
+PLAN_MINUTES = 10
+# The checkout of a pull_request is the merge commit; its first parent is the base branch's tip,
+# so `git diff HEAD^1 HEAD` is the PR's change as it would merge. --no-renames lists both sides
+# of a rename: moving code into docs/ still changes the code.
+_PLAN_SCRIPT = (
+    'git diff --no-renames --name-only -z HEAD^1 HEAD > "$RUNNER_TEMP/changed-paths"',
+    'set -- --event pull_request --labels "$LABELS" --paths-from "$RUNNER_TEMP/changed-paths" --github',
+    'if [ "$ACTION" = labeled ]; then set -- "$@" --added "$ADDED"; else set -- "$@" --action "$ACTION"; fi',
+    'if [ "$FORK" = true ]; then set -- "$@" --fork; fi',
+    'python -m ci plan "$@"',
+)
+
+
+def plan_job(style: Style) -> dict[str, Node]:
+    """The job that asks `python -m ci plan` which jobs this PR event runs."""
+    return {
+        "name": PLAN_JOB,
+        "if": "github.event_name == 'pull_request'",
+        "runs-on": style.hosted_runner[0] if len(style.hosted_runner) == 1 else Flow(style.hosted_runner),
+        "permissions": {"contents": Note("read", "actions/checkout reads the repository")},
+        "concurrency": {"group": f"{WORKFLOW_NAME}-run{_expr('github.run_id')}-{PLAN_JOB}",
+                        "cancel-in-progress": True},
+        "timeout-minutes": PLAN_MINUTES,
+        "outputs": {PLAN_OUTPUT: _expr(f"steps.plan.outputs.{PLAN_OUTPUT}")},
+        "steps": [
+            {"name": "Check out", "uses": _uses(CHECKOUT),
+             "with": {"persist-credentials": False,
+                      "fetch-depth": Note(2, "the merge commit and the base tip: the PR's diff")}},
+            {"name": "Set up Python", "uses": _uses(SETUP_PYTHON),
+             "with": {"python-version": style.python}},
+            # This repository's checkout is the toolkit (stdlib only for `plan`); an adopting
+            # repository installs it (its `install` names the toolkit's package).
+            *([] if style.own_jobs else [{"name": "Install the toolkit", "run": style.install}]),
+            {"name": "python -m ci plan (this event, this diff)", "id": "plan",
+             # Values reach the shell through the environment, never through ${{ }} in `run:`.
+             "env": {"LABELS": _expr("join(github.event.pull_request.labels.*.name, ',')"),
+                     "ACTION": _expr("github.event.action"),
+                     "ADDED": _expr("github.event.label.name"),
+                     "FORK": _expr("github.event.pull_request.head.repo.full_name != github.repository")},
+             "run": Script(_PLAN_SCRIPT)},
+        ],
+    }
+
+
 def _job(job: Job, style: Style) -> dict[str, Node]:
     out: dict[str, Node] = {
         "name": job.id if job.shards == 1 else f"{job.id} (shard {_expr('matrix.shard')})",
-        "if": Folded(tuple(condition_lines(job))),
     }
+    if gated_by_plan(job):
+        out["needs"] = Note(PLAN_JOB, "runs on a PR only if the plan of its diff says so")
+    out["if"] = Folded(tuple(condition_lines(job)))
     if job.self_hosted:
         out["runs-on"] = Note(Flow(job.runs_on),
                               "zizmor: ignore[self-hosted-runner] GPU jobs need GPU machines; "
@@ -206,7 +327,7 @@ def _job(job: Job, style: Style) -> dict[str, Node]:
     out["permissions"] = {"contents": Note("read", "actions/checkout reads the repository")}
     out["concurrency"] = {"group": concurrency_group(job), "cancel-in-progress": True}
     out["timeout-minutes"] = Note(job.minutes, "bound derived in ci/timeouts.py")
-    if job.tier == "cpu" and records_durations(job):
+    if job.tier == "cpu" and (records_durations(job) or job.scheduled_only):  # they install torch
         out["env"] = {"SLIME_CI_TORCH_INDEX": TORCH_CPU_INDEX}
     if job.shards > 1:
         out["strategy"] = {"fail-fast": False,
@@ -235,7 +356,8 @@ def workflow(jobs: Sequence[Job], style: Style | None = None) -> dict[str, Node]
             }}},
         },
         "permissions": {},
-        "jobs": {j.id: _job(j, style) for j in jobs},
+        "jobs": {**({PLAN_JOB: plan_job(style)} if any(gated_by_plan(j) for j in jobs) else {}),
+                 **{j.id: _job(j, style) for j in jobs}},
     }
 
 
@@ -254,7 +376,7 @@ def render(jobs: Sequence[Job], style: Style | None = None) -> dict[str, str]:
         **comment_files(jobs, style),
         WORKFLOW_PATH: to_yaml(workflow(jobs, style), spaced=2, header=_banner(style.source)),
         ACTIONLINT_PATH: to_yaml(actionlint_config(jobs),
-                                 header=_banner("the runner labels in ci/triggers.py")),
+                                 header=_banner("the runner labels in ci/event_plan.py")),
     }
 
 
@@ -265,20 +387,19 @@ TABLE_BEGIN = f"<!-- sessions: {MARKER} from ci/suites.py; edit the registry, no
 TABLE_END = "<!-- end of sessions -->"
 
 
-# Sessions no CI job runs (yet): name, when they are meant to run, what they run.
-OFF_CI_SESSIONS: tuple[tuple[str, str, str], ...] = (
-    ("plants", f"{PLANTS_CADENCE} cadence (not scheduled yet); on demand",
-     "Planted breaks: each makes the entry that claims it fail, for its stated reason"),
-)
+def _where(job: Job) -> str:
+    if job.scheduled_only:
+        cadences = sorted({c for cron, c in Style().schedules.items() if cron in job.crons})
+        return " and ".join(cadences) + " schedule" if cadences else "its schedule"
+    return f"label `{job.label}`" if job.label else "every PR, push to `main`, dispatch"
 
 
 def session_table(jobs: Sequence[Job], extra: Sequence[tuple[str, str, str]] = ()) -> str:
     """The README's table of sessions: CPU jobs first, then GPU ones, each in table order."""
     rows = ["| session | tier | in GitHub Actions | what it runs |", "|---|---|---|---|"]
-    # A scheduled-only job runs a session listed already (README: "When CI runs").
-    for job in sorted((j for j in jobs if not j.scheduled_only), key=lambda j: j.self_hosted):
-        where = f"label `{job.label}`" if job.label else "every PR, push to `main`, dispatch"
-        rows.append(f"| `{job.session}` | {'GPU' if job.self_hosted else 'CPU'} | {where} | "
+    # The stability job runs a session listed already (README: "When CI runs").
+    for job in sorted((j for j in jobs if not j.infinite), key=lambda j: j.self_hosted):
+        rows.append(f"| `{job.session}` | {'GPU' if job.self_hosted else 'CPU'} | {_where(job)} | "
                     f"{job.purpose} |")
     rows += [f"| `{name}` | CPU | {when} | {what} |" for name, when, what in extra]
     return "\n".join(rows)
@@ -293,8 +414,7 @@ def readme(root: Path, jobs: Sequence[Job]) -> dict[str, str]:
     begin, end = text.find(TABLE_BEGIN), text.find(TABLE_END)
     if begin < 0 or end < begin:
         return {}
-    extra = OFF_CI_SESSIONS if (root / PLANTS_DIR).is_dir() else ()  # a checkout with plants
-    table_text = f"{TABLE_BEGIN}\n{session_table(jobs, extra)}\n"
+    table_text = f"{TABLE_BEGIN}\n{session_table(jobs)}\n"
     return {README_PATH: text[:begin] + table_text + text[end:]}
 
 
@@ -367,7 +487,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog=COMMAND,
         description=f"Write {WORKFLOW_PATH} and {ACTIONLINT_PATH} from the registry "
-                    f"({' or '.join(REGISTRY_PATHS)}) and the trigger table (ci/triggers.py).",
+                    f"({' or '.join(REGISTRY_PATHS)}) and the trigger table (ci/event_plan.py).",
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true",
@@ -396,7 +516,7 @@ def main(argv: list[str]) -> int:
     root: Path = (find_root(Path.cwd().resolve()) if args.root is None
                   else existing_dir("--root", args.root))
     registry = load_registry(root)
-    jobs = table(registry.suites, registry.style)
+    jobs = table(registry.suites, registry.style, registry.sessions)
     changes = drift(root, {**render(jobs, registry.style), **readme(root, jobs), **u_generated(root),
                            **adopted_u(root, registry)})
     if args.check or args.dry_run:

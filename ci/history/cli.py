@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ci.durations import DURATIONS_FILE, DurationStore
-from ci.errors import EXIT_FAILED, EXIT_OK, UsageError
+from ci.errors import EXIT_FAILED, EXIT_OK, StoreError, UsageError
 from ci.history.record import import_durations
 from ci.history.stats import Flakiness, Streak, flakiness, streaks
 from ci.history.store import HISTORY_ENV, HISTORY_FILE, describe, open_store, resolve_url
@@ -50,6 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
     mon.add_argument("-k", type=int, default=3, help="consecutive failures (default: 3)")
     mon.add_argument("--branch", default="main", help="branch to watch (default: main)")
     mon.add_argument("--out", type=Path, help="also write the report (Markdown) to this file")
+    rec = sub.add_parser("record", parents=[common],
+                         help="a CI job's last step: write spooled runs; record the job if its "
+                              "session recorded nothing (it failed or was cancelled first)")
+    rec.add_argument("--status", required=True, help="the job's status: success, failure, cancelled")
+    rec.add_argument("--keep-in", type=Path, metavar="DIR",
+                     help=f"then copy {HISTORY_FILE} and {DURATIONS_FILE} into DIR "
+                          "(a sharded job's own cache)")
+    merge = sub.add_parser("merge", parents=[common],
+                           help="merge DIR/*/history.sqlite and DIR/*/durations.json (a sharded job's "
+                                "caches) into this checkout's store and durations")
+    merge.add_argument("dir", type=Path, help="the folder holding one subfolder per shard")
     imp = sub.add_parser("import-durations", parents=[common],
                          help=f"import {DURATIONS_FILE} as one run (done automatically on a new store)")
     imp.add_argument("--hardware-kind", default="cpu", help="the hardware they were measured on")
@@ -104,6 +117,43 @@ def monitor_text(found: Sequence[Streak], *, branch: str, k: int) -> str:
     return "\n".join(out)
 
 
+def _warn(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _job_step(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
+    """`record` and `merge`: the steps around a CI job's session; a store problem never fails them."""
+    from ci.history.job import merge_durations, merge_stores, record_job
+    from ci.registry import load_registry
+
+    if args.command == "record":
+        suite = load_registry(root).get(args.suite or "")
+        if not args.suite:
+            raise UsageError("record needs --suite NAME (the job's session)")
+        record_job(root, url, suite=args.suite, needs_gpus=bool(suite and suite.needs_gpus),
+                   status=args.status, env=os.environ, warn=_warn, note=log.line)
+        if args.keep_in is not None:
+            args.keep_in.mkdir(parents=True, exist_ok=True)
+            for rel in (HISTORY_FILE, DURATIONS_FILE):
+                if (root / rel).is_file():
+                    shutil.copyfile(root / rel, args.keep_in / Path(rel).name)
+        return EXIT_OK
+    folder = args.dir if args.dir.is_absolute() else root / args.dir
+    shards = sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+    durations = merge_durations(root / DURATIONS_FILE,
+                                [p / Path(DURATIONS_FILE).name for p in shards])
+    stores = [p / Path(HISTORY_FILE).name for p in shards if (p / Path(HISTORY_FILE).name).is_file()]
+    try:
+        with open_store(url) as store:
+            added = merge_stores(store, stores, _warn)
+    except StoreError as exc:
+        _warn(f"history: merge skipped ({exc})")
+        return EXIT_OK
+    log.line(f"history: merged {len(stores)} shard store(s) ({added} new run(s)) and "
+             f"{durations} duration(s) from {folder}")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     root = args.root.resolve()
@@ -113,6 +163,8 @@ def main(argv: Sequence[str]) -> int:
     if getattr(args, "window", 1) < 1 or getattr(args, "k", 1) < 1:
         raise UsageError("--window and -k must be at least 1")
     log = Log.from_env()
+    if args.command in ("record", "merge"):
+        return _job_step(args, root, url, log)
     with open_store(url) as store:
         if args.command == "import-durations":
             durations = DurationStore(root / DURATIONS_FILE).load()

@@ -23,6 +23,10 @@ from ci.history.stats import auto_quarantine, estimates, failed_on_branch, flaki
 from ci.history.store import HistoryStore, describe, open_store
 
 PENDING_DIR = ".ci-cache/history-pending"
+# One line per run this checkout recorded or spooled, so a CI job's last step
+# (`history record`, ci/history/job.py) can tell a session that recorded its run from one
+# that never got that far; that step consumes it.
+JOURNAL = ".ci-cache/history-journal"
 HARDWARE_ENV = "SLIME_CI_HARDWARE"
 Warn = Callable[[str], None]
 
@@ -137,6 +141,17 @@ def import_durations(store: HistoryStore, durations: Mapping[str, float], *, har
                                   attempts=attempts, backend="durations.json"))
 
 
+def note_run(root: Path, run: RunRecord, where: str) -> None:
+    """Append the run to the journal (best effort: the journal is a hint, the store the truth)."""
+    path = root / JOURNAL
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"uid": run.uid, "suite": run.suite, "where": where}) + "\n")
+    except OSError:
+        pass
+
+
 def write_after(url: str | None, run: RunRecord, *, root: Path, durations: Mapping[str, float],
                 warn: Warn, note: Warn, known_error: str = "") -> bool:
     """Record the run; on any store problem warn in one line and spool it. Never raises StoreError."""
@@ -156,7 +171,9 @@ def write_after(url: str | None, run: RunRecord, *, root: Path, durations: Mappi
             return False
         why = "the same problem" if str(exc) == known_error else str(exc)
         warn(f"history: not recorded ({why}); kept in {kept} for the next run")
+        note_run(root, run, "spooled")
         return False
+    note_run(root, run, "recorded")
     extra = f" (+{replayed} spooled)" if replayed else ""
     note(f"history: recorded run {run.uid[:8]}{extra} in {describe(url)}")
     return True

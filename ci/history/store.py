@@ -25,6 +25,11 @@ _MIGRATION_LOCK = 0x51_1CE_C1
 _SQLITE_WAIT_S = 60.0
 
 
+# The columns of a run row, as RunRecord names them.
+_RUN_FIELDS = ("uid", "suite", "commit", "branch", "event", "host", "runner", "backend", "hardware",
+               "started_at", "ended_at", "exit_code")
+
+
 def default_url(root: Path) -> str:
     return f"sqlite:///{root / HISTORY_FILE}"
 
@@ -215,9 +220,7 @@ class HistoryStore:
             with self.engine.begin() as conn:
                 if conn.execute(select(schema.runs.c.id).where(schema.runs.c.uid == run.uid)).first():
                     return False
-                row = {k: getattr(run, k) for k in ("uid", "suite", "commit", "branch", "event", "host",
-                                                    "runner", "backend", "hardware", "started_at",
-                                                    "ended_at", "exit_code")}
+                row = {k: getattr(run, k) for k in _RUN_FIELDS}
                 pk = conn.execute(schema.runs.insert().values(**row)).inserted_primary_key
                 run_id = pk[0] if pk is not None else None
                 if run.attempts:
@@ -294,6 +297,33 @@ class HistoryStore:
             with self.engine.connect() as conn:
                 return [MetricRow(run_uid=x.uid, started_at=x.started_at, step=x.step, name=x.name,
                                   value=x.value) for x in conn.execute(query)]
+        except SQLAlchemyError as exc:
+            raise self._fail(exc, "read it") from None
+
+    def runs(self) -> list[RunRecord]:
+        """Every run with its attempts and metric points, oldest first (to merge stores)."""
+        from sqlalchemy import select
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ci.history import schema
+        from ci.history.records import AttemptRecord
+        from ci.results import MetricPoint
+
+        r, a, m = schema.runs, schema.attempts, schema.metrics
+        fields = [c.name for c in a.columns if c.name not in ("id", "run_id")]
+        try:
+            with self.engine.connect() as conn:
+                tries: dict[int, list[AttemptRecord]] = {}
+                for x in conn.execute(select(a).order_by(a.c.run_id, a.c.entry_id, a.c.attempt)):
+                    tries.setdefault(x.run_id, []).append(
+                        AttemptRecord(**{k: getattr(x, k) for k in fields}))
+                points: dict[int, list[MetricPoint]] = {}
+                for x in conn.execute(select(m).order_by(m.c.run_id, m.c.entry_id, m.c.step, m.c.name)):
+                    points.setdefault(x.run_id, []).append(
+                        MetricPoint(entry_id=x.entry_id, step=x.step, name=x.name, value=x.value))
+                return [RunRecord(**{k: getattr(x, k) for k in _RUN_FIELDS},
+                                  attempts=tuple(tries.get(x.id, ())), metrics=tuple(points.get(x.id, ())))
+                        for x in conn.execute(select(r).order_by(r.c.started_at, r.c.id))]
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
 

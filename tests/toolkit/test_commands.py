@@ -24,7 +24,7 @@ from ci.commands import (
     parse_policy,
 )
 from ci.errors import UsageError
-from ci.triggers import main
+from ci.event_plan import main
 
 NUM_GPUS = 0
 

@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from _ci import REPO
+from _gitrepo import git
 
 from ci.cadences import DEFAULT_SCHEDULES, check_schedules, gpu_irrelevant
 from ci.errors import UsageError
+from ci.event_plan import PLAN_JOB, gated_by_plan, main, plan_term, table
 from ci.gateway_workflow import GATEWAY_PATH, RUN_FILE_PATH
 from ci.style import Style
 from ci.suites import SUITES, Suite
 from ci.timeouts import MAX_MINUTES, suite_minutes
-from ci.triggers import main, table
 from ci.workflow import WORKFLOW_PATH, render
 
 NUM_GPUS = 0
@@ -56,9 +60,10 @@ ROWS: list[tuple[str, list[str], set[str]]] = [
     ("tests-only PR + run-ci-changed",
      ["--labels", "run-ci-changed", "--paths", "tests/test_gae.py"], CPU | {"changed"}),
     ("nightly cron", ["--event", "schedule", "--cron", NIGHTLY], {"sglang_config", "megatron",
-                                                                   "precision", "ckpt"}),
+                                                                   "precision", "ckpt",
+                                                                   "plants", "mutation"}),
     ("weekly cron", ["--event", "schedule", "--cron", WEEKLY],
-     {"sglang_config", "megatron", "precision", "ckpt", "image", "megatron_stability"}),
+     {"sglang_config", "megatron", "precision", "ckpt", "image", "megatron_stability", "lock_check"}),
     ("dispatch", ["--event", "workflow_dispatch"], CPU | GPU),
 ]
 
@@ -84,6 +89,138 @@ def test_reasons_the_rows_give(capsys: pytest.CaptureFixture[str]) -> None:
         "the nightly schedule does not run it"
     assert _why(capsys, "megatron_stability", "--event", "workflow_dispatch").startswith(
         "only its schedule runs it")
+
+
+# --- the workflow's plan job, run for real ---------------------------------------------------
+# Its script (from the generated workflow) runs in a git repository whose HEAD is a merge commit,
+# as actions/checkout leaves a pull_request: the base tip as its first parent, the PR's branch
+# as its second. Its published `jobs` output is what the GPU jobs' `if:` asks.
+
+DOCS = {"docs/guide.md": "how to\n", "README.md": "read me\n"}
+CODE = {"slime/ray/actor.py": "X = 2\n", "README.md": "read me\n"}
+
+
+def _merge_checkout(base: Path, change: dict[str, str], rename: tuple[str, str] | None = None) -> Path:
+    root = base / "checkout"
+    root.mkdir()
+    git(root, "init", "--quiet", "-b", "main")
+    for rel, text in {"slime/ray/actor.py": "X = 1\n", "slime/a.py": "A = 1\n", "README.md": "x\n"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding="utf-8")
+    git(root, "add", "-A")
+    git(root, "commit", "--quiet", "-m", "base")
+    git(root, "checkout", "--quiet", "-b", "feature")
+    for rel, text in change.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding="utf-8")
+    if rename:
+        (root / rename[1]).parent.mkdir(parents=True, exist_ok=True)
+        git(root, "mv", *rename)
+    git(root, "add", "-A")
+    git(root, "commit", "--quiet", "-m", "the PR")
+    git(root, "checkout", "--quiet", "main")
+    git(root, "merge", "--quiet", "--no-ff", "feature", "-m", "merge")
+    return root
+
+
+def _plan_step(tmp_path: Path, change: dict[str, str], *, labels: str, action: str = "synchronize",
+               added: str = "", fork: bool = False,
+               rename: tuple[str, str] | None = None) -> tuple[set[str], str]:
+    """(published job ids, step summary) of the plan job's script on one PR event."""
+    wf = yaml.safe_load(render(table())[WORKFLOW_PATH])
+    step = next(s for s in wf["jobs"][PLAN_JOB]["steps"] if s.get("id") == "plan")
+    root = _merge_checkout(tmp_path, change, rename)
+    out, summary = tmp_path / "output", tmp_path / "summary"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RUNNER_TEMP": str(tmp_path),
+           "GITHUB_ACTIONS": "true", "GITHUB_OUTPUT": str(out), "GITHUB_STEP_SUMMARY": str(summary),
+           "LABELS": labels, "ACTION": action, "ADDED": added, "FORK": "true" if fork else "false"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python`
+    done = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (line,) = [x for x in out.read_text(encoding="utf-8").splitlines() if x.startswith("jobs=")]
+    return set(json.loads(line.removeprefix("jobs="))), summary.read_text(encoding="utf-8")
+
+
+CPU_PR = CPU  # the CPU jobs every new commit of a PR runs
+PLAN_ROWS: list[tuple[str, dict[str, Any], set[str]]] = [
+    ("docs-only PR + label", {"change": DOCS, "labels": "run-ci-megatron"}, CPU_PR),
+    ("code PR + label", {"change": CODE, "labels": "run-ci-megatron"}, CPU_PR | {"megatron"}),
+    ("second label added", {"change": CODE, "labels": "run-ci-megatron,run-ci-ckpt",
+                            "action": "labeled", "added": "run-ci-ckpt"}, {"ckpt"}),
+    ("label added to a docs-only PR", {"change": DOCS, "labels": "run-ci-ckpt", "action": "labeled",
+                                       "added": "run-ci-ckpt"}, set()),
+    ("unrelated label added", {"change": CODE, "labels": "run-ci-megatron,documentation",
+                               "action": "labeled", "added": "documentation"}, set()),
+    ("fork PR + label", {"change": CODE, "labels": "run-ci-megatron", "fork": True}, CPU_PR),
+    ("code moved into docs/", {"change": {}, "rename": ("slime/a.py", "docs/a.py"),
+                               "labels": "run-ci-megatron"}, CPU_PR | {"megatron"}),
+]
+
+
+@pytest.mark.parametrize(("name", "kwargs", "expected"), PLAN_ROWS, ids=[r[0] for r in PLAN_ROWS])
+def test_plan_job_row(tmp_path: Path, name: str, kwargs: dict[str, Any], expected: set[str]) -> None:
+    published, summary = _plan_step(tmp_path, **kwargs)
+    assert published == expected, name
+    assert "| job | runs | why |" in summary
+
+
+def test_a_gpu_job_the_diff_skips_shows_why_and_every_gpu_job_asks_the_plan(tmp_path: Path) -> None:
+    published, summary = _plan_step(tmp_path, DOCS, labels="run-ci-megatron")
+    assert "megatron" not in published
+    row = next(x for x in summary.splitlines() if x.startswith("| `megatron` |"))
+    assert "**skipped**" in row and "GPU-irrelevant paths (2 file(s)" in row
+    wf = yaml.safe_load(render(table())[WORKFLOW_PATH])
+    gated = [j for j in table() if gated_by_plan(j)]
+    assert {j.id for j in gated} == GPU - {"megatron_stability"}
+    for job in gated:
+        spec = wf["jobs"][job.id]
+        assert spec["needs"] == PLAN_JOB and plan_term(job) in spec["if"]
+        # The verdict also decides the concurrency slot: a skipped job cancels nothing.
+        assert plan_term(job) in spec["concurrency"]["group"]
+        assert spec["if"].startswith("!cancelled()")  # a push, schedule or dispatch skips plan
+    for job in table():
+        if not gated_by_plan(job):
+            assert "needs" not in wf["jobs"][job.id], job.id
+    plan = wf["jobs"][PLAN_JOB]
+    assert plan["if"] == "github.event_name == 'pull_request'"
+    assert plan["steps"][0]["with"]["fetch-depth"] == 2
+    assert "run${{ github.run_id }}" in plan["concurrency"]["group"]  # it never cancels a run
+    assert plan["permissions"] == {"contents": "read"}
+
+
+def test_plan_paths_from_a_file_and_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    paths = tmp_path / "paths"
+    paths.write_bytes(b"docs/a.md\0README.md\0")
+    assert "megatron" not in _runs(capsys, "--labels", "run-ci-megatron", "--paths-from", str(paths))
+    paths.write_text("docs/a.md\nslime/x.py\n", encoding="utf-8")
+    assert "megatron" in _runs(capsys, "--labels", "run-ci-megatron", "--paths-from", str(paths))
+    with pytest.raises(UsageError, match="cannot read it"):
+        main(["--paths-from", str(tmp_path / "none"), "--root", str(REPO)])
+    with pytest.raises(UsageError, match="not --paths and --paths-from"):
+        main(["--paths", "a", "--paths-from", str(paths), "--root", str(REPO)])
+
+
+def test_sessions_that_are_not_suites_get_their_jobs_from_the_registry() -> None:
+    from ci.event_plan import session_job
+    from ci.suites import SESSIONS, Check, Smoke, SmokeRun
+
+    jobs = {j.id: j for j in table()}
+    for session in SESSIONS:
+        if isinstance(session, Check) and session.cadences:
+            job = jobs[session.name]  # scheduled only: its cadence's cron, hosted, its own bound
+            assert job.scheduled_only and job.minutes == session.minutes and not job.self_hosted
+            assert job.crons == tuple(c for c, n in DEFAULT_SCHEDULES.items() if n in session.cadences)
+    assert "history" not in jobs  # on demand only: no event or cadence names it
+    assert jobs["lint"].label is None and not jobs["lint"].scheduled_only
+    smoke = Smoke(name="s", purpose="p", profiles=(), runs=(SmokeRun(suite="nope"),))
+    with pytest.raises(UsageError, match="runs suite 'nope', which the registry lacks"):
+        session_job(smoke, Style(), SUITES)
+    both = Check(name="c", purpose="p", profiles=(), commands=(), every_event=True, cadences=("nightly",))
+    with pytest.raises(UsageError, match="not both"):
+        session_job(both, Style(), SUITES)
+    with pytest.raises(UsageError, match=r"maps to no cadence|no cron maps to it"):
+        table(SUITES, Style(), (Check(name="c", purpose="p", profiles=(), commands=(), cadences=("monthly",)),))
 
 
 COMMENT_ROWS: list[tuple[str, str, str, bool, str]] = [

@@ -14,10 +14,10 @@ NUM_GPUS = 0
 
 nox = pytest.importorskip("nox", reason="the dev profile brings nox")
 
-# Sessions that are not suites, written by hand in noxfile.py.
-NOT_SUITES = {"lint", "gpu_smoke", "mutation", "plants"}
-# Sessions no workflow runs (nightly and on demand): not in README's table of CI jobs.
-NO_JOB = {"mutation"}
+# Sessions that are not suites: registry data too (SESSIONS in ci/suites.py).
+NOT_SUITES = {s.name for s in load_registry(REPO).sessions}
+# Sessions no workflow runs (on demand only): not in README's table of CI jobs.
+NO_JOB = {"history"}
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +54,23 @@ def test_mutation_session_is_nightly_not_ci(sessions):
     assert set(found["mutation"].tags) == {"nightly"}
 
 
-def test_session_steps_name_suites(sessions):
-    _, module = sessions
-    names = {s.name for s in load_registry(REPO)}
-    assert set(module.BEFORE) <= names
+def test_sessions_that_are_not_suites_come_from_the_registry(sessions):
+    from ci.suites import Check, Smoke
+
+    found, module = sessions
+    registry = load_registry(REPO)
+    assert {"lint", "gpu_smoke", "history", "mutation", "plants", "lock_check"} == NOT_SUITES
+    assert not hasattr(module, "SMOKE") and not hasattr(module, "BEFORE")  # no logic left there
+    suites = set(registry.names())
+    for session in registry.sessions:
+        func = found[session.name]
+        assert func.__doc__ == f"{session.purpose}.", session.name
+        assert set(func.tags) == set(session.tags), session.name
+        assert isinstance(session, (Check, Smoke))
+        if isinstance(session, Smoke):  # each run names a suite of the registry
+            assert {r.suite for r in session.runs} <= suites
+    # What the toolkit suite's session runs before its tests is the suite's own data.
+    assert registry["toolkit"].before == (("python", "-m", "ci", "audit"),)
 
 
 def test_every_suite_profile_is_a_profile():

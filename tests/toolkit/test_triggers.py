@@ -36,12 +36,13 @@ CPU_JOBS = {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke"}
 
 def test_one_job_per_suite_plus_lint_on_the_right_runner() -> None:
     jobs = table()
-    assert [j.id for j in jobs] == [s.name for s in SUITES] + ["lint", "gpu_smoke", "megatron_stability"]
+    assert [j.id for j in jobs] == [s.name for s in SUITES] + ["lint", "gpu_smoke", "megatron_stability",
+                                                              "mutation", "plants", "lock_check"]
     for job, suite in zip(jobs, SUITES, strict=False):
         assert job.session == suite.name
         assert job.runs_on == (GPU_RUNNER if suite.tier == "gpu" else HOSTED_RUNNER)
         assert job.label == suite.label
-    assert {j.id for j in jobs if not j.self_hosted} == CPU_JOBS
+    assert {j.id for j in jobs if not j.self_hosted and not j.scheduled_only} == CPU_JOBS
     jobs = tuple(j for j in jobs if not j.scheduled_only)
     assert gating_labels(jobs) == sorted(
         ["run-ci-sglang-config", "run-ci-megatron", "run-ci-precision", "run-ci-ckpt",
@@ -115,7 +116,7 @@ def test_plan_command_prints_the_table(capsys: pytest.CaptureFixture[str]) -> No
     assert rows["megatron"][1:4] == ["self-hosted,gpu", "yes", "nox"]
     assert rows["precision"][2] == "no"
     assert rows["cpu_unit"][1:3] == ["ubuntu-latest", "yes"]
-    assert "7 of 12 jobs run" in out
+    assert "7 of 15 jobs run" in out
 
 
 def test_plan_command_json_and_added_label(capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,7 +144,7 @@ def test_plan_through_python_m_ci_exits_2_with_one_line_on_a_typo() -> None:
                         capture_output=True, text=True, timeout=60, check=False)
     assert ok.returncode == 0, ok.stderr
     assert "event: push" in ok.stdout
-    assert "5 of 12 jobs run" in ok.stdout
+    assert "5 of 15 jobs run" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "ci", "plan", "--labels", "run-ci-nope"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2

@@ -10,6 +10,7 @@ ignores case, a missing property is null.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -19,9 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ci.style import Style
-from ci.suites import SUITES, Suite
-from ci.triggers import (
+from ci.event_plan import (
+    PLAN_JOB,
     Event,
     Job,
     condition,
@@ -29,6 +29,8 @@ from ci.triggers import (
     gating_labels,
     table,
 )
+from ci.style import Style
+from ci.suites import SUITES, Suite
 from ci.workflow import WORKFLOW_PATH, render
 
 NUM_GPUS = 0
@@ -91,7 +93,15 @@ def _contains(haystack: Value, needle: Value) -> bool:
     return isinstance(haystack, str) and _text(needle).casefold() in haystack.casefold()
 
 
-_FUNCTIONS: dict[str, Callable[..., Value]] = {"contains": _contains, "format": _format}
+def _from_json(text: Value) -> Value:
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"fromJSON({text!r}): Actions fails the expression")  # as Actions does
+    return json.loads(text)
+
+
+# A run's jobs are never cancelled here: `cancelled()` is false, as in a run that goes on.
+_FUNCTIONS: dict[str, Callable[..., Value]] = {"contains": _contains, "format": _format,
+                                               "fromJSON": _from_json, "cancelled": lambda: False}
 
 
 def _member(value: Value, name: str) -> Value:
@@ -235,8 +245,9 @@ def interpolate(template: str, ctx: dict[str, Value]) -> str:
 
 def context(event: Event, *, run_id: int, number: int = PR_NUMBER,
             matrix: dict[str, Value] | None = None,
-            infinite_run: bool | None = None) -> dict[str, Value]:
-    """The Actions contexts for an event, as GitHub would fill them."""
+            infinite_run: bool | None = None, plan: str | None = None) -> dict[str, Value]:
+    """The Actions contexts for an event, as GitHub would fill them; `plan` is what the plan
+    job published (default: what `decide` says, on pull requests; the job is skipped otherwise)."""
     payload: dict[str, Value] = {}
     inputs: dict[str, Value] = {}
     if event.name == "pull_request":
@@ -256,7 +267,13 @@ def context(event: Event, *, run_id: int, number: int = PR_NUMBER,
     else:
         payload = {"ref": "refs/heads/main"}
     github = {"event_name": event.name, "repository": REPO, "run_id": run_id, "event": payload}
-    return {"github": github, "inputs": inputs, "matrix": matrix or {}}
+    if event.name == "pull_request":
+        published = plan if plan is not None else json.dumps(
+            [j.id for j in table() if decide(j, event).runs])
+        needs = {PLAN_JOB: {"result": "success", "outputs": {"jobs": published}}}
+    else:
+        needs = {PLAN_JOB: {"result": "skipped", "outputs": {}}}
+    return {"github": github, "inputs": inputs, "matrix": matrix or {}, "needs": needs}
 
 
 # --- scenarios ----------------------------------------------------------------------------------
@@ -282,6 +299,9 @@ def scenarios(jobs: tuple[Job, ...]) -> Iterator[Event]:
             for added in sorted(labels):
                 yield Event(name="pull_request", action="labeled", labels=labels,
                             added=added, from_fork=fork)
+            # A docs-only diff: the plan job publishes no GPU job, and the workflow obeys it.
+            yield Event(name="pull_request", action="synchronize", labels=labels, from_fork=fork,
+                        gpu_skip="the diff touches only GPU-irrelevant paths")
 
 
 def _workflow(jobs: tuple[Job, ...]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -14,8 +15,8 @@ import yaml
 from _ci import REPO as ROOT
 
 from ci.errors import UsageError
+from ci.event_plan import table
 from ci.suites import SUITES, Suite
-from ci.triggers import table
 from ci.workflow import (
     ACTIONLINT_PATH,
     MARKER,
@@ -30,6 +31,8 @@ from ci.workflow import (
 )
 
 NUM_GPUS = 0
+# The checks of ci.suites.SESSIONS that only a schedule runs, in registry order.
+SCHEDULED_CHECKS = ("mutation", "plants", "lock_check")
 
 BIN = Path(sys.executable).parent
 
@@ -49,7 +52,9 @@ def _workflow() -> dict[str, Any]:
 
 
 def _nox_step(job: dict[str, Any]) -> dict[str, Any]:
-    (step,) = [s for s in job["steps"] if s.get("run", "").startswith("nox -s ")]
+    """The step running the job's session (not the history steps around it)."""
+    (step,) = [s for s in job["steps"] if s.get("run", "").startswith("nox -s ")
+               and not s["run"].startswith("nox -s history ")]
     return step
 
 
@@ -87,14 +92,17 @@ def test_yaml_writer_round_trips_tricky_scalars_through_a_real_parser() -> None:
 
 def test_one_job_per_session_each_running_nox() -> None:
     jobs = _workflow()["jobs"]
-    assert list(jobs) == [s.name for s in SUITES] + ["lint", "gpu_smoke", "megatron_stability"]
+    # The plan job asks `python -m ci plan` about the PR's diff (tests/toolkit/test_events.py).
+    # After the stability job, the scheduled checks (ci.suites.SESSIONS with cadences).
+    assert list(jobs) == ["plan", *(s.name for s in SUITES), "lint", "gpu_smoke", "megatron_stability",
+                          *SCHEDULED_CHECKS]
     for job_id, job in jobs.items():
-        if job_id == "megatron_stability":  # its own shape: tests/toolkit/test_events.py
+        if job_id in ("megatron_stability", "plan"):  # their own shape: tests/toolkit/test_events.py
             continue
         last = _nox_step(job)
         assert last["run"] == f"nox -s {job_id}"
         assert job["steps"][2]["run"].startswith("python -m pip install nox==")
-        gpu = job_id not in {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke"}
+        gpu = job_id not in {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke", *SCHEDULED_CHECKS}
         assert job["runs-on"] == (["self-hosted", "gpu"] if gpu else "ubuntu-latest")
         assert ("SLIME_TEST_ENABLE_INFINITE_RUN" in last.get("env", {})) == gpu
         assert job["timeout-minutes"] > 0
@@ -144,16 +152,22 @@ def _cache_steps(job: dict[str, Any]) -> tuple[int, dict[str, Any], int, dict[st
     return restore, steps[restore], save, steps[save]
 
 
+def _record_step(job: dict[str, Any]) -> dict[str, Any]:
+    (step,) = [s for s in job["steps"] if s.get("run", "").startswith("nox -s history -- record ")]
+    return step
+
+
 def test_suite_jobs_restore_durations_from_main_before_the_run_and_save_after_it_on_main() -> None:
     jobs = _workflow()["jobs"]
     assert not any("actions/cache" in s.get("uses", "") for s in jobs["lint"]["steps"])
     keys = set()
     for job_id, job in jobs.items():
-        if job_id in ("lint", "megatron_stability"):  # workflow checks; the infinite mode
+        if job_id in ("lint", "megatron_stability", "plan", *SCHEDULED_CHECKS):  # checks; infinite mode
             continue
         restore_at, restore, save_at, save = _cache_steps(job)
         nox_at = job["steps"].index(_nox_step(job))
-        assert restore_at < nox_at < save_at
+        record_at = job["steps"].index(_record_step(job))
+        assert restore_at < nox_at < record_at < save_at  # the record step may add a run
         prefix = f"slime-ci-durations-{job_id}-"
         cached = ".ci-cache/durations.json\n.ci-cache/history.sqlite\n"  # and the run history
         assert restore["with"] == {"path": cached, "restore-keys": prefix,
@@ -170,14 +184,44 @@ def test_suite_jobs_restore_durations_from_main_before_the_run_and_save_after_it
     assert not any(a != b and b.startswith(a) for a in keys for b in keys)
 
 
-def test_a_sharded_job_saves_one_durations_cache_per_shard() -> None:
+def test_every_suite_job_records_its_run_last_even_when_it_failed() -> None:
+    jobs = _workflow()["jobs"]
+    for job in table():
+        if job.kind == "check":  # commands, not suites: nothing to record
+            assert not any("history" in s.get("run", "") for s in jobs[job.id]["steps"])
+            continue
+        step = _record_step(jobs[job.id])
+        assert step["if"] == "always()"  # after a failure, a timeout or a cancel too
+        assert step["run"] == f'nox -s history -- record --suite {job.session} --status "$STATUS"'
+        assert step["env"]["STATUS"] == "${{ job.status }}"
+        url = step["env"].get("SLIME_CI_HISTORY_URL")
+        # GPU jobs reach the shared store through the secret; hosted jobs keep the cached file.
+        assert (url == "${{ secrets.SLIME_CI_HISTORY_URL }}") == job.self_hosted, job.id
+        (session,) = [s for s in jobs[job.id]["steps"] if f"nox -s {job.session}" in s.get("run", "")]
+        assert session.get("env", {}).get("SLIME_CI_HISTORY_URL") == url, job.id
+
+
+def test_a_sharded_job_keeps_one_cache_per_shard_and_merges_all_before_it_plans() -> None:
     suites = tuple(Suite(name=s.name, tier=s.tier, purpose=s.purpose, profile=s.profile, label=s.label,
                          shards=4 if s.name == "cpu_unit" else 1) for s in SUITES)
     job = yaml.safe_load(render(table(suites))[WORKFLOW_PATH])["jobs"]["cpu_unit"]
-    _, restore, _, save = _cache_steps(job)
+    steps = job["steps"]
+    restores = [s for s in steps if s.get("uses", "").startswith("actions/cache/restore@")]
+    assert [r["with"]["restore-keys"] for r in restores] == [
+        f"slime-ci-durations-cpu_unit-{i}-" for i in (1, 2, 3, 4)]
+    for i, r in enumerate(restores, 1):  # each shard's files in a folder of its own
+        assert r["with"]["path"] == (f".ci-cache/shards/{i}/durations.json\n"
+                                     f".ci-cache/shards/{i}/history.sqlite\n")
+    merge = next(s for s in steps if s.get("run", "").startswith("nox -s history -- merge"))
+    assert steps.index(restores[-1]) < steps.index(merge) < steps.index(_nox_step(job))
+    record = _record_step(job)
+    assert record["run"].endswith('--keep-in ".ci-cache/shards/$SHARD"')
+    (save,) = [s for s in steps if s.get("uses", "").startswith("actions/cache/save@")]
     assert save["with"]["key"] == ("slime-ci-durations-cpu_unit-${{ matrix.shard }}-"
                                    "${{ github.run_id }}-${{ github.run_attempt }}")
-    assert save["with"]["key"].startswith(restore["with"]["restore-keys"])
+    assert save["with"]["path"] == (".ci-cache/shards/${{ matrix.shard }}/durations.json\n"
+                                    ".ci-cache/shards/${{ matrix.shard }}/history.sqlite\n")
+    assert "hashFiles('.ci-cache/shards/${{ matrix.shard }}/durations.json')" in save["if"]
 
 
 # --- security properties -----------------------------------------------------------------------
@@ -187,7 +231,13 @@ def test_least_privilege_and_no_credentials_left_on_disk() -> None:
     assert wf["permissions"] == {}
     text = _files()[WORKFLOW_PATH]
     assert "pull_request_target" not in text
-    assert "secrets." not in text
+    # One secret, the history store's URL, only in the env of the steps that open the store.
+    assert set(re.findall(r"secrets\.\w+", text)) == {"secrets.SLIME_CI_HISTORY_URL"}
+    for job in wf["jobs"].values():
+        for step in job["steps"]:
+            if "secrets." in json.dumps(step):
+                assert "secrets." not in json.dumps({k: v for k, v in step.items() if k != "env"})
+                assert step["run"].startswith("nox -s ") or "nox -s " in step["run"]
     for job in wf["jobs"].values():
         assert job["permissions"] == {"contents": "read"}
         checkout = job["steps"][0]
@@ -199,8 +249,9 @@ def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> No
     text = _files()[WORKFLOW_PATH]
     uses = re.findall(r"uses: (\S+)(.*)", text)
     # checkout and setup-python everywhere; cache restore and save in every job but lint.
-    # The weekly stability job keeps no durations (its runs repeat until a bound).
-    assert len(uses) == 4 * len(table()) - 2 - 2
+    # The weekly stability job keeps no durations (its runs repeat until a bound); the plan
+    # job checks out and sets up Python.
+    assert len(uses) == sum(2 if j.kind == "check" or j.infinite else 4 for j in table()) + 2
     for ref, rest in uses:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40}", ref), ref
         assert re.fullmatch(r"  # v\d+\.\d+\.\d+", rest), rest
@@ -331,7 +382,9 @@ def test_zizmor_finds_nothing_even_as_auditor_and_the_only_silenced_finding_is_s
                            folder], env=env, capture_output=True, text=True, timeout=60,
                           check=False)
     idents = [f["ident"] for f in yaml.safe_load(bare.stdout)]
-    assert idents == ["self-hosted-runner"] * sum(j.self_hosted for j in table())
+    hosted = sum(j.self_hosted for j in table())
+    # ...and the history secret outside an environment: two steps (the session, the record) a job.
+    assert sorted(idents) == sorted(["self-hosted-runner"] * hosted + ["secrets-outside-env"] * 2 * hosted)
 
 
 @pytest.mark.skipif(_tool("check-jsonschema") is None,

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from _ci import REPO as ROOT
 
+from ci.event_plan import GPU_RUNNER, table
 from ci.gpu_lock import DEFAULT_PATTERN
-from ci.triggers import GPU_RUNNER, table
 
 NUM_GPUS = 0
 
