@@ -20,11 +20,12 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from slime import invariants as inv
 from slime import resume as ckpt
 from slime.backends.engine.wire import SamplingParams, parse_outputs
+from slime.loop_parts import Engines, FaultTolerantEngines, Tokenizer, Trainer
 from slime.rollout.batch import TrainBatch, batch_from_groups, load_batch, save_batch
 from slime.rollout.filter import dynamic_filter, trim_to_multiple
 from slime.rollout.generate import RolloutSpec, generate_groups
@@ -36,13 +37,17 @@ KEEP_VERSIONS = 2
 
 @dataclass
 class Run:
-    """Everything one run holds: arguments, actors, data, the metrics file."""
+    """Everything one run holds: arguments, actors, data, the metrics file.
+
+    No trainer when only rolling out (`--debug-rollout-only`), no engines (and no tokenizer)
+    when training on saved rollouts (`--load-debug-rollout-data`).
+    """
 
     args: argparse.Namespace
     out: Path
-    trainer: Any = None
-    engines: Any = None
-    tokenizer: Any = None
+    trainer: Trainer | None = None
+    engines: Engines | None = None
+    tokenizer: Tokenizer | None = None
     source: PromptSource | None = None
     eval_prompts: list[Any] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -94,8 +99,9 @@ def setup(args: argparse.Namespace, env: Mapping[str, str]) -> Run:
     if not replay:
         from transformers import AutoTokenizer
 
-        run.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
-        args.eos_token_id = run.tokenizer.eos_token_id
+        tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+        args.eos_token_id = tokenizer.eos_token_id
+        run.tokenizer = tokenizer
         run.source = PromptSource(read_prompts(args.prompt_data, prompt_key=args.input_key,
                                                label_key=args.label_key),
                                   shuffle=args.rollout_shuffle, seed=args.seed)
@@ -143,9 +149,9 @@ def make_batch(run: Run, rollout_id: int) -> TrainBatch:
     start = time.monotonic()
     prompts = run.source.next_batch(args.rollout_batch_size)
     recover = None
-    if args.use_fault_tolerance:
-        run.engines.ensure_healthy()
-        recover = run.engines.recover
+    if args.use_fault_tolerance:  # setup made an EngineGroup that restarts and retries
+        cast(FaultTolerantEngines, run.engines).ensure_healthy()
+        recover = cast(FaultTolerantEngines, run.engines).recover
     groups, version = generate_groups(run.engines.clients, run.tokenizer, prompts,
                                       _spec(args, n=args.n_samples_per_prompt), rollout_id=rollout_id,
                                       recover=recover)
@@ -165,7 +171,7 @@ def make_batch(run: Run, rollout_id: int) -> TrainBatch:
                            f"({len(all_rewards)} samples); raise --rollout-batch-size")
     if args.use_fault_tolerance:
         stats["ft/restarts"] = float(run.engines.restarts)
-        stats["ft/retried_requests"] = float(run.engines.retried_requests)
+        stats["ft/retried_requests"] = float(cast(FaultTolerantEngines, run.engines).retried_requests)
     batch = batch_from_groups(kept, rollout_id=rollout_id, advantage_estimator=args.advantage_estimator,
                               weight_version=int(version), stats=stats)
     if args.save_debug_rollout_data:
@@ -177,6 +183,8 @@ def make_batch(run: Run, rollout_id: int) -> TrainBatch:
 def refit(run: Run, step: int) -> dict[str, Any]:
     """Push the trainer's weights to every engine as the trainer's version; check it landed."""
     args = run.args
+    assert run.trainer is not None, "refit needs a trainer"
+    assert run.engines is not None, "refit needs engines"
     version = run.trainer.version()
     start = time.monotonic()
     if args.refit_from == "disk":
@@ -200,6 +208,7 @@ def refit(run: Run, step: int) -> dict[str, Any]:
 def _engine_states(run: Run) -> list[dict[str, Any]]:
     keep = ("name", "model", "update_weights", "offload", "weight_version", "weights_digest",
             "model_bytes", "pid", "restarts", "requests_served")
+    assert run.engines is not None
     return [{k: info.get(k) for k in keep} for info in run.engines.info()]
 
 
@@ -210,6 +219,7 @@ def evaluate(run: Run, rollout_id: int) -> dict[str, float]:
     temperature = 1.0 if args.n_samples_per_eval_prompt > 1 else 0.0
     spec = _spec(args, n=args.n_samples_per_eval_prompt, temperature=temperature)
     out = {}
+    assert run.engines is not None, "evaluation needs engines"
     frozen = dict.fromkeys(s.spec.model for s in run.engines.frozen)
     for key, clients in [("eval/reward", run.engines.clients),
                          *((f"eval/reward@{m}", run.engines.clients_of(m)) for m in frozen)]:
@@ -222,6 +232,8 @@ def evaluate(run: Run, rollout_id: int) -> dict[str, float]:
 
 def _probe(run: Run) -> list[list[int]]:
     assert run.source is not None
+    assert run.tokenizer is not None
+    assert run.engines is not None
     prompts = run.source.prompts[:4]
     ids = [list(run.tokenizer(p.text)["input_ids"]) for p in prompts]
     params = [SamplingParams(max_new_tokens=run.args.rollout_max_response_len, temperature=1.0,
@@ -231,28 +243,30 @@ def _probe(run: Run) -> list[list[int]]:
 
 
 def _engine_bytes(run: Run) -> list[int]:
+    assert run.engines is not None
     return [int(info.get("model_bytes", -1)) for info in run.engines.info()]
 
 
 def train_step(run: Run, batch: TrainBatch, step: int) -> dict[str, Any]:
     """Train on `batch`; colocated engines sleep meanwhile. Returns the step's metrics."""
     args = run.args
+    assert run.trainer is not None
     row: dict[str, Any] = {}
-    sleeping = run.engines is not None and args.colocate
-    if sleeping:
+    sleeping = run.engines if args.colocate else None  # colocated engines give up their memory
+    if sleeping is not None:
         if args.ci_sleep_check:
             row["sleep/probe_before"] = _probe(run)
             row["sleep/bytes_awake"] = _engine_bytes(run)
-        run.engines.release()
+        sleeping.release()
         if args.ci_sleep_check:
             row["sleep/bytes_released"] = _engine_bytes(run)
     train_start = time.time()
     metrics = run.trainer.train(batch)
     row["train/start"], row["train/end"] = train_start, time.time()
-    if sleeping:
+    if sleeping is not None:
         if args.ci_sleep_check:
             row["sleep/bytes_during_train"] = _engine_bytes(run)
-        run.engines.resume()
+        sleeping.resume()
         if args.ci_sleep_check:
             row["sleep/bytes_resumed"] = _engine_bytes(run)
             row["sleep/probe_after"] = _probe(run)
@@ -305,6 +319,7 @@ def run_sync(run: Run) -> None:
             print(f"step {step} | rollout {rollout_id} | reward {batch.mean_reward():.3f} | rollout only",
                   flush=True)
             continue
+        assert run.trainer is not None
         version_before = run.trainer.version()
         lag = version_before - batch.weight_version if run.engines is not None else 0
         row = train_step(run, batch, step)
@@ -321,6 +336,7 @@ def run_async(run: Run) -> None:
     if args.colocate or run.engines is None:
         raise ValueError("train_async.py needs separate rollout GPUs: "
                          "drop --colocate, set --rollout-num-gpus")
+    assert run.trainer is not None
     ids = list(range(args.start_rollout_id, args.start_rollout_id + args.num_rollout))
     # When each rollout's generation really ended (the worker thread stamps it), not when the
     # loop next looked: a rollout finished before training began must show no overlap.

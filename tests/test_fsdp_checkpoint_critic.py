@@ -2,8 +2,11 @@
 
 Two gloo ranks, both models FSDP2-sharded (a second tiny Qwen2 stands in for the value
 model: the checkpoint path does not care what the module computes). Saved at step K with
-both optimizers, loaded by a fresh group that trains on to N: the critic's parameters and
-Adam state are bitwise those of the run that never stopped. A checkpoint and a run that
+both optimizers, loaded by a fresh group that trains on to N: straight after the load the
+critic's parameters and Adam state are bitwise those saved at K, and at N those of the run
+that never stopped. (DCP reads FSDP2-sharded weights into the module's own shards, so a load
+that skipped only `set_model_state_dict` would still restore the critic; the planted break
+`tests/e2e/plants/test_fsdp_checkpoint_critic/` reads it into a copy that never reaches it.) A checkpoint and a run that
 disagree about having a critic are refused in one line.
 """
 
@@ -51,6 +54,7 @@ def run(rank, world, root, resume, with_critic):
     from slime.backends.fsdp import checkpoint as ck
 
     policy, p_opt, critic, c_opt = _models()
+    at_k = None
     if not resume:
         seed_all(100 + rank)
         state = ck.TrainState(step=0)
@@ -62,6 +66,7 @@ def run(rank, world, root, resume, with_critic):
         except ck.CheckpointError as exc:
             return {"error": str(exc)}
         saver = None
+        at_k = {"policy": _local(policy, p_opt), "critic": _local(critic, c_opt)}
     for step in range(state.step, N_STEPS):
         ids, mask = random_batch(4)
         for model, opt in ((policy, p_opt), (critic, c_opt)):
@@ -72,9 +77,10 @@ def run(rank, world, root, resume, with_critic):
         state = ck.TrainState(step=step + 1, rollout_id=step + 1, data_cursor=(step + 1) * 4, weight_version=step + 1)
         if saver is not None and step + 1 == K:
             saver.save(state, policy, p_opt, critic=critic, critic_optimizer=c_opt)
+            at_k = {"policy": _local(policy, p_opt), "critic": _local(critic, c_opt)}
     if saver is not None:
         saver.close()
-    return {"policy": _local(policy, p_opt), "critic": _local(critic, c_opt)}
+    return {"policy": _local(policy, p_opt), "critic": _local(critic, c_opt), "at_k": at_k}
 
 
 def _same(a, b, what):
@@ -104,6 +110,16 @@ def test_policy_and_critic_resume_bitwise(runs):
     for rank in range(WORLD):
         _same(resumed[rank]["policy"], full[rank]["policy"], f"rank {rank} policy")
         _same(resumed[rank]["critic"], full[rank]["critic"], f"rank {rank} critic")
+
+
+def test_load_restores_the_critic_as_saved(runs):
+    """Straight after `load`, before any step: the critic's shards and Adam state are those the
+    saving run held at step K (a critic left at its initial weights, or only its optimizer
+    restored, fails here and names what differs)."""
+    full, resumed, _ = runs
+    for rank in range(WORLD):
+        _same(resumed[rank]["at_k"]["critic"], full[rank]["at_k"]["critic"], f"rank {rank} critic at load")
+        _same(resumed[rank]["at_k"]["policy"], full[rank]["at_k"]["policy"], f"rank {rank} policy at load")
 
 
 def test_a_run_without_critic_refuses_a_ppo_checkpoint(runs):

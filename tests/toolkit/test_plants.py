@@ -16,7 +16,7 @@ REGISTRY = """
     from ci.suites import Suite
 
     SUITES = (Suite(name="unit", tier="cpu", purpose="p", profile="cpu", include=("tests",),
-                    exclude=("tests/e2e",), timeout=60),)
+                    exclude=("tests/e2e",), timeout=600),)
 """
 
 TOY = """
@@ -26,7 +26,7 @@ TOY = """
 
     def add(a, b):
         if os.environ.get("TOY_SLOW"):
-            time.sleep(120)
+            time.sleep(900)
         return a + b
 """
 
@@ -81,7 +81,9 @@ def _plants(toy, *args, timeout=300):
 
 
 def test_each_verdict_for_its_reason(toy):
-    proc = _plants(toy, "--timeout", "20")
+    # 45 s per plant: a toy run takes ~5 s on a quiet box, over 20 s at load 40; the slow
+    # plant sleeps far past it (and past the suite's own timeout) so only the plant's limit ends it.
+    proc = _plants(toy, "--timeout", "45", timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = {line.split()[1]: line for line in proc.stdout.splitlines() if line.startswith("test_add ")}
     assert set(rows) == {"sign", "harmless", "other-reason", "slow", "stale"}

@@ -143,6 +143,47 @@ def _optimizer_options(location: OptimizerLocation) -> StateDictOptions:
     return StateDictOptions(cpu_offload=location == "cpu")
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Part:
+    """One kind of state a step holds under its own key: a module's weights (no optimizer) or
+    its optimizer's state, staged at `location`."""
+
+    key: str
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None = None
+    location: OptimizerLocation = "gpu"
+
+    def state_dict(self) -> dict[str, Any]:
+        """What DCP writes from, or reads into (its tensors decide where the read lands)."""
+        if self.optimizer is None:
+            return dict(get_model_state_dict(self.module))
+        return dict(get_optimizer_state_dict(self.module, self.optimizer,
+                                             options=_optimizer_options(self.location)))
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Copy what DCP read into the module's (or the optimizer's) own state."""
+        if self.optimizer is None:
+            set_model_state_dict(self.module, state)
+        else:
+            set_optimizer_state_dict(self.module, self.optimizer, state)
+
+
+def _parts(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+           critic: torch.nn.Module | None, critic_optimizer: torch.optim.Optimizer | None,
+           location: OptimizerLocation | None) -> list[_Part]:
+    """The state kinds to save or load, in the order they are read and restored; optimizer
+    state only with a location (None: weights only)."""
+    parts = [_Part(key="model", module=model)]
+    if optimizer is not None and location is not None:
+        parts.append(_Part(key="optimizer", module=model, optimizer=optimizer, location=location))
+    if critic is not None:
+        parts.append(_Part(key="critic", module=critic))
+        if critic_optimizer is not None and location is not None:
+            parts.append(_Part(key="critic_optimizer", module=critic, optimizer=critic_optimizer,
+                               location=location))
+    return parts
+
+
 class Checkpointer:
     """Saves steps under `root`; with `async_save`, one save may run behind training.
 
@@ -197,15 +238,8 @@ class Checkpointer:
         if _rank() == 0:
             directory.mkdir(parents=True, exist_ok=True)
         _barrier()
-        content: dict[str, Any] = {"model": get_model_state_dict(model)}
-        if optimizer is not None and self.save_optimizer is not None:
-            content["optimizer"] = get_optimizer_state_dict(
-                model, optimizer, options=_optimizer_options(self.save_optimizer))
-        if critic is not None:
-            content["critic"] = get_model_state_dict(critic)
-            if critic_optimizer is not None and self.save_optimizer is not None:
-                content["critic_optimizer"] = get_optimizer_state_dict(
-                    critic, critic_optimizer, options=_optimizer_options(self.save_optimizer))
+        content = {part.key: part.state_dict()
+                   for part in _parts(model, optimizer, critic, critic_optimizer, self.save_optimizer)}
         extra = {
             "train_state": state,
             "rng": _rng_states(),
@@ -285,6 +319,27 @@ def load(
     if found is None:
         return None
     directory = step_dir(root, found)
+    extra = _read_extra(directory, load_rng)
+    parts = _parts(model, optimizer, critic, critic_optimizer, load_optimizer)
+    _check_holds(directory, extra, {part.key for part in parts}, run_has_critic=critic is not None)
+    # The templates decide where DCP reads into: device buffers ("gpu") or CPU memory ("cpu");
+    # each part's restore then copies into its own state on the parameters' device.
+    content = {part.key: part.state_dict() for part in parts}
+    with _single_process_ok():
+        dcp.load(content, checkpoint_id=str(directory), process_group=process_group,
+                 no_dist=not dist.is_initialized())
+    for part in parts:
+        part.restore(content[part.key])
+    if scheduler is not None and extra["scheduler"] is not None:
+        scheduler.load_state_dict(extra["scheduler"])
+    if load_rng:
+        _set_rng_states(extra["rng"])
+    state: TrainState = extra["train_state"]
+    return state
+
+
+def _read_extra(directory: Path, load_rng: bool) -> dict[str, Any]:
+    """This rank's small state of the step (RNG, schedule, train state, what the step holds)."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     # RNG streams are per rank: restoring them needs this rank's own file and the
     # saved world size. Weights alone (a converted model, a reference) reshard freely.
@@ -292,50 +347,23 @@ def load(
     if not extra_path.exists():
         raise CheckpointError(f"{extra_path} is missing: the checkpoint was saved by fewer ranks; resume "
                               "with the world size it was saved with, or load weights only")
-    extra = torch.load(extra_path, weights_only=False)
+    extra: dict[str, Any] = torch.load(extra_path, weights_only=False)
     if load_rng and extra["world_size"] != world:
         raise CheckpointError(f"{directory} was saved by {extra['world_size']} ranks, this run has {world}; "
                               "RNG and data positions are per rank, so resume with the same world size")
-    content: dict[str, Any] = {"model": get_model_state_dict(model)}
-    want_optimizer = optimizer is not None and load_optimizer is not None
-    if optimizer is not None and load_optimizer is not None:
-        if not extra["has_optimizer"]:
-            raise CheckpointError(f"{directory} holds no optimizer state; load without the optimizer "
-                                  "or pick a step saved with --save-optimizer")
-        # The template decides where DCP reads into: device buffers ("gpu") or CPU
-        # memory ("cpu"); set_optimizer_state_dict then copies into the optimizer's
-        # own state on the parameters' device.
-        content["optimizer"] = get_optimizer_state_dict(
-            model, optimizer, options=_optimizer_options(load_optimizer))
-    has_critic = bool(extra.get("has_critic"))
-    if (critic is not None) != has_critic:
+    return extra
+
+
+def _check_holds(directory: Path, extra: dict[str, Any], keys: set[str], *, run_has_critic: bool) -> None:
+    """Refuse, in one line, a load that asks for state the step does not hold (or the reverse)."""
+    if "optimizer" in keys and not extra["has_optimizer"]:
+        raise CheckpointError(f"{directory} holds no optimizer state; load without the optimizer "
+                              "or pick a step saved with --save-optimizer")
+    if run_has_critic != bool(extra.get("has_critic")):
         raise CheckpointError(
-            f"{directory} {'holds no' if critic is not None else 'holds a'} critic and this run "
-            f"{'has one' if critic is not None else 'has none'}; resume a PPO run from a PPO checkpoint "
+            f"{directory} {'holds no' if run_has_critic else 'holds a'} critic and this run "
+            f"{'has one' if run_has_critic else 'has none'}; resume a PPO run from a PPO checkpoint "
             "(--use-critic on both), or the other way round")
-    want_critic_optimizer = critic_optimizer is not None and load_optimizer is not None
-    if critic is not None:
-        content["critic"] = get_model_state_dict(critic)
-        if want_critic_optimizer:
-            if not extra.get("has_critic_optimizer"):
-                raise CheckpointError(f"{directory} holds no critic optimizer state; pick a step saved "
-                                      "with --save-optimizer")
-            assert critic_optimizer is not None
-            content["critic_optimizer"] = get_optimizer_state_dict(
-                critic, critic_optimizer, options=_optimizer_options(load_optimizer))
-    with _single_process_ok():
-        dcp.load(content, checkpoint_id=str(directory), process_group=process_group,
-                 no_dist=not dist.is_initialized())
-    set_model_state_dict(model, content["model"])
-    if optimizer is not None and want_optimizer:
-        set_optimizer_state_dict(model, optimizer, content["optimizer"])
-    if critic is not None:
-        set_model_state_dict(critic, content["critic"])
-        if critic_optimizer is not None and want_critic_optimizer:
-            set_optimizer_state_dict(critic, critic_optimizer, content["critic_optimizer"])
-    if scheduler is not None and extra["scheduler"] is not None:
-        scheduler.load_state_dict(extra["scheduler"])
-    if load_rng:
-        _set_rng_states(extra["rng"])
-    state: TrainState = extra["train_state"]
-    return state
+    if "critic_optimizer" in keys and not extra.get("has_critic_optimizer"):
+        raise CheckpointError(f"{directory} holds no critic optimizer state; pick a step saved "
+                              "with --save-optimizer")

@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,17 @@ from slime.utils.metrics import MetricReport, all_reduce_report
 from slime.utils.ppo_utils import compute_approx_kl, compute_policy_loss, masked_whiten
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".index.json")
+
+
+@dataclass(frozen=True)
+class _Scores:
+    """Phase 1 of a step, per sample index of this rank: the pre-step policy's log-probs of the
+    response (`old`), the reference's (`ref`), the critic's values, and the loss mask."""
+
+    old: dict[int, torch.Tensor] = field(default_factory=dict)
+    ref: dict[int, torch.Tensor] = field(default_factory=dict)
+    values: dict[int, torch.Tensor] = field(default_factory=dict)
+    masks: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class TrainRank:
@@ -98,15 +110,29 @@ class TrainRank:
 
     def train(self, batch: TrainBatch) -> dict[str, float]:
         """One optimiser step on this rollout; returns the metrics merged over all ranks."""
-        cfg = self.config
         start = time.monotonic()
         mbs = self._my_micro_batches(batch)
         n_local = sum(len(mb.indices) for mb in mbs)
         report = MetricReport()
+        scores = self._score(batch, mbs)
+        self._record_rollout_agreement(report, batch, scores.old, scores.masks)
+        advantages, returns = self._advantages(batch, scores)
+        objective_sum = self._backward(batch, mbs, scores, advantages, returns, n_local, report)
+        grad_norm, mismatch = self._optimizer_step(objective_sum)
+        report.add("train/grad_norm", grad_norm, reduce="max")
+        report.add("train/samples", float(n_local), reduce="sum")
+        report.add("train/seconds", time.monotonic() - start, reduce="max")
+        merged = all_reduce_report(report) if self.world_size > 1 else report
+        results: dict[str, Any] = merged.results()
+        if mismatch is not None:
+            results["ci/grad_norm_mismatch"] = mismatch
+        return results
 
-        # Phase 1 (no gradient): log-probs of the policy before the step, of the reference,
-        # and the critic's values; they fix the advantages of the whole step.
-        old, ref, values, masks = {}, {}, {}, {}
+    def _score(self, batch: TrainBatch, mbs: list[M.MicroBatch]) -> _Scores:
+        """Phase 1, no gradient: the pre-step policy's, the reference's and the critic's view of
+        every sample of this rank; they fix the advantages of the whole step."""
+        cfg = self.config
+        scores = _Scores()
         with torch.no_grad():
             for mb in mbs:
                 lengths = [batch.response_lengths[i] for i in mb.indices]
@@ -119,14 +145,20 @@ class TrainRank:
                     value = M.gather_response(self.critic(mb.input_ids, mb.attention_mask), mb)
                 for row, i in enumerate(mb.indices):
                     n = lengths[row]
-                    old[i] = logp[row, :n].float()
-                    masks[i] = mb.mask[row, :n]
+                    scores.old[i] = logp[row, :n].float()
+                    scores.masks[i] = mb.mask[row, :n]
                     if ref_logp is not None:
-                        ref[i] = ref_logp[row, :n].float()
+                        scores.ref[i] = ref_logp[row, :n].float()
                     if value is not None:
-                        values[i] = value[row, :n].float()
-        self._record_rollout_agreement(report, batch, old, masks)
+                        scores.values[i] = value[row, :n].float()
+        return scores
 
+    def _advantages(self, batch: TrainBatch,
+                    scores: _Scores) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """The estimator's per-token advantages of this rank's samples, and the critic's
+        returns (PPO only; empty otherwise)."""
+        cfg = self.config
+        old, ref, values, masks = scores.old, scores.ref, scores.values, scores.masks
         mine = sorted(old)
         rewards = [batch.rewards[i] for i in mine]
         returns: dict[int, torch.Tensor] = {}
@@ -148,58 +180,83 @@ class TrainRank:
         else:
             raise ValueError(f"--advantage-estimator {cfg.advantage_estimator} is not trained here; "
                              "use grpo, ppo or reinforce_plus_plus")
-        advantages = dict(zip(mine, adv_list, strict=True))
+        return dict(zip(mine, adv_list, strict=True)), returns
 
-        # Phase 2: forward with gradient, loss, backward per micro-batch; one optimiser step.
-        from slime.backends.fsdp.parallel import clip_grads, normalise_loss
-        from slime.backends.fsdp.parallel import grad_norm as global_grad_norm
-
+    def _backward(self, batch: TrainBatch, mbs: list[M.MicroBatch], scores: _Scores,
+                  advantages: dict[int, torch.Tensor], returns: dict[int, torch.Tensor],
+                  n_local: int, report: MetricReport) -> float:
+        """Phase 2: per micro-batch, forward with gradient, the policy's loss (and the critic's)
+        backward and its metrics; gradients accumulate for one step. Returns the summed
+        objective (what a grad-norm replay compares)."""
         global_tokens = int(sum(sum(m) for m in batch.loss_masks))
         objective_sum = 0.0
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic_optimizer is not None:
             self.critic_optimizer.zero_grad(set_to_none=True)
         for mb in mbs:
-            width = mb.mask.shape[1]
-            logp, entropy = M.response_log_probs(self._logits(self.policy, mb), mb, cfg.temperature)
-            old_t = M.pad_rows([old[i] for i in mb.indices], width)
-            adv_t = M.pad_rows([advantages[i] for i in mb.indices], width)
-            rollout_t = M.pad_rows([torch.tensor(batch.rollout_log_probs[i], device=self.device)
-                                    for i in mb.indices], width)
-            ppo_kl = old_t - logp
-            pg, clipfrac = compute_policy_loss(ppo_kl, adv_t, cfg.eps_clip, cfg.eps_clip_high, cfg.eps_clip_c)
-            if cfg.use_tis:
-                # Tokens sampled by an older policy: weight by how much likelier the trainer's
-                # pre-step policy finds them, clipped so one token cannot dominate.
-                pg = pg * torch.exp(old_t - rollout_t).clamp(max=cfg.tis_clip).detach()
-            loss_tok = pg - cfg.entropy_coef * entropy
-            kl_loss = torch.zeros_like(pg)
-            if cfg.use_kl_loss and self.ref is not None:
-                ref_t = M.pad_rows([ref[i] for i in mb.indices], width)
-                kl_loss = compute_approx_kl(logp, ref_t, cfg.kl_loss_type)  # type: ignore[arg-type]
-                loss_tok = loss_tok + cfg.kl_loss_coef * kl_loss
-            per_sample = M.per_sample_mean(loss_tok, mb.mask)
-            objective = normalise_loss(loss_tok, mb.mask, per_token=cfg.calculate_per_token_loss,
-                                       global_tokens=global_tokens, global_samples=batch.size,
-                                       dp_size=self.layout.dp, wrong_normalisation=cfg.ci_wrong_normalisation)
-            # With --ci-wrong-normalisation each micro-batch is its own token mean and the
-            # means are summed: gradient accumulation that forgets the global count.
-            objective.backward()
-            objective_sum += float(objective.detach())
-            b = len(mb.indices)
-            for name, tok in (("pg_loss", pg), ("ppo_kl", ppo_kl), ("kl_loss", kl_loss),
-                              ("entropy", entropy), ("clipfrac", clipfrac)):
-                report.add(f"train/{name}", float(M.per_sample_mean(tok.detach(), mb.mask).mean()), count=b)
-            report.add("train/loss", float(per_sample.detach().mean()), count=b)
-            report.add("train/ppo_kl_abs_max", float((ppo_kl.detach().abs() * mb.mask).max()), reduce="max")
-            report.add("train/kl_loss_abs_max", float((kl_loss.detach().abs() * mb.mask).max()), reduce="max")
-            report.add("train/entropy_min", float(entropy.detach()[mb.mask > 0].min()), reduce="min")
+            objective_sum += self._policy_backward(batch, mb, scores, advantages, global_tokens, report)
             if self.critic is not None:
-                value = M.gather_response(self.critic(mb.input_ids, mb.attention_mask), mb)
-                ret_t = M.pad_rows([returns[i] for i in mb.indices], width)
-                v_loss = M.per_sample_mean(0.5 * (value - ret_t) ** 2, mb.mask)
-                (v_loss.sum() / n_local).backward()
-                report.add("train/value_loss", float(v_loss.detach().mean()), count=b)
+                self._critic_backward(mb, returns, n_local, report)
+        return objective_sum
+
+    def _policy_backward(self, batch: TrainBatch, mb: M.MicroBatch, scores: _Scores,
+                         advantages: dict[int, torch.Tensor], global_tokens: int,
+                         report: MetricReport) -> float:
+        from slime.backends.fsdp.parallel import normalise_loss
+
+        cfg = self.config
+        width = mb.mask.shape[1]
+        logp, entropy = M.response_log_probs(self._logits(self.policy, mb), mb, cfg.temperature)
+        old_t = M.pad_rows([scores.old[i] for i in mb.indices], width)
+        adv_t = M.pad_rows([advantages[i] for i in mb.indices], width)
+        rollout_t = M.pad_rows([torch.tensor(batch.rollout_log_probs[i], device=self.device)
+                                for i in mb.indices], width)
+        ppo_kl = old_t - logp
+        pg, clipfrac = compute_policy_loss(ppo_kl, adv_t, cfg.eps_clip, cfg.eps_clip_high, cfg.eps_clip_c)
+        if cfg.use_tis:
+            # Tokens sampled by an older policy: weight by how much likelier the trainer's
+            # pre-step policy finds them, clipped so one token cannot dominate.
+            pg = pg * torch.exp(old_t - rollout_t).clamp(max=cfg.tis_clip).detach()
+        loss_tok = pg - cfg.entropy_coef * entropy
+        kl_loss = torch.zeros_like(pg)
+        if cfg.use_kl_loss and self.ref is not None:
+            ref_t = M.pad_rows([scores.ref[i] for i in mb.indices], width)
+            kl_loss = compute_approx_kl(logp, ref_t, cfg.kl_loss_type)  # type: ignore[arg-type]
+            loss_tok = loss_tok + cfg.kl_loss_coef * kl_loss
+        per_sample = M.per_sample_mean(loss_tok, mb.mask)
+        objective = normalise_loss(loss_tok, mb.mask, per_token=cfg.calculate_per_token_loss,
+                                   global_tokens=global_tokens, global_samples=batch.size,
+                                   dp_size=self.layout.dp, wrong_normalisation=cfg.ci_wrong_normalisation)
+        # With --ci-wrong-normalisation each micro-batch is its own token mean and the
+        # means are summed: gradient accumulation that forgets the global count.
+        objective.backward()
+        b = len(mb.indices)
+        for name, tok in (("pg_loss", pg), ("ppo_kl", ppo_kl), ("kl_loss", kl_loss),
+                          ("entropy", entropy), ("clipfrac", clipfrac)):
+            report.add(f"train/{name}", float(M.per_sample_mean(tok.detach(), mb.mask).mean()), count=b)
+        report.add("train/loss", float(per_sample.detach().mean()), count=b)
+        report.add("train/ppo_kl_abs_max", float((ppo_kl.detach().abs() * mb.mask).max()), reduce="max")
+        report.add("train/kl_loss_abs_max", float((kl_loss.detach().abs() * mb.mask).max()), reduce="max")
+        report.add("train/entropy_min", float(entropy.detach()[mb.mask > 0].min()), reduce="min")
+        return float(objective.detach())
+
+    def _critic_backward(self, mb: M.MicroBatch, returns: dict[int, torch.Tensor], n_local: int,
+                         report: MetricReport) -> None:
+        assert self.critic is not None
+        width = mb.mask.shape[1]
+        value = M.gather_response(self.critic(mb.input_ids, mb.attention_mask), mb)
+        ret_t = M.pad_rows([returns[i] for i in mb.indices], width)
+        v_loss = M.per_sample_mean(0.5 * (value - ret_t) ** 2, mb.mask)
+        (v_loss.sum() / n_local).backward()
+        report.add("train/value_loss", float(v_loss.detach().mean()), count=len(mb.indices))
+
+    def _optimizer_step(self, objective_sum: float) -> tuple[float, str | None]:
+        """Clip and step the policy (and the critic); the policy's grad norm before clipping and
+        a grad-norm replay's mismatch line, if any."""
+        from slime.backends.fsdp.parallel import clip_grads
+        from slime.backends.fsdp.parallel import grad_norm as global_grad_norm
+
+        cfg = self.config
         policy_params = list(self.policy.parameters())
         # Exact for FSDP2 and 2-D (dp × tp) DTensors alike; one all-reduce.
         grad_norm = global_grad_norm(policy_params)
@@ -210,14 +267,7 @@ class TrainRank:
             torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.clip_grad)
             self.critic_optimizer.step()
         self.version += 1
-        report.add("train/grad_norm", grad_norm, reduce="max")
-        report.add("train/samples", float(n_local), reduce="sum")
-        report.add("train/seconds", time.monotonic() - start, reduce="max")
-        merged = all_reduce_report(report) if self.world_size > 1 else report
-        results: dict[str, Any] = merged.results()
-        if mismatch is not None:
-            results["ci/grad_norm_mismatch"] = mismatch
-        return results
+        return grad_norm, mismatch
 
     def _record_grad_norm(self, norm: float, objective: float) -> str | None:
         """Record or compare this step's grad norm and loss; the mismatch line, if any (same on all ranks)."""
