@@ -10,8 +10,7 @@ import pytest
 from _ci import REPO as ROOT
 
 from ci.errors import UsageError
-from ci.suites import SUITES, Suite
-from ci.triggers import (
+from ci.event_plan import (
     GPU_RUNNER,
     HOSTED_RUNNER,
     Event,
@@ -22,6 +21,7 @@ from ci.triggers import (
     plan,
     table,
 )
+from ci.suites import SUITES, Suite
 
 NUM_GPUS = 0
 

@@ -14,9 +14,7 @@ import pytest
 from _ci import REPO
 
 from ci.errors import UsageError
-from ci.style import Style
-from ci.suites import SUITES, Suite
-from ci.triggers import (
+from ci.event_plan import (
     Event,
     Job,
     check_job,
@@ -30,6 +28,8 @@ from ci.triggers import (
     stability_job,
     table,
 )
+from ci.style import Style
+from ci.suites import SUITES, Check, Smoke, SmokeRun, Suite
 
 NUM_GPUS = 0
 
@@ -42,8 +42,13 @@ STYLE = Style(schedules=SCHEDULES, stability_suite="gpu_a", stability_minutes=30
               job_ids={"cpu_a": "unit"})
 
 
+# This table's own sessions (the registry's SESSIONS run this repository's suites).
+SESSIONS = (Check(name="lint", every_event=True, purpose="p", profiles=("lint",), commands=(("ruff",),)),
+            Smoke(name="gpu_smoke", purpose="p", profiles=("e2e",), runs=(SmokeRun(suite="gpu_a"),)))
+
+
 def _jobs() -> tuple[Job, ...]:
-    return table((CPU, GPU, GPU_B), STYLE)
+    return table((CPU, GPU, GPU_B), STYLE, SESSIONS)
 
 
 def _job(job_id: str) -> Job:
@@ -312,7 +317,7 @@ def test_plan_reads_the_diff_with_renames_from_both_sides(tmp_path: Path,
     rows = {r["job"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["megatron"]["runs"] is False
     assert rows["megatron"]["why"].startswith("the diff touches only GPU-irrelevant paths (2 file(s)")
-    with pytest.raises(UsageError, match="pass --paths or --diff, not both"):
+    with pytest.raises(UsageError, match="not --paths and --diff"):
         main(["--root", str(root), "--paths", "a", "--diff", "main"])
 
 
@@ -328,10 +333,13 @@ def test_plan_json_lists_each_job_with_its_commands(capsys: pytest.CaptureFixtur
 
 def test_condition_lines_join_into_one_operator_per_line() -> None:
     lines = condition_lines(_job("gpu_b"))
-    assert lines[0] == "github.event_name == 'workflow_dispatch'"
-    assert lines[1] == "|| (github.event_name == 'pull_request'"
-    assert all(line.startswith("&& ") for line in lines[2:-1])
+    # A GPU job needs the plan job, so its `if:` opens with a status function (ci.event_plan).
+    assert lines[0] == "!cancelled()"
+    assert lines[1] == "&& (github.event_name == 'workflow_dispatch'"
+    assert lines[2] == "|| (github.event_name == 'pull_request'"
+    assert all(line.startswith("&& ") for line in lines[3:-1])
     assert lines[-1].startswith("|| (github.event_name == 'schedule' && (github.event.schedule == ")
+    assert lines[-1].endswith(")")
     assert condition_lines(_job("gpu_a_stability")) == [
         f"(github.event_name == 'schedule' && (github.event.schedule == '{WEEKLY}'))"]
 
