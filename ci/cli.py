@@ -94,6 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         code = EXIT_INTERRUPTED
     if command.records_signals:
-        PROCESS.close()
         code = PROCESS.exit_code(code)
+        if argv is None:
+            PROCESS.close()  # this process exits next: a late signal must not replace the code
+        else:
+            # Called as a library (a test, another tool): the caller keeps its process, and a
+            # SIGTERM it ignores would be inherited by every child it starts from here on.
+            PROCESS.restore()
     return code

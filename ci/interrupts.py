@@ -72,7 +72,9 @@ class Interrupts:
                 signal.signal(sig, signal.SIG_IGN)
 
     def restore(self) -> None:
-        """Give the signals back to whoever had them (a library caller, a test)."""
+        """Give the signals back to whoever had them (a library caller, a test), and forget
+        the one received: the next run starts with none."""
+        self.signum = None
         for sig, handler in self._previous.items():
             if handler is not None:  # None: set outside Python; nothing to give back
                 signal.signal(sig, handler)  # type: ignore[arg-type]
