@@ -30,6 +30,10 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
+# A busy loop that ends when the process that started it is gone: a killed run (a runner's
+# timeout, a SIGKILL) must not leave cores spinning under init.
+BUSY = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass\n"
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 
@@ -112,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=len(os.sched_getaffinity(0)))
     args = ap.parse_args(argv)
     files = args.files or run_ranks_users()
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY], start_new_session=True)
             for _ in range(args.load)]
     try:
         print(f"load: {args.load} busy loops; load average {os.getloadavg()[0]:.1f}", flush=True)

@@ -22,6 +22,9 @@ from test_metric_report_distributed import reduce_on_rank
 NUM_GPUS = 0
 EARLY_EXIT_RUNS = 40  # with no rendezvous, 10 of 100 such runs failed under this load
 REAL_RUNS = 3
+# A busy loop that ends when the process that started it is gone: a killed run (a runner's
+# timeout, a SIGKILL) must not leave cores spinning under init.
+BUSY = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass\n"
 
 
 def _leave_at_once(rank, world):
@@ -46,7 +49,7 @@ def _leave_unevenly(rank, world):
 def load():
     """A busy loop per core, for the module's tests; stopped by process group."""
     cores = len(os.sched_getaffinity(0))
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    procs = [subprocess.Popen([sys.executable, "-c", BUSY], start_new_session=True)
              for _ in range(max(2, cores))]
     time.sleep(0.2)
     try:
