@@ -227,5 +227,75 @@ def test_a_process_of_the_head_left_behind_its_raylet_is_stopped_in_seconds(tmp_
             straggler.wait()
 
 
+# A stand-in for `ray` on a loaded host: this machine cannot be made slow enough on demand for
+# Ray's fixed 30 s raylet wait to run out, so the first `ray start` prints what Ray prints then
+# and exits 1, as it does; later calls run the real CLI.
+FLAKY_RAY = textwrap.dedent("""\
+    #!{python}
+    import os, sys
+    marker = {marker!r}
+    if {failures} > len(os.listdir(marker)):
+        open(os.path.join(marker, str(len(os.listdir(marker)))), "w").close()
+        print("Exception: {line}", flush=True)
+        sys.exit(1)
+    os.execv({ray!r}, [{ray!r}, *sys.argv[1:]])
+""")
+
+
+def _flaky_ray(tmp_path, failures, line):
+    from slime.utils.external_utils import ray_head as RH
+
+    marker = tmp_path / "starts"
+    marker.mkdir()
+    cli = tmp_path / "ray"
+    cli.write_text(FLAKY_RAY.format(python=sys.executable, marker=str(marker), failures=failures,
+                                    line=line, ray=RH.ray_executable()))
+    cli.chmod(0o755)
+    return cli, marker
+
+
+def test_a_head_that_timed_out_starting_is_started_again(tmp_path, capfd):
+    from slime.utils.external_utils import ray_head as RH
+
+    cli, marker = _flaky_ray(tmp_path, 1, "The current node timed out during startup. This could "
+                                          "happen because some of the raylet failed to startup.")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("SLIME_CI_PORT_BASE", None)
+    record = []
+    with RH.private_head(num_gpus=0, env=env, record=record, ray_cli=str(cli)) as head:
+        assert "Ray runtime started." in (head.temp_dir / "head.2.log").read_text()
+        assert "timed out during startup" in (head.temp_dir / "head.log").read_text()
+    assert len(os.listdir(marker)) == 1
+    assert "starting it again, attempt 2 of 3" in capfd.readouterr().out
+    (rec,) = record
+    assert _alive(rec.pids) == [] and not rec.temp_dir.exists()
+
+
+def test_a_head_that_fails_for_another_reason_is_not_retried(tmp_path):
+    from slime.utils.external_utils import ray_head as RH
+
+    cli, marker = _flaky_ray(tmp_path, 3, "ValueError: --num-gpus must be a number")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("SLIME_CI_PORT_BASE", None)
+    with pytest.raises(RuntimeError, match="ray head exited with code 1 while starting") as err, \
+            RH.private_head(num_gpus=0, env=env, ray_cli=str(cli)):
+        pytest.fail("the head must not start")
+    assert "time(s)" not in str(err.value)
+    assert len(os.listdir(marker)) == 1  # one start, no retry
+
+
+def test_a_head_timing_out_every_time_gives_up_after_its_attempts(tmp_path):
+    from slime.utils.external_utils import ray_head as RH
+
+    cli, marker = _flaky_ray(tmp_path, 5, "The current node timed out during startup.")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("SLIME_CI_PORT_BASE", None)
+    with pytest.raises(RuntimeError, match=r"timed out during its own start-up 2 time\(s\), the last: ray head exited with code 1") as err, \
+            RH.private_head(num_gpus=0, env=env, ray_cli=str(cli), start_attempts=2):
+        pytest.fail("the head must not start")
+    assert "timed out during startup" in str(err.value)
+    assert len(os.listdir(marker)) == 2
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))

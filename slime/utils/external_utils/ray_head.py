@@ -31,7 +31,7 @@ from pathlib import Path
 # Stdlib-only copies of the toolkit's port and process-group code, generated beside this
 # file (ci/u_files.py): U runs where the toolkit is not installed.
 from slime.utils.external_utils.port_utils import PORT_BLOCK
-from slime.utils.external_utils.proc_utils import process_guard, signal_group, stop_group
+from slime.utils.external_utils.proc_utils import Guard, process_guard, signal_group, stop_group
 from slime.utils.external_utils.proc_utils import start as start_group
 
 PORT_BLOCK_SIZE = PORT_BLOCK  # the runner reserves blocks of this size (SLIME_CI_PORT_BASE)
@@ -271,7 +271,8 @@ def _wait_ready(head: RayHead, proc: subprocess.Popen[bytes], timeout: float) ->
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(
+            kind = HeadStartTimeout if STARTUP_TIMEOUT_LINE in _tail(head.log_path) else RuntimeError
+            raise kind(
                 f"ray head exited with code {proc.returncode} while starting; "
                 f"last lines of {head.log_path}:\n{_tail(head.log_path)}"
             )
@@ -328,12 +329,45 @@ def _busy_ports(ports: RayPorts, *, wait: float) -> list[int]:
         time.sleep(0.5)
 
 
+# `ray start` gives its raylet a fixed 30 s to register with the GCS (ray/_private/node.py, not
+# configurable); on a loaded host (a 2-core runner at load 25+) the dashboard agent the raylet
+# waits for can take longer, and `ray start` exits with this line although nothing is wrong
+# with the entry. Only that failure is retried: any other exit is the entry's problem.
+STARTUP_TIMEOUT_LINE = "timed out during startup"
+START_ATTEMPTS = 3
+
+
+class HeadStartTimeout(RuntimeError):
+    """`ray start` gave up waiting for its own raylet (a loaded host; worth another attempt)."""
+
+
+def _start(argv: tuple[str, ...], *, env: Mapping[str, str], ports: RayPorts, temp_dir: Path,
+           token: str, log_path: Path) -> tuple[RayHead, subprocess.Popen[bytes], Guard]:
+    guard = process_guard()
+    with log_path.open("wb") as log:
+        # Guarded: if the entry dies without stopping its head (SIGKILL), the head goes too.
+        proc: subprocess.Popen[bytes] = start_group(argv, env=dict(env), stdout=log,
+                                                    stderr=subprocess.STDOUT,
+                                                    stdin=subprocess.DEVNULL, guard=guard)
+    head = RayHead(
+        address=f"http://127.0.0.1:{ports.dashboard}",
+        gcs_address=f"{NODE_IP}:{ports.gcs}",
+        ports=ports, temp_dir=temp_dir, log_path=log_path, pid=proc.pid, token=token,
+    )
+    return head, proc, guard
+
+
 @contextlib.contextmanager
 def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | None = None,
                  start_timeout: float = 300.0, keep_temp: bool = False,
                  record: list[HeadRecord] | None = None,
-                 busy_wait: float = BUSY_PORT_WAIT) -> Iterator[RayHead]:
-    """Start a head on loopback as a process group we own; always stop it on exit."""
+                 busy_wait: float = BUSY_PORT_WAIT, start_attempts: int = START_ATTEMPTS,
+                 ray_cli: str | None = None) -> Iterator[RayHead]:
+    """Start a head on loopback as a process group we own; always stop it on exit.
+
+    A head whose `ray start` timed out waiting for its own raylet is stopped and started
+    again, up to `start_attempts` times in all, within `start_timeout` seconds overall.
+    """
     ports = ports or ports_from_env(env)
     busy = _busy_ports(ports, wait=busy_wait)
     if busy:
@@ -359,20 +393,10 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
     }
-    log_path = temp_dir / "head.log"
-    argv = ray_start_argv(ray_executable(), ports=ports, temp_dir=str(temp_dir), num_gpus=num_gpus)
+    argv = ray_start_argv(ray_cli or ray_executable(), ports=ports, temp_dir=str(temp_dir),
+                          num_gpus=num_gpus)
     print(f"+ {' '.join(argv)}", flush=True)
-    guard = process_guard()
-    with log_path.open("wb") as log:
-        # Guarded: if the entry dies without stopping its head (SIGKILL), the head goes too.
-        proc: subprocess.Popen[bytes] = start_group(argv, env=head_env, stdout=log,
-                                                    stderr=subprocess.STDOUT,
-                                                    stdin=subprocess.DEVNULL, guard=guard)
-    head = RayHead(
-        address=f"http://127.0.0.1:{ports.dashboard}",
-        gcs_address=f"{NODE_IP}:{ports.gcs}",
-        ports=ports, temp_dir=temp_dir, log_path=log_path, pid=proc.pid, token=token,
-    )
+    deadline = time.monotonic() + start_timeout
     started = False
     # A runner ends a timed-out entry with SIGTERM, then SIGKILL seconds later. Python's default
     # SIGTERM ends the process without `finally`, leaving the head to the guard's SIGKILL and its
@@ -381,19 +405,46 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    pids: set[int] = set()
     try:
-        _wait_ready(head, proc, start_timeout)
-        started = True
-        yield head
+        for attempt in range(1, max(1, start_attempts) + 1):
+            log_path = temp_dir / ("head.log" if attempt == 1 else f"head.{attempt}.log")
+            head, proc, guard = _start(argv, env=head_env, ports=ports, temp_dir=temp_dir,
+                                       token=token, log_path=log_path)
+            try:
+                _wait_ready(head, proc, max(1.0, deadline - time.monotonic()))
+            except HeadStartTimeout as exc:
+                pids |= _stop(head, proc, guard)
+                if attempt >= start_attempts:
+                    raise RuntimeError(f"ray head timed out during its own start-up {attempt} time(s), "
+                                       f"the last: {exc}") from None
+                print(f"ray head timed out during its own start-up (a loaded host?); starting it "
+                      f"again, attempt {attempt + 1} of {start_attempts}", flush=True)
+                # Its processes are gone, but their sockets can linger a moment.
+                _busy_ports(ports, wait=busy_wait)
+                continue
+            except BaseException:
+                pids |= _stop(head, proc, guard)
+                raise
+            started = True
+            try:
+                yield head
+            finally:
+                pids |= _stop(head, proc, guard)
+            break
     finally:
-        pids = stop_head(head, proc)
-        guard.unregister(proc.pid)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         if record is not None:
-            record.append(HeadRecord(pids=pids, temp_dir=temp_dir))
+            record.append(HeadRecord(pids=frozenset(pids), temp_dir=temp_dir))
         # A job's own logs travel with its result; the head's logs matter when it did not start.
         if not started or keep_temp:
             print(f"ray head logs kept in {temp_dir}", flush=True)
         else:
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _stop(head: RayHead, proc: subprocess.Popen[bytes], guard: Guard) -> frozenset[int]:
+    pids = stop_head(head, proc)
+    guard.unregister(proc.pid)
+    return pids
