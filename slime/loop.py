@@ -86,8 +86,8 @@ def setup(args: argparse.Namespace, env: Mapping[str, str]) -> Run:
     if replay:
         # Training on saved rollouts: every bundle is the trainer's, and no engine starts.
         layout = Placement(num_gpus=args.num_gpus, colocate=False,
-                        trainer_bundles=tuple(range(args.num_gpus)), engine_bundles=(),
-                        trainer_gpus=1.0, engine_gpus=0.0)
+                           trainer_bundles=tuple(range(args.num_gpus)), engine_bundles=(),
+                           trainer_gpus=1.0, engine_gpus=0.0)
     else:
         layout = plan_layout(args.num_gpus, colocate=args.colocate, rollout_num_gpus=args.rollout_num_gpus)
     import torch

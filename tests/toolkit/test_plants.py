@@ -126,6 +126,15 @@ def test_bad_input_is_one_line(toy, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_every_plant_of_the_repository_still_applies():
+    """A refactor of slime/ leaves a plant's context behind; caught here, not by the nightly run."""
+    proc = run_ci("plants", "--dry-run", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stale = [ln for ln in proc.stdout.splitlines() if "DOES NOT APPLY" in ln]
+    assert not stale, "regenerate these plants on the current code:\n" + "\n".join(stale)
+    assert "plants: 20" in proc.stdout
+
+
 def test_the_ci_subset_is_caught_on_the_real_framework():
     """PLANTS_CI, what every push runs: the real slime/, patched in a scratch copy."""
     proc = run_ci("plants", "--ci", timeout=900)
