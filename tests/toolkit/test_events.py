@@ -32,7 +32,7 @@ NUM_GPUS = 0
 
 CPU = {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke"}
 GPU = {"sglang_config", "megatron", "precision", "ckpt", "image", "changed"}
-NIGHTLY, WEEKLY = list(DEFAULT_SCHEDULES)
+NIGHTLY, WEEKLY, MONITOR = list(DEFAULT_SCHEDULES)
 SHA = "89abcdef0123456789abcdef0123456789abcdef"
 
 
@@ -64,6 +64,7 @@ ROWS: list[tuple[str, list[str], set[str]]] = [
                                                                    "plants", "mutation"}),
     ("weekly cron", ["--event", "schedule", "--cron", WEEKLY],
      {"sglang_config", "megatron", "precision", "ckpt", "image", "megatron_stability", "lock_check"}),
+    ("monitor cron", ["--event", "schedule", "--cron", MONITOR], {"monitor"}),
     ("dispatch", ["--event", "workflow_dispatch"], CPU | GPU),
 ]
 
