@@ -383,7 +383,8 @@ def parse_event(args: argparse.Namespace, jobs: Sequence[Job],
     cron = getattr(args, "cron", None)
     if (cron is not None) != (args.event == "schedule"):
         raise UsageError("--event schedule needs --cron '<the cron that fired>', and only it takes --cron")
-    stray = [f"--{n}" for n in ("comment", "actor", "association", "pr", "sha", "only")
+    stray = [f"--{n.replace('_', '-')}" for n in ("comment", "actor", "association", "pr", "sha", "only",
+                                                  "team_org")
              if getattr(args, n, None) is not None]
     if stray or getattr(args, "not_pr", False):
         raise UsageError(f"{', '.join(stray) or '--not-pr'} only apply to --event {COMMENT_EVENT}")
@@ -490,6 +491,10 @@ def _parser() -> argparse.ArgumentParser:
                          help="the commenter's author_association (OWNER, MEMBER, NONE, ...)")
     comment.add_argument("--teams", default="", metavar="A,B",
                          help="team slugs the commenter belongs to, comma separated")
+    comment.add_argument("--team-org", default=None, metavar="ORG",
+                         help="look up the commenter's membership of the policy's teams in ORG "
+                              "through GitHub's API (token: $SLIME_CI_TEAMS_TOKEN, org members:read; "
+                              "API: $GITHUB_API_URL)")
     comment.add_argument("--no-fork", dest="fork", action="store_false", default=False,
                          help="the pull request comes from this repository (default)")
     comment.add_argument("--not-pr", action="store_true",
