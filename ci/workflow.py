@@ -180,8 +180,9 @@ def records_durations(job: Job) -> bool:
 
 
 def records_history(job: Job, style: Style) -> bool:
-    """Jobs whose last step records the run (this repository's noxfile has the history session)."""
-    return style.own_jobs and job.kind != "check"
+    """Jobs whose last step records the run: every suite job (this repository's noxfile and an
+    adopter's, through ci.nox_sessions, both have the history session)."""
+    return job.kind != "check"
 
 
 def uses_shared_history(job: Job) -> bool:
