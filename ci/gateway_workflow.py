@@ -23,9 +23,11 @@ from ci.commands import POLICY_PATH
 from ci.event_plan import WORKFLOW_NAME, Job
 from ci.gateway import RUN_FILE_WORKFLOW
 from ci.gateway_teams import TEAMS_SECRET
+from ci.history.store import HISTORY_ENV
 from ci.style import Style
 from ci.suites import CPU_TIER, GPU_TIER
 from ci.timeouts import LINT_MINUTES, LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES
+from ci.workflow import HISTORY_ENVIRONMENT, HISTORY_SECRET, HISTORY_SESSION
 from ci.yaml_writer import (
     CHECKOUT,
     SETUP_PYTHON,
@@ -209,31 +211,45 @@ def run_file(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
     cpu = max((j.minutes for j in jobs if not j.self_hosted and j.kind == "suite"), default=LINT_MINUTES)
     out: dict[str, Node] = {"resolve": resolve_job}
     for tier, runner, minutes in ((CPU_TIER, style.hosted_runner, cpu), (GPU_TIER, style.gpu_runner, gpu)):
+        # As in pr-test.yml, a GPU job records its run in the shared store (also when it failed).
+        gpu_job = tier == GPU_TIER
+        history: dict[str, Node] = {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")} if gpu_job else {}
         env: dict[str, Node] = {"SUITE": _expr("inputs.suite"), "ONLY": _expr("inputs.only")}
-        if tier == GPU_TIER:
+        if gpu_job:
             env[LOCK_TIMEOUT_ENV] = str(LOCK_WAIT_MINUTES * 60)
+            env.update(history)
             env.update(style.gpu_env)
         runs_on: Node = (Note(Flow(runner), "zizmor: ignore[self-hosted-runner] resolve refused forks "
                                             "and any SHA but the PR's head")
                          if "self-hosted" in runner else runner[0])
-        out[f"run_{tier}"] = {
+        job: dict[str, Node] = {
             "name": f"{_expr('inputs.suite')} {_expr('inputs.only')} ({tier})",
             "needs": "resolve",
             "if": f"needs.resolve.outputs.tier == '{tier}'",
             "runs-on": runs_on,
             "permissions": {"contents": Note("read", "actions/checkout reads the PR's commit")},
+        }
+        if gpu_job:
+            job["environment"] = {"name": HISTORY_ENVIRONMENT,
+                                  "deployment": Note(False, "its secrets, without a deployment")}
+        steps: list[Node] = [
+            {"name": "Check out the PR's exact head commit", "uses": _uses(CHECKOUT),
+             "with": {"ref": _expr("inputs.sha"), "persist-credentials": False}},
+            {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
+            {"name": "Install nox", "run": style.install},
+            {"name": "nox -s <suite> -- --only <file>", "env": env, "run": Script((
+                'if [ -n "$ONLY" ]; then nox -s "$SUITE" -- --only "$ONLY"; else nox -s "$SUITE"; fi',))},
+        ]
+        if gpu_job:
+            steps.append({"name": "Record the run in the history", "if": "always()",
+                          "env": {"STATUS": _expr("job.status"), "SUITE": _expr("inputs.suite"), **history},
+                          "run": f'nox -s {HISTORY_SESSION} -- record --suite "$SUITE" --status "$STATUS"'})
+        out[f"run_{tier}"] = {
+            **job,
             "concurrency": {"group": f"run-ci-file-{_expr('inputs.pr')}-{_expr('inputs.suite')}-"
                                      f"{_expr('inputs.only')}", "cancel-in-progress": True},
             "timeout-minutes": Note(minutes, "the longest job of this tier (ci/timeouts.py)"),
-            "steps": [
-                {"name": "Check out the PR's exact head commit", "uses": _uses(CHECKOUT),
-                 "with": {"ref": _expr("inputs.sha"), "persist-credentials": False}},
-                {"name": "Set up Python", "uses": _uses(SETUP_PYTHON),
-                 "with": {"python-version": style.python}},
-                {"name": "Install nox", "run": style.install},
-                {"name": "nox -s <suite> -- --only <file>", "env": env, "run": Script((
-                    'if [ -n "$ONLY" ]; then nox -s "$SUITE" -- --only "$ONLY"; else nox -s "$SUITE"; fi',))},
-            ],
+            "steps": steps,
         }
     return {
         "name": f"{style.title} run one suite or file",

@@ -360,7 +360,17 @@ def test_the_gateway_never_checks_out_pr_code_and_scopes_its_permissions() -> No
         run = one["jobs"][f"run_{tier}"]
         assert run["needs"] == "resolve" and run["if"] == f"needs.resolve.outputs.tier == '{tier}'"
         assert run["steps"][0]["with"]["ref"] == "${{ inputs.sha }}"
-        assert 'nox -s "$SUITE" -- --only "$ONLY"' in run["steps"][-1]["run"]
+        session = next(s for s in run["steps"] if s["name"] == "nox -s <suite> -- --only <file>")
+        assert 'nox -s "$SUITE" -- --only "$ONLY"' in session["run"]
+        # The GPU run records itself in the shared store, as pr-test's GPU jobs do; CPU keeps none.
+        gpu = tier == "gpu"
+        assert (run.get("environment") == {"name": "ci-history", "deployment": False}) == gpu
+        assert ("SLIME_CI_HISTORY_URL" in session["env"]) == gpu
+        if gpu:
+            assert run["steps"][-1]["if"] == "always()"
+            assert run["steps"][-1]["run"] == 'nox -s history -- record --suite "$SUITE" --status "$STATUS"'
+        else:
+            assert run["steps"][-1] is session
 
 
 def test_a_registry_can_turn_comment_commands_off() -> None:
