@@ -282,6 +282,10 @@ def _report(body: Body, job_ids: dict[str, str], reg: Registry) -> list[str]:
         "(README, Security)",
         "concurrency: one group per job and PR instead of one per workflow (see ci/workflow.py)",
         f"new job: {CHECK_JOB} (`nox -s {CHECK_SESSION}`: the workflow and U are current with the registry)",
+        "new: every suite job records its run (`nox -s history -- record`, also after a failure) and "
+        "an hourly `monitor` job reports entries failing 3 runs in a row on main; GPU jobs and the "
+        "monitor read the shared store from the secret SLIME_CI_HISTORY_URL of the environment "
+        "ci-history (without it GPU jobs keep a local SQLite file and the monitor skips in one line)",
         "to do by hand: create the label run-ci-changed (and every run-ci-* label above) if missing; "
         + (f"set the secret(s) {', '.join(body.secrets)}; " if body.secrets else "")
         + "commit the result; from now on edit .slime-ci/suites.py and run `slime-ci workflows`",

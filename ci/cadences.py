@@ -17,8 +17,12 @@ from ci.suites import Suite
 
 NIGHTLY = "nightly"
 WEEKLY = "weekly"
+# The failure monitor (`history monitor` over the shared store): hourly, as a streak of
+# failures on main should reach someone the same morning, not the next nightly.
+MONITOR = "monitor"
 # cron -> cadence (UTC). Off the hour: the top of the hour is when Actions' queue is longest.
-DEFAULT_SCHEDULES: Mapping[str, str] = {"17 2 * * *": NIGHTLY, "41 3 * * 6": WEEKLY}
+DEFAULT_SCHEDULES: Mapping[str, str] = {"17 2 * * *": NIGHTLY, "41 3 * * 6": WEEKLY,
+                                        "23 * * * *": MONITOR}
 _CRON = re.compile(r"(\S+ ){4}\S+")
 _NAME = re.compile(r"[a-z][a-z0-9_-]*")
 

@@ -163,6 +163,8 @@ class Context:
     on_pull_request: bool = True
     from_fork: bool = False
     teams: frozenset[str] = frozenset()
+    # Why team membership could not be read (ci.gateway_teams); None when it was, or not needed.
+    teams_unavailable: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,6 +207,10 @@ def authorise(body: str, ctx: Context, policy: Policy | None, *,
         return Refused(why=f"cannot tell who {ctx.actor!r} ({ctx.association}) is")
     grant = policy.grants.get(parsed.name)
     admitted = grant.admits(ctx.actor, ctx.association, ctx.teams) if grant else None
+    if admitted is None and grant and grant.teams and ctx.teams_unavailable:
+        return Refused(why=f"{ctx.actor} ({ctx.association}) may use /{parsed.name} only through "
+                           f"team {', '.join(sorted(grant.teams))}, which the gateway cannot check: "
+                           f"{ctx.teams_unavailable}")
     if admitted is None:
         return Refused(why=f"{ctx.actor} ({ctx.association}) may not use /{parsed.name} "
                            f"(see {POLICY_PATH})")
@@ -223,6 +229,24 @@ def authorise(body: str, ctx: Context, policy: Policy | None, *,
         if parsed.arg not in known:
             return Refused(why=f"unknown CI label {parsed.arg!r}; known: {', '.join(known)}")
     return Allowed(command=parsed, why=admitted)
+
+
+def teams_to_check(body: str, ctx: Context, policy: Policy | None) -> frozenset[str]:
+    """The policy's teams whose membership could change the verdict on this comment.
+
+    Empty when the comment is no command, or its author is admitted without a team: the
+    gateway then asks GitHub nothing. `/help` asks about every team the policy names.
+    """
+    parsed = parse_comment(body)
+    if policy is None or not isinstance(parsed, Command):
+        return frozenset()
+    names = COMMANDS if parsed.name == "help" else (parsed.name,)
+    out: set[str] = set()
+    for name in names:
+        grant = policy.grants.get(name)
+        if grant and grant.teams and grant.admits(ctx.actor, ctx.association, ()) is None:
+            out |= grant.teams
+    return frozenset(out)
 
 
 def allowed_commands(ctx: Context, policy: Policy | None) -> list[CommandName]:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from ci.commands import Context, load_policy
+from ci.commands import Context, load_policy, teams_to_check
 from ci.discover import discover
 from ci.errors import UsageError
 from ci.gateway import comment_plan, registered, render_comment_plan
+from ci.gateway_teams import lookup
 from ci.suites import Suite
 
 _SHA = re.compile(r"[0-9a-f]{40}")
@@ -29,7 +32,13 @@ def comment_main(args: argparse.Namespace, root: Path, suites: Sequence[Suite]) 
     ctx = Context(actor=args.actor, association=args.association.upper(),
                   on_pull_request=not args.not_pr, from_fork=bool(args.fork),
                   teams=frozenset(t.strip() for t in args.teams.split(",") if t.strip()))
-    plan = comment_plan(args.comment, ctx, load_policy(root), suites=suites, files=discover(root),
+    policy = load_policy(root)
+    if args.team_org:
+        # Only the teams that could change the verdict are asked about, and only here.
+        found = lookup(ctx.actor, args.team_org, teams_to_check(args.comment, ctx, policy) - ctx.teams,
+                       os.environ)
+        ctx = replace(ctx, teams=ctx.teams | found.teams, teams_unavailable=found.unavailable)
+    plan = comment_plan(args.comment, ctx, policy, suites=suites, files=discover(root),
                         pr=args.pr, sha=args.sha)
     print(json.dumps(plan, indent=2) if args.json else render_comment_plan(plan))
     return 0

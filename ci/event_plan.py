@@ -22,6 +22,7 @@ from typing import Literal, get_args
 from ci.args import Parser, existing_dir
 from ci.cadences import (
     DEFAULT_SCHEDULES,
+    MONITOR,
     WEEKLY,
     cadence_of,
     check_schedules,
@@ -33,7 +34,18 @@ from ci.errors import UsageError
 from ci.log import Log
 from ci.registry import load_registry
 from ci.style import Style
-from ci.suites import GPU_RUNNER_LABELS, SESSIONS, SUITES, Check, Smoke, Suite, Tier
+from ci.suites import (
+    GPU_RUNNER_LABELS,
+    MONITOR_PURPOSE,
+    MONITOR_REPORT,
+    MONITOR_SESSION,
+    SESSIONS,
+    SUITES,
+    Check,
+    Smoke,
+    Suite,
+    Tier,
+)
 from ci.timeouts import LINT_MINUTES, MAX_MINUTES, SETUP_MINUTES, suite_minutes
 
 EventName = Literal["pull_request", "push", "workflow_dispatch", "schedule"]
@@ -67,6 +79,8 @@ class Job:
     scheduled_only: bool = False  # only its crons, never a PR, push or dispatch
     infinite: bool = False  # runs its suite with SLIME_TEST_ENABLE_INFINITE_RUN=1
     kind: JobKind = "suite"  # a suite; a check (commands, ci.suites.Check); a smoke (ci.suites.Smoke)
+    history_store: bool = False  # a check that reads the shared run history (its secret)
+    report: str | None = None  # a check's file, uploaded as an artifact
 
     @property
     def self_hosted(self) -> bool:
@@ -148,6 +162,19 @@ def stability_job(suites: Sequence[Suite], style: Style) -> Job | None:
                crons=_crons(style, [WEEKLY]), scheduled_only=True, infinite=True)
 
 
+MONITOR_MINUTES = 10
+
+
+def monitor_job(style: Style) -> Job | None:
+    """The scheduled failure monitor over the shared run history, when a cron maps to it."""
+    crons = _crons(style, [MONITOR])
+    if not crons:
+        return None
+    return Job(id=MONITOR_SESSION, session=MONITOR_SESSION, tier="cpu", runs_on=style.hosted_runner,
+               purpose=MONITOR_PURPOSE, minutes=MONITOR_MINUTES, kind="check", crons=crons,
+               scheduled_only=True, history_store=True, report=MONITOR_REPORT)
+
+
 # A repository that adopted the toolkit checks its generated workflow in CI with this job
 # (the `workflows` session of its noxfile) instead of this repository's lint and smoke jobs.
 CHECK_SESSION = "workflows"
@@ -171,10 +198,12 @@ def table(suites: Sequence[Suite] = SUITES, style: Style | None = None,
     stability = stability_job(suites, style)
     scheduled = [c for x in sessions if isinstance(x, Check) and runs_in_ci(x) for c in x.cadences] \
         if style.own_jobs else []
-    check_schedules(style.schedules, suites, [*([WEEKLY] if stability else []), *scheduled])
+    monitor = monitor_job(style)
+    check_schedules(style.schedules, suites,
+                    [*([WEEKLY] if stability else []), *scheduled, *([MONITOR] if monitor else [])])
     if stability is not None:
         extra = (*extra, stability)
-    extra = (*extra, *(j for j in own if j.scheduled_only))
+    extra = (*extra, *(j for j in own if j.scheduled_only), *([monitor] if monitor else []))
     if style.check_job:
         extra = (*extra, check_job(style.check_job, style))
     jobs = (*(job_for(s, style) for s in suites), *extra)
@@ -354,7 +383,8 @@ def parse_event(args: argparse.Namespace, jobs: Sequence[Job],
     cron = getattr(args, "cron", None)
     if (cron is not None) != (args.event == "schedule"):
         raise UsageError("--event schedule needs --cron '<the cron that fired>', and only it takes --cron")
-    stray = [f"--{n}" for n in ("comment", "actor", "association", "pr", "sha", "only")
+    stray = [f"--{n.replace('_', '-')}" for n in ("comment", "actor", "association", "pr", "sha", "only",
+                                                  "team_org")
              if getattr(args, n, None) is not None]
     if stray or getattr(args, "not_pr", False):
         raise UsageError(f"{', '.join(stray) or '--not-pr'} only apply to --event {COMMENT_EVENT}")
@@ -461,6 +491,10 @@ def _parser() -> argparse.ArgumentParser:
                          help="the commenter's author_association (OWNER, MEMBER, NONE, ...)")
     comment.add_argument("--teams", default="", metavar="A,B",
                          help="team slugs the commenter belongs to, comma separated")
+    comment.add_argument("--team-org", default=None, metavar="ORG",
+                         help="look up the commenter's membership of the policy's teams in ORG "
+                              "through GitHub's API (token: $SLIME_CI_TEAMS_TOKEN, org members:read; "
+                              "API: $GITHUB_API_URL)")
     comment.add_argument("--no-fork", dest="fork", action="store_false", default=False,
                          help="the pull request comes from this repository (default)")
     comment.add_argument("--not-pr", action="store_true",

@@ -27,6 +27,13 @@ from ci.plan import suite_entries
 from ci.suites import Suite
 
 RUN_FILE_WORKFLOW = "run-ci-file.yml"
+# Why `/run-ci` dispatches as well as labels: GitHub starts no workflow run for an event the
+# workflow's own GITHUB_TOKEN caused (its guard against loops), so the label alone would run
+# nothing now. The label stays for the record and for the PR's later pushes, which run the
+# labelled job as usual. (An App token would make the label start the run itself, at the cost
+# of a private key in the repository's secrets; README, comment commands.)
+LABEL_STARTS_NOTHING = ("a label added with the workflow's GITHUB_TOKEN starts no workflow run, "
+                        "so the suite is dispatched now; the label runs it again on later pushes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +81,13 @@ def _dispatch(pr: int | None, sha: str | None, suite: str, only: str) -> dict[st
 def comment_plan(body: str, ctx: Context, policy: Policy | None, *, suites: Sequence[Suite],
                  files: Mapping[str, TestFile], pr: int | None = None,
                  sha: str | None = None) -> dict[str, Any]:
-    """The gateway's whole answer to one comment, as JSON-ready data."""
+    """The gateway's whole answer to one comment, as JSON-ready data, with what each job does."""
+    plan = _verdict_plan(body, ctx, policy, suites=suites, files=files, pr=pr, sha=sha)
+    return {**plan, "actions": actions(plan)}
+
+
+def _verdict_plan(body: str, ctx: Context, policy: Policy | None, *, suites: Sequence[Suite],
+                  files: Mapping[str, TestFile], pr: int | None, sha: str | None) -> dict[str, Any]:
     files_map = registered(suites, files)
     labels = [s.label for s in suites if s.label]
     verdict = authorise(body, ctx, policy, registered={p: r.suite for p, r in files_map.items()},
@@ -103,9 +116,9 @@ def comment_plan(body: str, ctx: Context, policy: Policy | None, *, suites: Sequ
         suite = _label_suite(suites, command.arg or "")
         dispatch = _dispatch(pr, sha, suite.name, "")
         return {**out, "add_label": suite.label, "dispatch": dispatch, "suite": suite.name,
-                "command_line": f"nox -s {suite.name}",
-                "reply": f"Running `nox -s {suite.name}` on {sha or 'the head commit'} "
-                         f"(label {suite.label} added)."}
+                "command_line": f"nox -s {suite.name}", "why_dispatch": LABEL_STARTS_NOTHING,
+                "reply": f"Label {suite.label} added; running `nox -s {suite.name}` on "
+                         f"{sha or 'the head commit'} now (later pushes run it through the label)."}
     resolved = files_map[command.arg or ""]
     dispatch = _dispatch(pr, sha, resolved.suite, resolved.path)
     return {**out, "dispatch": dispatch, "suite": resolved.suite, "tier": resolved.tier,
@@ -116,6 +129,23 @@ def comment_plan(body: str, ctx: Context, policy: Policy | None, *, suites: Sequ
                      f"{'y' if len(resolved.test_args) == 1 else 'ies'})."}
 
 
+def actions(plan: Mapping[str, Any]) -> list[dict[str, str]]:
+    """What each job of the gateway workflow does for this plan, in order (ci.gateway_workflow)."""
+    out = []
+    if plan.get("add_label"):
+        out.append({"job": "label", "does": f"add label {plan['add_label']} (pull-requests: write)"})
+    if plan.get("rerun_failed"):
+        out.append({"job": "run", "does": "re-run the failed jobs of the PR's latest run (actions: write)"})
+    if plan.get("dispatch"):
+        out.append({"job": "run", "does": f"dispatch {plan['dispatch']['workflow']}: "
+                                          f"{plan.get('command_line')} on {plan.get('sha') or 'the PR head'} "
+                                          "(actions: write)"})
+    if plan.get("reaction"):
+        out.append({"job": "answer", "does": f"react {plan['reaction']}"
+                                             f"{' and reply' if plan.get('reply') else ''} (issues: write)"})
+    return out
+
+
 def render_comment_plan(plan: Mapping[str, Any]) -> str:
     """The one-screen text `plan --event issue_comment` prints without --json."""
     who = f"{plan['actor']} ({plan['association']}{', fork PR' if plan['fork'] else ''})"
@@ -123,9 +153,10 @@ def render_comment_plan(plan: Mapping[str, Any]) -> str:
     if plan.get("command_line"):
         lines.append(f"runs: {plan['command_line']} on {plan['sha'] or 'the PR head'}")
     if plan.get("add_label"):
-        lines.append(f"adds label: {plan['add_label']}")
+        lines.append(f"adds label: {plan['add_label']} ({plan.get('why_dispatch')})")
     if plan.get("rerun_failed"):
         lines.append("re-runs: the failed jobs of the PR's latest run")
     if plan.get("reply"):
         lines.append("reply: " + plan["reply"].replace("\n", "\n  "))
+    lines += [f"job {a['job']}: {a['does']}" for a in plan.get("actions", [])]
     return "\n".join(lines)

@@ -5,7 +5,8 @@ session installs the suite's profile (the registry's PROFILES; torch first and a
 SLIME_CI_TORCH_INDEX can point it at the CPU wheels), the toolkit from the noxfile's
 requirement, and the repository itself `-e . --no-deps` (its own `slime`), then runs
 `python -m ci run --suite <name>`; GPU sessions that run in Docker install only the toolkit
-and NVML. Session names are the suites', as in the toolkit's own repository.
+and NVML. Session names are the suites', as in the toolkit's own repository, which also has
+`history` (the record step of every CI job) and `monitor` (the hourly failure monitor).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from ci import profiles
 from ci.errors import UsageError
 from ci.event_plan import CHECK_SESSION
 from ci.registry import Registry, load_registry
-from ci.suites import Suite
+from ci.suites import MONITOR_COMMAND, MONITOR_PURPOSE, MONITOR_SESSION, Suite
+from ci.workflow import HISTORY_SESSION
 
 # Posargs that make a GPU session run its entries in this environment instead of Docker.
 LOCAL_FLAGS = frozenset({"--no-docker", "--emulate-gpus"})
@@ -115,7 +117,26 @@ def register(noxfile: str, *, toolkit: str) -> Registry:
 
     workflows.__doc__ = "Generated workflow and U files are current with the registry (--check)."
     nox.session(name=CHECK_SESSION, tags=["cpu", "ci"])(workflows)
+    _history_sessions(nox, toolkit)
     return registry
+
+
+def _history_sessions(nox: Any, toolkit: str) -> None:
+    """`history` (each CI job's record step runs `-- record`) and `monitor` (the hourly job)."""
+    def history(session: Any) -> None:
+        session.install(toolkit, *toolkit_extra("history"))
+        session.run("python", "-m", "ci", "history", *session.posargs)
+
+    def monitor(session: Any) -> None:
+        session.install(toolkit, *toolkit_extra("history"))
+        session.run(*MONITOR_COMMAND, *session.posargs)
+
+    history.__doc__ = ("The run history: show, flaky, monitor; in CI each job's last step records its "
+                       "run (`-- record`).")
+    monitor.__doc__ = f"{MONITOR_PURPOSE} (the hourly CI job)."
+    # Not tagged ci: `nox -t ci` runs suites; these are a job's last step and a schedule's job.
+    nox.session(name=HISTORY_SESSION, tags=[])(history)
+    nox.session(name=MONITOR_SESSION, tags=[])(monitor)
 
 
 def _session(nox: Any, suite: Suite, registry: Registry, toolkit: str) -> None:

@@ -350,6 +350,15 @@ class Smoke:
     minutes: int = JOB_MINUTES["cpu"]
 
 
+# The failure monitor's session: entries failing 3 consecutive runs on main. Its CI job is
+# the scheduled `monitor` (ci/event_plan.py, any repository whose schedules map a cron to the
+# monitor cadence). Exit 1 (entries failing) fails that job: the alert. A store it cannot
+# reach, or none configured, is one line and a pass (--unreachable-ok).
+MONITOR_SESSION = "monitor"
+MONITOR_REPORT = ".ci-cache/monitor.md"
+MONITOR_COMMAND = ("python", "-m", "ci", "history", "monitor", "--out", MONITOR_REPORT, "--unreachable-ok")
+MONITOR_PURPOSE = "The failure monitor: entries failing 3 consecutive runs on main, with the range to bisect"
+
 SESSIONS: tuple[Check | Smoke, ...] = (
     Check(name="lint", every_event=True, profiles=("lint",),
           purpose="Generated workflow is current and passes zizmor and the schemas; ruff everywhere, "
@@ -372,6 +381,8 @@ SESSIONS: tuple[Check | Smoke, ...] = (
           purpose="The run history: show, flaky, monitor; in CI each job's last step records its run "
                   "(`-- record`)",
           commands=(("python", "-m", "ci", "history"),)),
+    Check(name=MONITOR_SESSION, profiles=("history",), tags=(), posargs=True, purpose=MONITOR_PURPOSE,
+          commands=(MONITOR_COMMAND,)),
     Check(name="mutation", profiles=("mutation",), tags=("nightly",), cadences=("nightly",),
           posargs=True, minutes=240,
           purpose="Mutation score per core module (ci.suites.MUTATION_TARGETS); nightly and on demand, "

@@ -42,6 +42,7 @@ from ci.yaml_writer import (  # the writer lives apart so ci/gateway_workflow.py
     COMMAND,
     MARKER,
     SETUP_PYTHON,
+    UPLOAD_ARTIFACT,
     Flow,
     Folded,
     Node,
@@ -119,12 +120,17 @@ def concurrency_group(job: Job) -> Folded:
 # Every suite job's last step (`if: always()`) is `history record`: it writes runs the session
 # spooled, and records the job even when its session never got to (an install failed, the job
 # timed out or was cancelled). GPU jobs on self-hosted runners use a shared store instead of
-# the cache: SLIME_CI_HISTORY_URL comes from the repository secret of that name, passed only to
-# the steps that open the store (the session and the record step; nothing else sees it).
-# Without the secret they fall back to the cached SQLite file.
+# the cache: SLIME_CI_HISTORY_URL is a secret of the `ci-history` environment, which only the
+# jobs that open the store name, and only the steps that open it get (the session and the
+# record step; nothing else sees it). `deployment: false`: the environment's secrets without a
+# deployment record on the PR's timeline for every GPU job. Protection rules still apply: a
+# required reviewer there would hold every GPU job until approved (README). Without the secret
+# they fall back to the cached SQLite file; the scheduled monitor reads it too (a check with
+# `history_store`).
 CACHED_FILES = f"{DURATIONS_FILE}\n{HISTORY_FILE}\n"
 SHARDS_DIR = ".ci-cache/shards"
 HISTORY_SECRET = HISTORY_ENV
+HISTORY_ENVIRONMENT = "ci-history"
 HISTORY_SESSION = "history"
 
 
@@ -174,19 +180,31 @@ def records_durations(job: Job) -> bool:
 
 
 def records_history(job: Job, style: Style) -> bool:
-    """Jobs whose last step records the run (this repository's noxfile has the history session)."""
-    return style.own_jobs and job.kind != "check"
+    """Jobs whose last step records the run: every suite job (this repository's noxfile and an
+    adopter's, through ci.nox_sessions, both have the history session)."""
+    return job.kind != "check"
 
 
-# Not an environment secret: a job naming an environment adds a deployment to the PR's
-# timeline on every run. The job reaches same-repository PRs only (see its if:).
-_SECRET_NOTE = "zizmor: ignore[secrets-outside-env] the history store's URL, for this step only"
+def uses_shared_history(job: Job) -> bool:
+    """Jobs that open the shared store: GPU jobs (they record) and the scheduled monitor."""
+    return job.self_hosted or job.history_store
 
 
 def _history_env(job: Job) -> dict[str, Node]:
-    if not job.self_hosted:
+    if not uses_shared_history(job):
         return {}
-    return {HISTORY_ENV: Note(_expr(f"secrets.{HISTORY_SECRET}"), _SECRET_NOTE)}
+    return {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")}
+
+
+def _environment(job: Job) -> dict[str, Node]:
+    return {"name": HISTORY_ENVIRONMENT,
+            "deployment": Note(False, "its secrets, without a deployment on the PR's timeline")}
+
+
+def _upload_report(job: Job) -> dict[str, Node]:
+    return {"name": f"Upload {job.report}", "if": "always()", "uses": _uses(UPLOAD_ARTIFACT),
+            "with": {"name": f"{job.id}-report", "path": job.report,
+                     "if-no-files-found": Note("ignore", "the session said in one line why it wrote none")}}
 
 
 def _merge_shards(job: Job) -> dict[str, Node]:
@@ -220,6 +238,8 @@ def _steps(job: Job, style: Style) -> list[Node]:
     env: dict[str, Node] = {}
     if records_durations(job):
         env.update(style.suite_env)
+    if job.history_store:
+        env.update(_history_env(job))
     if job.self_hosted:
         # The dispatch input reaches the tests only through this variable; on a PR it is "0".
         env["SLIME_TEST_ENABLE_INFINITE_RUN"] = ("1" if job.infinite else
@@ -254,6 +274,8 @@ def _steps(job: Job, style: Style) -> list[Node]:
         steps.append(_record(job))
     if records_durations(job):
         steps.append(_save_durations(job))
+    if job.report:
+        steps.append(_upload_report(job))
     return steps
 
 
@@ -325,6 +347,8 @@ def _job(job: Job, style: Style) -> dict[str, Node]:
     else:
         out["runs-on"] = job.runs_on[0] if len(job.runs_on) == 1 else Flow(job.runs_on)
     out["permissions"] = {"contents": Note("read", "actions/checkout reads the repository")}
+    if uses_shared_history(job):
+        out["environment"] = _environment(job)
     out["concurrency"] = {"group": concurrency_group(job), "cancel-in-progress": True}
     out["timeout-minutes"] = Note(job.minutes, "bound derived in ci/timeouts.py")
     if job.tier == "cpu" and (records_durations(job) or job.scheduled_only):  # they install torch

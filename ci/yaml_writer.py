@@ -23,6 +23,7 @@ CHECKOUT = ("actions/checkout", "08c6903cd8c0fde910a37f88322edcfb5dd907a8", "v5.
 SETUP_PYTHON = ("actions/setup-python", "e797f83bcb11b83ae66e0230d6156d7c80228e7c", "v6.0.0")
 CACHE_RESTORE = ("actions/cache/restore", "27d5ce7f107fe9357f9df03efb73ab90386fccae", "v5.0.5")
 CACHE_SAVE = ("actions/cache/save", "27d5ce7f107fe9357f9df03efb73ab90386fccae", "v5.0.5")
+UPLOAD_ARTIFACT = ("actions/upload-artifact", "330a01c490aca151604b8cf639adc76d48f6c5d4", "v5.0.0")
 # --- a small deterministic YAML writer ---------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ neither this checkout nor its `slime`. No network: sessions run through nox with
 installs (`--no-venv --no-install`), in that venv; what they would install is tested apart.
 """
 
+import json
 import os
 import re
 import shutil
@@ -124,7 +125,7 @@ def _git(root: Path, *args: str) -> None:
 @pytest.fixture(scope="module")
 def toolkit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     wheel = build_wheel(tmp_path_factory.mktemp("wheel"))
-    deps = ("jinja2", "pytest", "nox", "GitPython")
+    deps = ("jinja2", "pytest", "nox", "GitPython", "sqlalchemy")  # sqlalchemy: the history extra
     return fresh_venv(tmp_path_factory.mktemp("venv") / "v", wheel, deps=deps)
 
 
@@ -185,6 +186,11 @@ def test_adopt_writes_everything_and_reports(adopted, repo: Path) -> None:
     assert "gpu_smoke" not in workflow and "\n  lint:" not in workflow
     assert "WANDB_API_KEY: \"${{ secrets.WANDB_API_KEY }}\"" in workflow
     assert "runs-on: [self-hosted]" in workflow
+    # Every suite job ends by recording its run, as this repository's do; the monitor runs hourly.
+    for session in ("cpu_unit", "megatron", "changed"):
+        assert f'run: "nox -s history -- record --suite {session} --status \\"$STATUS\\""' in workflow, session
+    assert "\n  monitor:\n" in workflow and "run: nox -s monitor\n" in workflow
+    assert workflow.count("name: ci-history\n") == workflow.count("runs-on: [self-hosted]") + 1
 
 
 def test_adopt_again_changes_nothing_and_bad_input_writes_nothing(adopted, toolkit: Path, repo: Path,
@@ -218,7 +224,8 @@ def test_a_file_adopt_did_not_write_is_kept_unless_forced(adopted, repo: Path, t
 def test_commands_work_from_the_adopters_root(adopted, toolkit: Path, repo: Path) -> None:
     listed = _run(toolkit, "python", "-m", "nox", "-l", cwd=repo)
     assert listed.returncode == 0, listed.stderr
-    for session in ("cpu_unit", "agent_adapter", "megatron", "image", "changed", "workflows"):
+    for session in ("cpu_unit", "agent_adapter", "megatron", "image", "changed", "workflows", "history",
+                    "monitor"):
         assert f"* {session} " in listed.stdout, session
     assert _run(toolkit, "slime-ci", "workflows", "--check", cwd=repo).returncode == 0
     audit = _run(toolkit, "slime-ci", "audit", cwd=repo)
@@ -237,6 +244,24 @@ def test_commands_work_from_the_adopters_root(adopted, toolkit: Path, repo: Path
                  "-v /mnt/ci/models:/root/models", "-v /mnt/ci/datasets:/root/datasets", "-v /mnt/ci:/data/ci",
                  "-e SLIME_TEST_USE_DEEPEP=1", "--async-save"):
         assert flag in text, flag
+
+
+def test_the_adopters_history_session_records_a_job_and_the_monitor_reads_it(
+        adopted, toolkit: Path, repo: Path, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.sqlite'}"  # the shared store, as the secret would name it
+    (repo / ".ci-cache/history-journal").unlink(missing_ok=True)  # no session ran in this job
+    nox = ("python", "-m", "nox", "--no-venv", "--no-install")
+    record = _run(toolkit, *nox, "-s", "history", "--", "record", "--suite", "megatron", "--status",
+                  "cancelled", "--history", url, cwd=repo)
+    assert record.returncode == 0, record.stdout[-2000:] + record.stderr[-2000:]
+    show = _run(toolkit, *nox, "-s", "history", "--", "show", "--json", "--history", url, cwd=repo)
+    assert show.returncode == 0, show.stderr[-2000:]
+    counts = json.loads(show.stdout.strip().splitlines()[-1])
+    assert counts["runs"] == 1 and counts["attempts"] == 0  # the job, recorded without its session
+    monitor = _run(toolkit, *nox, "-s", "monitor", "--", "--history", url, cwd=repo)
+    assert monitor.returncode == 0, monitor.stdout[-2000:] + monitor.stderr[-2000:]
+    assert "monitor: no entry failed 3 consecutive runs on main" in monitor.stdout
+    assert (repo / ".ci-cache/monitor.md").is_file()
 
 
 # "ci/suites.py" as its own path, not the tail of ".slime-ci/suites.py".

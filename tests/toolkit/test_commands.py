@@ -22,9 +22,11 @@ from ci.commands import (
     load_policy,
     parse_comment,
     parse_policy,
+    teams_to_check,
 )
 from ci.errors import UsageError
 from ci.event_plan import main
+from ci.gateway_teams import Fetch, lookup
 
 NUM_GPUS = 0
 
@@ -104,6 +106,55 @@ def test_every_refusal(body: str, ctx: Context, policy: Policy | None, why: str)
     verdict = _verdict(body, ctx, policy)
     assert isinstance(verdict, Refused), verdict
     assert verdict.why.startswith(why) and "\n" not in verdict.why
+
+
+def test_a_team_only_grant_without_membership_data_is_refused_naming_the_secret() -> None:
+    eve = Context(actor="eve", association="NONE", teams_unavailable="set the X secret")
+    verdict = _verdict("/rerun-test tests/test_gae.py", eve)
+    assert isinstance(verdict, Refused)
+    assert verdict.why == ("eve (NONE) may use /rerun-test only through team gpu-ci, which the gateway "
+                           "cannot check: set the X secret")
+    # Roles and listed users still work without it; a grant with no team refuses as before.
+    assert isinstance(_verdict("/rerun-test tests/test_gae.py", Context(
+        actor="carol", association="NONE", teams_unavailable="x")), Allowed)
+    assert isinstance(v := _verdict("/rerun-failed", eve), Refused) and "may not use" in v.why
+
+
+def test_teams_are_looked_up_only_when_they_could_change_the_verdict() -> None:
+    eve = Context(actor="eve", association="NONE")
+    assert teams_to_check("/rerun-test tests/test_gae.py", eve, POLICY) == {"gpu-ci"}
+    assert teams_to_check("/rerun-test tests/test_gae.py", MEMBER, POLICY) == frozenset()  # a role admits
+    assert teams_to_check("/rerun-failed", eve, POLICY) == frozenset()  # no team in that grant
+    assert teams_to_check("/help", eve, POLICY) == {"gpu-ci"}
+    assert teams_to_check("no command", eve, POLICY) == frozenset()
+    assert teams_to_check("/rerun-test x", eve, None) == frozenset()
+
+
+def test_team_lookup_answers() -> None:
+    env = {"SLIME_CI_TEAMS_TOKEN": "t", "GITHUB_API_URL": "http://api.test/"}
+    asked: list[str] = []
+
+    def fetch(status: int, body: object) -> Fetch:
+        def answer(url: str, token: str) -> tuple[int, object]:
+            asked.append(url)
+            assert token == "t"
+            return status, body
+        return answer
+
+    assert lookup("dave", "acme", ["gpu-ci"], env, fetch(200, {"state": "active"})).teams == {"gpu-ci"}
+    assert asked == ["http://api.test/orgs/acme/teams/gpu-ci/memberships/dave"]
+    pending = lookup("dave", "acme", ["gpu-ci"], env, fetch(200, {"state": "pending"}))
+    assert pending.teams == frozenset() and pending.unavailable is None
+    assert lookup("dave", "acme", ["gpu-ci"], env, fetch(404, {})).unavailable is None
+    assert "HTTP 401" in str(lookup("dave", "acme", ["gpu-ci"], env, fetch(401, None)).unavailable)
+    assert "HTTP 502" in str(lookup("dave", "acme", ["gpu-ci"], env, fetch(502, None)).unavailable)
+    assert "SLIME_CI_TEAMS_TOKEN" in str(lookup("dave", "acme", ["gpu-ci"], {}, fetch(200, {})).unavailable)
+    assert lookup("dave", "acme", [], {}, fetch(200, {})).unavailable is None  # nothing to ask
+
+    def down(url: str, token: str) -> tuple[int, object]:
+        raise OSError("connection refused")
+
+    assert "could not be reached" in str(lookup("dave", "acme", ["gpu-ci"], env, down).unavailable)
 
 
 def test_help_lists_only_what_its_author_may_use() -> None:

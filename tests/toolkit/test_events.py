@@ -32,7 +32,7 @@ NUM_GPUS = 0
 
 CPU = {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke"}
 GPU = {"sglang_config", "megatron", "precision", "ckpt", "image", "changed"}
-NIGHTLY, WEEKLY = list(DEFAULT_SCHEDULES)
+NIGHTLY, WEEKLY, MONITOR = list(DEFAULT_SCHEDULES)
 SHA = "89abcdef0123456789abcdef0123456789abcdef"
 
 
@@ -64,6 +64,7 @@ ROWS: list[tuple[str, list[str], set[str]]] = [
                                                                    "plants", "mutation"}),
     ("weekly cron", ["--event", "schedule", "--cron", WEEKLY],
      {"sglang_config", "megatron", "precision", "ckpt", "image", "megatron_stability", "lock_check"}),
+    ("monitor cron", ["--event", "schedule", "--cron", MONITOR], {"monitor"}),
     ("dispatch", ["--event", "workflow_dispatch"], CPU | GPU),
 ]
 
@@ -252,6 +253,23 @@ def test_comment_row(capsys: pytest.CaptureFixture[str], comment: str, actor: st
         assert "\n" not in out["why"] and out["reply"] == f"Not run: {out['why']}."
 
 
+def test_run_ci_by_an_allowed_user_adds_the_label_and_dispatches_the_suite_now(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    out = _plan(capsys, "--event", "issue_comment", "--comment", "/run-ci run-ci-precision",
+                "--actor", "owner", "--association", "OWNER", "--pr", "9", "--sha", SHA)
+    assert out["add_label"] == "run-ci-precision" and out["dispatch"]["inputs"]["suite"] == "precision"
+    assert out["actions"] == [
+        {"job": "label", "does": "add label run-ci-precision (pull-requests: write)"},
+        {"job": "run", "does": f"dispatch run-ci-file.yml: nox -s precision on {SHA} (actions: write)"},
+        {"job": "answer", "does": "react rocket and reply (issues: write)"}]
+    assert "starts no workflow run" in out["why_dispatch"]
+    assert main(["--event", "issue_comment", "--comment", "/run-ci run-ci-precision", "--actor", "owner",
+                 "--association", "OWNER", "--pr", "9", "--sha", SHA, "--root", str(REPO)]) == 0
+    text = capsys.readouterr().out
+    assert f"runs: nox -s precision on {SHA}" in text and "adds label: run-ci-precision (a label" in text
+    assert "job label: add label run-ci-precision" in text
+
+
 def test_dispatch_of_the_one_file_workflow_resolves_or_refuses(capsys: pytest.CaptureFixture[str]) -> None:
     out = _plan(capsys, "--event", "workflow_dispatch", "--suite", "ckpt",
                 "--only", "tests/e2e/test_tiny_ckpt.py", "--sha", SHA)
@@ -319,20 +337,40 @@ def test_the_gateway_never_checks_out_pr_code_and_scopes_its_permissions() -> No
     files = render(table())
     gw = yaml.safe_load(files[GATEWAY_PATH])
     assert gw["permissions"] == {} and set(gw["on"]) == {"issue_comment"}
-    job = gw["jobs"]["command"]
-    assert job["permissions"] == {"contents": "read", "pull-requests": "write", "issues": "write",
-                                  "actions": "write"}
+    assert list(gw["jobs"]) == ["decide", "label", "run", "answer"]
+    job = gw["jobs"]["decide"]  # the only job that checks out, and it may write nothing
+    assert job["permissions"] == {"contents": "read", "pull-requests": "read"}
+    for other in ("label", "run", "answer"):
+        assert "actions/checkout" not in json.dumps(gw["jobs"][other])
+        assert len(gw["jobs"][other]["permissions"]) == 1
+        assert all(v == "write" for v in gw["jobs"][other]["permissions"].values())
+    assert gw["jobs"]["label"]["permissions"] == {"pull-requests": "write"}  # only it can add the label
     checkouts = [s for s in job["steps"] if "actions/checkout" in s.get("uses", "")]
     assert [c["with"]["ref"] for c in checkouts] == ["${{ github.event.repository.default_branch }}"]
+    # The team token only in the step that looks up membership, from the ci-comment environment.
+    assert job["environment"] == {"name": "ci-comment", "deployment": False}
+    holders = [s for j in gw["jobs"].values() for s in j["steps"] if "secrets." in json.dumps(s)]
+    assert holders == [job["steps"][-1]]
+    assert holders[0]["env"]["SLIME_CI_TEAMS_TOKEN"] == "${{ secrets.SLIME_CI_TEAMS_TOKEN }}"
     # The comment body reaches the shell only through the environment, never through ${{ }}.
-    assert all("${{" not in s.get("run", "") for s in job["steps"])
+    assert all("${{" not in s.get("run", "") for j in gw["jobs"].values() for s in j["steps"])
     one = yaml.safe_load(files[RUN_FILE_PATH])
     assert one["jobs"]["resolve"]["permissions"] == {"contents": "read", "pull-requests": "read"}
     for tier in ("cpu", "gpu"):
         run = one["jobs"][f"run_{tier}"]
         assert run["needs"] == "resolve" and run["if"] == f"needs.resolve.outputs.tier == '{tier}'"
         assert run["steps"][0]["with"]["ref"] == "${{ inputs.sha }}"
-        assert 'nox -s "$SUITE" -- --only "$ONLY"' in run["steps"][-1]["run"]
+        session = next(s for s in run["steps"] if s["name"] == "nox -s <suite> -- --only <file>")
+        assert 'nox -s "$SUITE" -- --only "$ONLY"' in session["run"]
+        # The GPU run records itself in the shared store, as pr-test's GPU jobs do; CPU keeps none.
+        gpu = tier == "gpu"
+        assert (run.get("environment") == {"name": "ci-history", "deployment": False}) == gpu
+        assert ("SLIME_CI_HISTORY_URL" in session["env"]) == gpu
+        if gpu:
+            assert run["steps"][-1]["if"] == "always()"
+            assert run["steps"][-1]["run"] == 'nox -s history -- record --suite "$SUITE" --status "$STATUS"'
+        else:
+            assert run["steps"][-1] is session
 
 
 def test_a_registry_can_turn_comment_commands_off() -> None:

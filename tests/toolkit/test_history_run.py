@@ -7,12 +7,15 @@ migration, metric gates, flake quarantine and the failure monitor are checked en
 """
 
 import json
+import os
 import sqlite3
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-from _ci import run_ci, write
+import yaml
+from _ci import REPO, run_ci, write
 
 NUM_GPUS = 0
 
@@ -216,6 +219,64 @@ def test_the_monitor_reports_three_consecutive_failures_on_main_with_the_range(r
     assert (tmp_path / "summary.md").read_text() == out.read_text()
     quiet = run_ci("history", "monitor", "-k", "4", "--root", str(root), "--history", url)
     assert quiet.returncode == 0 and quiet.stdout.strip() == "monitor: no entry failed 4 consecutive runs on main"
+
+
+def _monitor_job_command():
+    """The generated monitor job's session step, and the command that session runs."""
+    from ci.event_plan import table
+    from ci.suites import MONITOR_REPORT, SESSIONS
+    from ci.workflow import WORKFLOW_PATH, render
+
+    job = yaml.safe_load(render(table())[WORKFLOW_PATH])["jobs"]["monitor"]
+    assert job["environment"] == {"name": "ci-history", "deployment": False}
+    (step,) = [s for s in job["steps"] if s.get("run", "").startswith("nox -s ")]
+    assert step["run"] == "nox -s monitor"
+    assert step["env"] == {"SLIME_CI_HISTORY_URL": "${{ secrets.SLIME_CI_HISTORY_URL }}"}
+    upload = job["steps"][-1]
+    assert upload["if"] == "always()" and upload["with"]["path"] == MONITOR_REPORT
+    (session,) = [x for x in SESSIONS if x.name == "monitor"]
+    (command,) = session.commands  # what `nox -s monitor` runs in its venv
+    assert command[0] == "python"
+    return [sys.executable, *command[1:]], MONITOR_REPORT
+
+
+def test_the_scheduled_monitor_job_reports_three_failures_and_passes_on_an_unreachable_store(repo, tmp_path):
+    root, plant = repo
+    for n, outcome in enumerate(["pass", "fail", "fail", "fail"]):
+        (plant / "coin").write_text(outcome)
+        env = {"GITHUB_REF_NAME": "main", "GITHUB_SHA": f"{n + 5:x}" * 40, "GITHUB_EVENT_NAME": "schedule"}
+        assert _train(repo, "--only", "test_coin", env=env).returncode == 1 - (outcome == "pass")
+    command, report = _monitor_job_command()
+    summary = tmp_path / "summary.md"
+    base = {**os.environ, "PYTHONPATH": str(REPO), "GITHUB_STEP_SUMMARY": str(summary)}
+    base.pop("SLIME_CI_HISTORY_URL", None)
+
+    def job(url):
+        env = {**base, **({"SLIME_CI_HISTORY_URL": url} if url is not None else {})}
+        return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=120,
+                              check=False)
+
+    found = job(f"sqlite:///{root / '.ci-cache/history.sqlite'}")
+    assert found.returncode == 1, found.stdout + found.stderr  # entries failing: the job fails, the alert
+    assert found.stdout.splitlines()[0] == "monitor: 1 entry failed 3+ consecutive runs on main"
+    text = (root / report).read_text()
+    assert "| train | `tests/e2e/test_coin.py` | 3 |" in text
+    assert f"`{'5' * 12}` | `{'6' * 12}` | coin came up tails |" in text  # the range to bisect
+    assert summary.read_text() == text
+    (root / report).unlink()
+    down = job("postgresql://ci@127.0.0.1:9/history")  # port 9: nothing listens
+    assert down.returncode == 0 and down.stdout == "", down.stdout + down.stderr
+    (line,) = down.stderr.splitlines()
+    assert line.startswith("monitor: skipped, the history store cannot be used") and "127.0.0.1" in line
+    assert not (root / report).exists()
+    empty = tmp_path / "fresh"
+    empty.mkdir()
+    none = subprocess.run(command, cwd=empty, env=base, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert none.returncode == 0, none.stdout + none.stderr
+    assert none.stderr.strip() == ("monitor: no history store to read; set SLIME_CI_HISTORY_URL "
+                                   "(the ci-history environment's secret) to the shared store's URL")
+    assert not (empty / ".ci-cache").exists()  # nothing half-written
 
 
 if __name__ == "__main__":

@@ -93,16 +93,18 @@ def test_yaml_writer_round_trips_tricky_scalars_through_a_real_parser() -> None:
 def test_one_job_per_session_each_running_nox() -> None:
     jobs = _workflow()["jobs"]
     # The plan job asks `python -m ci plan` about the PR's diff (tests/toolkit/test_events.py).
-    # After the stability job, the scheduled checks (ci.suites.SESSIONS with cadences).
+    # After the stability job, the scheduled checks (ci.suites.SESSIONS with cadences), then
+    # the hourly failure monitor.
     assert list(jobs) == ["plan", *(s.name for s in SUITES), "lint", "gpu_smoke", "megatron_stability",
-                          *SCHEDULED_CHECKS]
+                          *SCHEDULED_CHECKS, "monitor"]
     for job_id, job in jobs.items():
         if job_id in ("megatron_stability", "plan"):  # their own shape: tests/toolkit/test_events.py
             continue
         last = _nox_step(job)
         assert last["run"] == f"nox -s {job_id}"
         assert job["steps"][2]["run"].startswith("python -m pip install nox==")
-        gpu = job_id not in {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke", *SCHEDULED_CHECKS}
+        gpu = job_id not in {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke", *SCHEDULED_CHECKS,
+                             "monitor"}
         assert job["runs-on"] == (["self-hosted", "gpu"] if gpu else "ubuntu-latest")
         assert ("SLIME_TEST_ENABLE_INFINITE_RUN" in last.get("env", {})) == gpu
         assert job["timeout-minutes"] > 0
@@ -162,7 +164,7 @@ def test_suite_jobs_restore_durations_from_main_before_the_run_and_save_after_it
     assert not any("actions/cache" in s.get("uses", "") for s in jobs["lint"]["steps"])
     keys = set()
     for job_id, job in jobs.items():
-        if job_id in ("lint", "megatron_stability", "plan", *SCHEDULED_CHECKS):  # checks; infinite mode
+        if job_id in ("lint", "megatron_stability", "plan", *SCHEDULED_CHECKS, "monitor"):  # checks; infinite
             continue
         restore_at, restore, save_at, save = _cache_steps(job)
         nox_at = job["steps"].index(_nox_step(job))
@@ -233,7 +235,11 @@ def test_least_privilege_and_no_credentials_left_on_disk() -> None:
     assert "pull_request_target" not in text
     # One secret, the history store's URL, only in the env of the steps that open the store.
     assert set(re.findall(r"secrets\.\w+", text)) == {"secrets.SLIME_CI_HISTORY_URL"}
-    for job in wf["jobs"].values():
+    for job_id, job in wf["jobs"].items():
+        # Only the jobs that open the shared store name its environment, and no deployment.
+        opens = "secrets." in json.dumps(job)
+        assert opens == (job_id in {j.id for j in table() if j.self_hosted or j.history_store}), job_id
+        assert job.get("environment") == ({"name": "ci-history", "deployment": False} if opens else None)
         for step in job["steps"]:
             if "secrets." in json.dumps(step):
                 assert "secrets." not in json.dumps({k: v for k, v in step.items() if k != "env"})
@@ -250,8 +256,9 @@ def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> No
     uses = re.findall(r"uses: (\S+)(.*)", text)
     # checkout and setup-python everywhere; cache restore and save in every job but lint.
     # The weekly stability job keeps no durations (its runs repeat until a bound); the plan
-    # job checks out and sets up Python.
-    assert len(uses) == sum(2 if j.kind == "check" or j.infinite else 4 for j in table()) + 2
+    # job checks out and sets up Python; a check with a report uploads it.
+    assert len(uses) == sum((2 if j.kind == "check" or j.infinite else 4) + bool(j.report)
+                            for j in table()) + 2
     for ref, rest in uses:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40}", ref), ref
         assert re.fullmatch(r"  # v\d+\.\d+\.\d+", rest), rest
@@ -383,8 +390,8 @@ def test_zizmor_finds_nothing_even_as_auditor_and_the_only_silenced_finding_is_s
                           check=False)
     idents = [f["ident"] for f in yaml.safe_load(bare.stdout)]
     hosted = sum(j.self_hosted for j in table())
-    # ...and the history secret outside an environment: two steps (the session, the record) a job.
-    assert sorted(idents) == sorted(["self-hosted-runner"] * hosted + ["secrets-outside-env"] * 2 * hosted)
+    # The history secret lives in the ci-history environment: no secrets-outside-env to silence.
+    assert sorted(idents) == ["self-hosted-runner"] * hosted
 
 
 @pytest.mark.skipif(_tool("check-jsonschema") is None,
