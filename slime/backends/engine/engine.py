@@ -51,6 +51,8 @@ class GenerateRequest:
                    logprob_start_len=prompt.logprob_start_len, top_logprobs_num=prompt.top_logprobs_num)
 
 
+Answer = tuple[list[Generation], str]  # a job's generations and the weight version that made them
+
 _STOP = object()  # queued by close(): the worker ends after the work before it
 
 
@@ -174,15 +176,34 @@ class Engine:
         for r in requests:
             self.check_request(r.input_ids, r.params)
         future: cf.Future[tuple[list[Generation], str]] = cf.Future()
-        with self._seed_lock:
-            self.requests_in_flight += len(requests)
-
-        def done(_: object) -> None:
-            with self._seed_lock:
-                self.requests_in_flight -= len(requests)
-        future.add_done_callback(done)
-        self._queue.put(("generate", list(requests), future))
+        self.enqueue([(requests, future)])
         return future
+
+    def enqueue(self, jobs: Sequence[tuple[Sequence[GenerateRequest], cf.Future[Answer]]]) -> None:
+        """Queue several callers' checked requests at once, each answered through its own future.
+
+        They reach the worker together (in queue items of at most `max_batch_size` sequences),
+        so requests that arrived together start in one batch instead of the first of them
+        starting a batch alone while the rest are still being queued.
+        """
+        item: list[tuple[list[GenerateRequest], cf.Future[Answer]]] = []
+        size = 0
+        for requests, future in jobs:
+            count = len(requests)
+            with self._seed_lock:
+                self.requests_in_flight += count
+
+            def done(_: object, count: int = count) -> None:
+                with self._seed_lock:
+                    self.requests_in_flight -= count
+            future.add_done_callback(done)
+            if item and size + count > self.max_batch_size:
+                self._queue.put(("generate", item, None))
+                item, size = [], 0
+            item.append((list(requests), future))
+            size += count
+        if item:
+            self._queue.put(("generate", item, None))
 
     def generate(self, requests: Sequence[GenerateRequest],
                  timeout: float | None = None) -> tuple[list[Generation], str]:
@@ -200,33 +221,34 @@ class Engine:
         return future.result(timeout)
 
     def _serve(self) -> None:
+        pending = None  # an item taken while filling a batch that did not belong in it
         while True:
-            item = self._queue.get()
+            item = self._queue.get() if pending is None else pending
+            pending = None
             if item is _STOP:
                 return
             kind, payload, future = item
             if kind == "call":
                 self._run(future, payload)
                 continue
-            jobs = [(payload, future)]
-            size = len(payload)
-            held = None
-            # Merge the generations already waiting; stop at a control call to keep the order.
+            jobs = list(payload)
+            size = sum(len(reqs) for reqs, _ in jobs)
+            # Merge the generations already waiting, up to the batch size; stop at a control
+            # call (it runs after this batch, keeping the order).
             while size < self.max_batch_size:
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if nxt is _STOP or nxt[0] != "generate":
-                    held = nxt
-                    break
-                jobs.append((nxt[1], nxt[2]))
-                size += len(nxt[1])
+                if nxt is not _STOP and nxt[0] == "generate":
+                    more = sum(len(reqs) for reqs, _ in nxt[1])
+                    if size + more <= self.max_batch_size:
+                        jobs.extend(nxt[1])
+                        size += more
+                        continue
+                pending = nxt
+                break
             self._run_batch(jobs)
-            if held is _STOP:
-                return
-            if held is not None:
-                self._run(held[2], held[1])
 
     @staticmethod
     def _run(future: cf.Future[Any], fn: Callable[[], Any]) -> None:
