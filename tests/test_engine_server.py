@@ -456,12 +456,13 @@ def test_enqueued_jobs_fill_batches_up_to_the_cap_and_each_gets_its_own_answer(m
         jobs = [([GenerateRequest(input_ids=tuple(PROMPT), params=SamplingParams(max_new_tokens=2), seed=10 * j + i)
                   for i in range(size)], cf.Future()) for j, size in enumerate([5, 2, 4, 3])]
         engine.enqueue(jobs)
-        assert engine._queue.qsize() == 2  # [5, 2] and [4, 3]: a third job would overflow the first item
+        assert engine._queue.qsize() == 1
         assert engine.requests_in_flight == 14
         release.set()
         answers = [future.result(30) for _, future in jobs]
         assert [len(gens) for gens, _ in answers] == [5, 2, 4, 3]
-        assert engine.batches_run == 2 and engine.requests_served == 14  # neither batch over the cap of 8
+        # [5, 2] then [4, 3]: neither batch over the cap of 8, no job split across two.
+        assert engine.batches_run == 2 and engine.requests_served == 14
         alone = engine.generate([jobs[2][0][1]])[0][0]
         assert alone.output_ids == answers[2][0][1].output_ids  # its own seed, whatever shared the batch
         assert engine.requests_in_flight == 0

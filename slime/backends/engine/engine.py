@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,7 @@ class GenerateRequest:
 
 
 Answer = tuple[list[Generation], str]  # a job's generations and the weight version that made them
+Job = tuple[list[GenerateRequest], cf.Future[Answer]]  # one caller's sequences and its answer
 
 _STOP = object()  # queued by close(): the worker ends after the work before it
 
@@ -182,12 +184,11 @@ class Engine:
     def enqueue(self, jobs: Sequence[tuple[Sequence[GenerateRequest], cf.Future[Answer]]]) -> None:
         """Queue several callers' checked requests at once, each answered through its own future.
 
-        They reach the worker together (in queue items of at most `max_batch_size` sequences),
-        so requests that arrived together start in one batch instead of the first of them
-        starting a batch alone while the rest are still being queued.
+        They reach the worker as one queue item, which it splits job by job into batches of at
+        most `max_batch_size` sequences: requests that arrived together start in one batch
+        instead of the first of them starting a batch alone while the rest are still queued.
         """
-        item: list[tuple[list[GenerateRequest], cf.Future[Answer]]] = []
-        size = 0
+        item: list[Job] = []
         for requests, future in jobs:
             count = len(requests)
             with self._seed_lock:
@@ -197,11 +198,7 @@ class Engine:
                 with self._seed_lock:
                     self.requests_in_flight -= count
             future.add_done_callback(done)
-            if item and size + count > self.max_batch_size:
-                self._queue.put(("generate", item, None))
-                item, size = [], 0
             item.append((list(requests), future))
-            size += count
         if item:
             self._queue.put(("generate", item, None))
 
@@ -221,33 +218,38 @@ class Engine:
         return future.result(timeout)
 
     def _serve(self) -> None:
-        pending = None  # an item taken while filling a batch that did not belong in it
+        carry: deque[Job] = deque()  # jobs of a queue item that did not fit the last batch: next in line
+        held = None  # a control call (or the stop marker) met while filling a batch: after `carry`
         while True:
-            item = self._queue.get() if pending is None else pending
-            pending = None
-            if item is _STOP:
-                return
-            kind, payload, future = item
-            if kind == "call":
-                self._run(future, payload)
-                continue
-            jobs = list(payload)
-            size = sum(len(reqs) for reqs, _ in jobs)
-            # Merge the generations already waiting, up to the batch size; stop at a control
-            # call (it runs after this batch, keeping the order).
-            while size < self.max_batch_size:
+            if not carry:
+                item = self._queue.get() if held is None else held
+                held = None
+                if item is _STOP:
+                    return
+                kind, payload, future = item
+                if kind == "call":
+                    self._run(future, payload)
+                    continue
+                carry = deque(payload)
+            jobs: list[Job] = []
+            size = 0
+            # Fill the batch job by job: from what is carried, then from the generations already
+            # waiting; a control call stops the merge (it runs after them, keeping the order).
+            while True:
+                while carry and (not jobs or size + len(carry[0][0]) <= self.max_batch_size):
+                    job = carry.popleft()
+                    jobs.append(job)
+                    size += len(job[0])
+                if carry or held is not None or size >= self.max_batch_size:
+                    break
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if nxt is not _STOP and nxt[0] == "generate":
-                    more = sum(len(reqs) for reqs, _ in nxt[1])
-                    if size + more <= self.max_batch_size:
-                        jobs.extend(nxt[1])
-                        size += more
-                        continue
-                pending = nxt
-                break
+                if nxt is _STOP or nxt[0] != "generate":
+                    held = nxt
+                    break
+                carry = deque(nxt[1])
             self._run_batch(jobs)
 
     @staticmethod
