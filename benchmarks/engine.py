@@ -12,7 +12,10 @@ load falls on both. Every request's latency and the server process's CPU time ar
 Printed: per side the median over the rounds of requests/s, p50/p99 latency and server CPU
 ms per request, their ratios new/old, and the paired figure: the median over the rounds of
 each round's own new/old ratio (with its range), steadier than a ratio of medians when the
-host's load moves between rounds. On a busy host the CPU column is the steadier one. Each
+host's load moves between rounds. On a busy host the CPU column is the steadier one, and
+"cores used" (server CPU seconds over burst seconds) shows how much CPU each side was given:
+an http.server engine, one thread per connection, is handed a larger share of a contended
+CPU than one event loop and one worker thread are, whatever a request costs. Each
 server runs with its own root as working directory and reports the package it imported,
 so a side can never run the other side's code. `--baseline` given more than once (say the
 last http.server revision and the revision before a change) runs every one of them in the
@@ -129,7 +132,7 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-Row = tuple[float, float, float, float]  # req/s, p50 s, p99 s, server CPU s per request
+Row = tuple[float, float, float, float, float]  # req/s, p50 s, p99 s, server CPU s per request, cores used
 
 
 def _order(names: list[str], round_no: int) -> list[str]:
@@ -161,7 +164,7 @@ def compare(args: argparse.Namespace) -> int:
                     wall, lat = asyncio.run(_burst(served[name].url, args.concurrent, params))
                     cpu = served[name].cpu_seconds() - cpu
                     rows[name].append((args.concurrent / wall, _percentile(lat, 0.5), _percentile(lat, 0.99),
-                                       cpu / args.concurrent))
+                                       cpu / args.concurrent, cpu / wall))
                     print(f"round {round_no + 1} {name}: {args.concurrent / wall:.1f} req/s, "
                           f"{cpu / args.concurrent * 1000:.2f} CPU ms/req", flush=True)
         finally:
@@ -174,10 +177,13 @@ def compare(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, baselines: list[str], rows: dict[str, list[Row]]) -> None:
     print(f"\n{args.concurrent} concurrent /generate, {args.max_new_tokens} new tokens, "
           f"median of {args.rounds} rounds")
-    print(f"{'server':<24} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>11}")
+    # Cores used: the server's CPU seconds over the burst's wall seconds. Below one core on a
+    # busy host, a side was waiting for a CPU, not working: its req/s says how much CPU the
+    # scheduler gave it, and CPU ms/req what a request costs.
+    print(f"{'server':<24} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>11} {'cores used':>11}")
     for name, values in rows.items():
-        rps, p50, p99, cpu = (statistics.median(v[i] for v in values) for i in range(4))
-        print(f"{name:<24} {rps:8.1f} {p50 * 1000:8.1f} {p99 * 1000:8.1f} {cpu * 1000:11.2f}")
+        rps, p50, p99, cpu, cores = (statistics.median(v[i] for v in values) for i in range(5))
+        print(f"{name:<24} {rps:8.1f} {p50 * 1000:8.1f} {p99 * 1000:8.1f} {cpu * 1000:11.2f} {cores:11.2f}")
     *olds, new = rows.values()
     for rev, old in zip(baselines, olds, strict=True):
         label = "new/old" if len(olds) == 1 else f"new/{rev}"
