@@ -9,7 +9,16 @@ import sys
 import pytest
 import torch
 
-from slime.backends.engine.sampler import SamplingParams, _filter_logits, generate, left_pad
+from slime.backends.engine.sampler import (
+    SamplingParams,
+    _adjust,
+    _draw,
+    _draw_plain,
+    _filter_logits,
+    _plain,
+    generate,
+    left_pad,
+)
 from slime.model.tiny import build_tiny_model
 
 NUM_GPUS = 0
@@ -165,6 +174,38 @@ def test_draws_follow_the_distribution(model):
     counts = torch.bincount(torch.tensor([g.output_ids[0] for g in draws]), minlength=probs.numel()).float()
     sigma = torch.sqrt(probs * (1 - probs) / n)
     assert torch.all((counts / n - probs).abs() <= 4 * sigma + 1e-3)
+
+
+def test_batched_draw_of_plain_rows_is_each_rows_own_draw():
+    # The batched fast path must pick, row for row, what the one-row path picks from the same
+    # generator state, at every temperature (greedy included), so batching never changes a sample.
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(24, 50, generator=gen) * 3
+    temps = [0.0, 1.0, 0.7, 1.3, 0.05, 4.0] * 4
+    params = [SamplingParams(temperature=t) for t in temps]
+    seeds = list(range(100, 124))
+    fast = _draw_plain(logits, list(range(24)), params, [torch.Generator().manual_seed(s) for s in seeds])
+    slow = {r: _draw(logits[r], params[r], torch.Generator().manual_seed(seeds[r])) for r in range(24)}
+    assert fast == slow
+    assert len(set(fast.values())) > 3  # not one token everywhere
+    # A subset keeps each row's own generator: row 5 alone draws what it drew in the batch.
+    assert _draw_plain(logits, [5], params, [torch.Generator().manual_seed(s) for s in seeds]) == {5: slow[5]}
+
+
+def test_only_rows_that_adjust_and_filter_leave_alone_are_plain():
+    stops = {2}
+    assert _plain(SamplingParams(temperature=0.7), [], stops, vocab=50)
+    assert _plain(SamplingParams(top_k=50, top_p=1.0), [], stops, vocab=50)  # top-k of the whole vocabulary
+    for params in (SamplingParams(top_p=0.9), SamplingParams(top_k=5), SamplingParams(min_p=0.1),
+                   SamplingParams(repetition_penalty=1.2), SamplingParams(frequency_penalty=0.5),
+                   SamplingParams(presence_penalty=-0.5), SamplingParams(logit_bias=((3, 1.0),)),
+                   SamplingParams(min_new_tokens=2)):
+        assert not _plain(params, [7], stops, vocab=50), params
+    # min_new_tokens masks stops only until reached.
+    assert _plain(SamplingParams(min_new_tokens=1), [7], stops, vocab=50)
+    row = torch.randn(50)
+    assert _adjust(row, SamplingParams(), [7], stops) is row
+    assert torch.equal(_filter_logits(row, 1.0, 1.0, 50), row)
 
 
 if __name__ == "__main__":

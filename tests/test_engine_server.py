@@ -444,6 +444,58 @@ def test_close_finishes_queued_work_and_ends_the_worker(models):
     assert len(outs) == 3
 
 
+
+def test_enqueued_jobs_fill_batches_up_to_the_cap_and_each_gets_its_own_answer(models):
+    import concurrent.futures as cf
+
+    from slime.backends.engine.engine import Engine, GenerateRequest
+    from slime.backends.engine.sampler import SamplingParams
+
+    with Engine(models["a"], max_batch_size=8) as engine:
+        release = _blocked(engine)
+        jobs = [([GenerateRequest(input_ids=tuple(PROMPT), params=SamplingParams(max_new_tokens=2), seed=10 * j + i)
+                  for i in range(size)], cf.Future()) for j, size in enumerate([5, 2, 4, 3])]
+        engine.enqueue(jobs)
+        assert engine._queue.qsize() == 1
+        assert engine.requests_in_flight == 14
+        release.set()
+        answers = [future.result(30) for _, future in jobs]
+        assert [len(gens) for gens, _ in answers] == [5, 2, 4, 3]
+        # [5, 2] then [4, 3]: neither batch over the cap of 8, no job split across two.
+        assert engine.batches_run == 2 and engine.requests_served == 14
+        alone = engine.generate([jobs[2][0][1]])[0][0]
+        assert alone.output_ids == answers[2][0][1].output_ids  # its own seed, whatever shared the batch
+        assert engine.requests_in_flight == 0
+
+
+def test_requests_parsed_in_one_loop_pass_reach_the_engine_as_one_queue_item(models):
+    from slime.backends.engine.engine import EngineInputError, GenerateRequest
+    from slime.backends.engine.sampler import SamplingParams
+
+    with EngineServer(models["a"], seed=0) as srv:
+        engine = srv.engine
+        release = _blocked(engine)
+        reqs = [[GenerateRequest(input_ids=tuple(PROMPT), params=SamplingParams(max_new_tokens=2), seed=i)]
+                for i in range(5)]
+        futures, submitted = [], threading.Event()
+
+        def one_pass():
+            futures.extend(srv._gather.submit(r) for r in reqs)
+            submitted.set()
+        srv._loop.call_soon_threadsafe(one_pass)
+        assert submitted.wait(10)
+        _queued(engine, 1)
+        time.sleep(0.2)  # had each been queued on its own, the other four would be there by now
+        assert engine._queue.qsize() == 1
+        before = engine.batches_run
+        release.set()
+        assert all(len(f.result(30)[0]) == 1 for f in futures)
+        assert engine.batches_run == before + 1
+        # A request the engine cannot serve is refused at once, never queued.
+        with pytest.raises(EngineInputError, match="outside the vocabulary"):
+            srv._gather.submit([GenerateRequest(input_ids=(10**6,), params=SamplingParams(), seed=0)])
+
+
 def test_sglang_backend_command_and_its_absence_here(tmp_path):
     import importlib.util
 

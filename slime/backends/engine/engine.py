@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,9 @@ class GenerateRequest:
         return cls(input_ids=prompt.input_ids, params=prompt.params, seed=seed,
                    logprob_start_len=prompt.logprob_start_len, top_logprobs_num=prompt.top_logprobs_num)
 
+
+Answer = tuple[list[Generation], str]  # a job's generations and the weight version that made them
+Job = tuple[list[GenerateRequest], cf.Future[Answer]]  # one caller's sequences and its answer
 
 _STOP = object()  # queued by close(): the worker ends after the work before it
 
@@ -174,15 +178,29 @@ class Engine:
         for r in requests:
             self.check_request(r.input_ids, r.params)
         future: cf.Future[tuple[list[Generation], str]] = cf.Future()
-        with self._seed_lock:
-            self.requests_in_flight += len(requests)
-
-        def done(_: object) -> None:
-            with self._seed_lock:
-                self.requests_in_flight -= len(requests)
-        future.add_done_callback(done)
-        self._queue.put(("generate", list(requests), future))
+        self.enqueue([(requests, future)])
         return future
+
+    def enqueue(self, jobs: Sequence[tuple[Sequence[GenerateRequest], cf.Future[Answer]]]) -> None:
+        """Queue several callers' checked requests at once, each answered through its own future.
+
+        They reach the worker as one queue item, which it splits job by job into batches of at
+        most `max_batch_size` sequences: requests that arrived together start in one batch
+        instead of the first of them starting a batch alone while the rest are still queued.
+        """
+        item: list[Job] = []
+        for requests, future in jobs:
+            count = len(requests)
+            with self._seed_lock:
+                self.requests_in_flight += count
+
+            def done(_: object, count: int = count) -> None:
+                with self._seed_lock:
+                    self.requests_in_flight -= count
+            future.add_done_callback(done)
+            item.append((list(requests), future))
+        if item:
+            self._queue.put(("generate", item, None))
 
     def generate(self, requests: Sequence[GenerateRequest],
                  timeout: float | None = None) -> tuple[list[Generation], str]:
@@ -200,19 +218,30 @@ class Engine:
         return future.result(timeout)
 
     def _serve(self) -> None:
+        carry: deque[Job] = deque()  # jobs of a queue item that did not fit the last batch: next in line
+        held = None  # a control call (or the stop marker) met while filling a batch: after `carry`
         while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            kind, payload, future = item
-            if kind == "call":
-                self._run(future, payload)
-                continue
-            jobs = [(payload, future)]
-            size = len(payload)
-            held = None
-            # Merge the generations already waiting; stop at a control call to keep the order.
-            while size < self.max_batch_size:
+            if not carry:
+                item = self._queue.get() if held is None else held
+                held = None
+                if item is _STOP:
+                    return
+                kind, payload, future = item
+                if kind == "call":
+                    self._run(future, payload)
+                    continue
+                carry = deque(payload)
+            jobs: list[Job] = []
+            size = 0
+            # Fill the batch job by job: from what is carried, then from the generations already
+            # waiting; a control call stops the merge (it runs after them, keeping the order).
+            while True:
+                while carry and (not jobs or size + len(carry[0][0]) <= self.max_batch_size):
+                    job = carry.popleft()
+                    jobs.append(job)
+                    size += len(job[0])
+                if carry or held is not None or size >= self.max_batch_size:
+                    break
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
@@ -220,13 +249,8 @@ class Engine:
                 if nxt is _STOP or nxt[0] != "generate":
                     held = nxt
                     break
-                jobs.append((nxt[1], nxt[2]))
-                size += len(nxt[1])
+                carry = deque(nxt[1])
             self._run_batch(jobs)
-            if held is _STOP:
-                return
-            if held is not None:
-                self._run(held[2], held[1])
 
     @staticmethod
     def _run(future: cf.Future[Any], fn: Callable[[], Any]) -> None:

@@ -8,6 +8,7 @@ with its `seed`, so a request's tokens do not depend on which other requests sha
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -96,6 +97,40 @@ def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generat
     return int(torch.argmax(probs.cpu() / noise))
 
 
+def _plain(params: SamplingParams, generated: Sequence[int], stop_ids: set[int], vocab: int) -> bool:
+    """True when a row's draw is its tempered distribution alone: `_adjust` and
+    `_filter_logits` would leave it as it is (no bias, penalty, stop mask or truncation)."""
+    return (not params.logit_bias and params.repetition_penalty == 1.0 and not params.frequency_penalty
+            and not params.presence_penalty and not (len(generated) < params.min_new_tokens and stop_ids)
+            and not 0 < params.top_k < vocab and params.top_p >= 1.0 and params.min_p <= 0.0)
+
+
+def _draw_plain(logits: torch.Tensor, rows: Sequence[int], params: Sequence[SamplingParams],
+                generators: Sequence[torch.Generator]) -> dict[int, int]:
+    """Row -> the token `_draw` picks, for `_plain` rows, in a few batched ops instead of a
+    handful per row (per-row ops were most of a batch's CPU time).
+
+    The same operations on the same values as `_draw`: each row's softmax and argmax are
+    computed alone even inside a 2-D tensor, and each row's noise comes from its own
+    generator, so a row draws exactly what it draws alone.
+    """
+    drawn: dict[int, int] = {}
+    greedy = [r for r in rows if params[r].temperature == 0.0]
+    if greedy:
+        drawn.update(zip(greedy, torch.argmax(logits[greedy], dim=-1).tolist(), strict=True))
+    sampled = [r for r in rows if params[r].temperature != 0.0]
+    if sampled:
+        scaled = logits[sampled]
+        temps = torch.tensor([params[r].temperature for r in sampled], dtype=scaled.dtype,
+                             device=scaled.device)
+        probs = torch.softmax(scaled / temps.unsqueeze(1), dim=-1).cpu()
+        noise = torch.empty(probs.shape, dtype=torch.float32)
+        for i, r in enumerate(sampled):
+            noise[i].exponential_(generator=generators[r])
+        drawn.update(zip(sampled, torch.argmax(probs / noise, dim=-1).tolist(), strict=True))
+    return drawn
+
+
 def _top(row: torch.Tensor, n: int) -> TopLogprobs:
     values, ids = torch.topk(row, min(n, row.numel()))
     return tuple((float(v), int(i)) for v, i in zip(values, ids, strict=True))
@@ -103,6 +138,13 @@ def _top(row: torch.Tensor, n: int) -> TopLogprobs:
 
 def _stop_string(text: str, stops: Sequence[str]) -> str | None:
     return next((s for s in stops if s and s in text), None)
+
+
+@functools.cache
+def _cache_arg(model_class: type) -> str:
+    # inspect.signature of a transformers forward (wrapped in several decorators) cost a
+    # couple of milliseconds per batch; the answer depends on the class alone.
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,7 +186,7 @@ def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: S
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     # The cache object is filled in place; transformers 5 calls the argument `cache`, 4 `past_key_values`.
     cache = DynamicCache()
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache_arg = _cache_arg(type(model))
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                 **{cache_arg: cache})
     logits = out.logits[:, -1, :].float()
@@ -157,16 +199,26 @@ def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], params: S
         if p.max_new_tokens == 0:
             reasons[row] = {"type": "length", "length": 0}
     last_pos = positions[:, -1]
+    vocab = logits.shape[-1]
     while any(r is None for r in reasons):
         logprobs = torch.log_softmax(logits, dim=-1).cpu()
+        live = [row for row, r in enumerate(reasons) if r is None]
+        plain = [row for row in live if _plain(params[row], tokens[row], stops[row], vocab)]
+        drawn = _draw_plain(logits, plain, params, generators)
+        for row in live:
+            if row not in drawn:
+                drawn[row] = _draw(_adjust(logits[row], params[row], tokens[row], stops[row]), params[row],
+                                   generators[row])
+        chosen = [drawn[row] for row in live]
+        picked = dict(zip(live, logprobs[live, chosen].tolist(), strict=True))
         step = []
         for row, p in enumerate(params):
             if reasons[row] is not None:
                 step.append(pad_token_id)
                 continue
-            token = _draw(_adjust(logits[row], p, tokens[row], stops[row]), p, generators[row])
+            token = drawn[row]
             tokens[row].append(token)
-            logps[row].append(float(logprobs[row, token]))
+            logps[row].append(picked[row])
             if reports[row][1] > 0:
                 tops[row].append(_top(logprobs[row], reports[row][1]))
             matched = _stop_string(decode(tokens[row]), p.stop) if p.stop and decode is not None else None

@@ -198,6 +198,41 @@ class _Relay:
                 waiter.set_result(done.result())
 
 
+class _Gather:
+    """The `/generate` sequences parsed in one pass of the event loop, queued on the engine together.
+
+    Each handler checks its sequences and gets its future at once; one callback after the
+    pass hands every job of the pass to the engine (`Engine.enqueue`). Queued one at a time,
+    the first request of a burst woke the worker, which started a batch of one or a few
+    while the rest were still being parsed: a burst of 200 ran in five batches instead of
+    four, each batch costing a forward pass per token whatever its size.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, engine: Engine) -> None:
+        self._loop = loop
+        self._engine = engine
+        self._jobs: list[tuple[list[GenerateRequest], cf.Future[Any]]] = []
+
+    def submit(self, requests: list[GenerateRequest]) -> cf.Future[Any]:
+        """A future of the engine's answer to `requests` (call on the loop); bad input raises now."""
+        for r in requests:
+            self._engine.check_request(r.input_ids, r.params)
+        future: cf.Future[Any] = cf.Future()
+        if not self._jobs:
+            self._loop.call_soon(self._flush)
+        self._jobs.append((requests, future))
+        return future
+
+    def _flush(self) -> None:
+        jobs, self._jobs = self._jobs, []
+        try:
+            self._engine.enqueue(jobs)
+        except BaseException as exc:  # nothing was queued: every waiter hears why
+            for _, future in jobs:
+                if not future.done():
+                    future.set_exception(exc)
+
+
 def _fd_bound(wanted: int) -> int:
     # Each connection is a file descriptor; leave room for model files, pipes and the listener.
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -237,6 +272,7 @@ class EngineServer:
         self._thread: threading.Thread | None = None
         self._address: tuple[str, int] | None = None
         self._relay: _Relay | None = None
+        self._gather: _Gather | None = None
 
     @property
     def url(self) -> str:
@@ -255,6 +291,7 @@ class EngineServer:
                              batch_delay_s=self.batch_delay_s)
         loop = asyncio.new_event_loop()
         self._relay = _Relay(loop)
+        self._gather = _Gather(loop, self.engine)
         try:
             self._runner = loop.run_until_complete(self._bind())
         except BaseException:
@@ -390,6 +427,10 @@ class EngineServer:
         assert self._relay is not None, "the server is not started"
         return self._relay.wait(future)
 
+    def _submit(self, requests: list[GenerateRequest]) -> Awaitable[Any]:
+        assert self._gather is not None, "the server is not started"
+        return self._wait(self._gather.submit(requests))
+
     async def _blocking(self, fn: Callable[[], Any]) -> Any:
         # Refits, release and resume wait for the engine's worker; not on the event loop.
         return await asyncio.get_running_loop().run_in_executor(None, fn)
@@ -399,7 +440,7 @@ class EngineServer:
         engine = self._engine
         started = time.monotonic()
         prompts, batched = parse_generate(body, engine.encode)
-        gens, version = await self._wait(engine.submit(engine.sequences(prompts)))
+        gens, version = await self._submit(engine.sequences(prompts))
         out = [a.to_json() for a in build_responses(prompts, gens, weight_version=version,
                                                      latency_s=time.monotonic() - started,
                                                      decode=engine.decode)]
@@ -413,8 +454,8 @@ class EngineServer:
     async def health_generate(self, body: dict[str, Any]) -> tuple[int, Any]:
         engine = self._engine
         bos = engine.tokenizer.bos_token_id
-        await self._wait(engine.submit([GenerateRequest(
-            input_ids=(bos if bos is not None else 0,), params=SamplingParams(max_new_tokens=1), seed=0)]))
+        await self._submit([GenerateRequest(
+            input_ids=(bos if bos is not None else 0,), params=SamplingParams(max_new_tokens=1), seed=0)])
         return HTTPStatus.OK, None
 
     async def flush_cache(self, body: dict[str, Any]) -> tuple[int, Any]:
