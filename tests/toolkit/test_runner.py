@@ -182,6 +182,28 @@ def test_keyword_filter_and_nothing_matched(tmp_path):
     assert "cpu_unit: no test ran" in none.stdout
 
 
+def test_a_keyword_run_leaves_the_files_measured_durations(tmp_path):
+    # A -k run times a part of each file; stored as the file's duration it would send a
+    # 4-minute file to the back of the next longest-first plan (seen on slime's repository).
+    write(tmp_path, {"tests/test_slow.py": code("""
+        import time
+        NUM_GPUS = 0
+        def test_slow_part():
+            time.sleep(2.0)
+        def test_quick_part():
+            assert True
+    """)})
+    durations = tmp_path / "durations.json"
+    full = _run(tmp_path, "--durations", str(durations))
+    assert full.returncode == 0, full.stdout
+    measured = json.loads(durations.read_text())["tests/test_slow.py"]
+    assert measured >= 2.0
+    part = _run(tmp_path, "-k", "quick", "--durations", str(durations))
+    assert part.returncode == 0, part.stdout
+    assert "cpu_unit: 1 passed, 0 failed, 0 skipped" in part.stdout.splitlines()
+    assert json.loads(durations.read_text()) == {"tests/test_slow.py": measured}
+
+
 def test_github_actions_output(tmp_path):
     summary = tmp_path / "summary.md"
     write(tmp_path, {"tests/test_ok.py": PASSING, "tests/test_bad.py": code("""
