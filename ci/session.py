@@ -215,7 +215,8 @@ def select(opts: Options, durations: Mapping[str, float],
     """The entries this invocation runs, in run order.
 
     `first`: (entry ids that failed on this branch, test files its diff changes or
-    affects): those run first, in that order, then the rest longest first.
+    affects): those run first, in that order, then the rest longest first. Without it,
+    files that take several cores first (`planner.widest_first`).
     """
     args, suite = opts.args, opts.suite
     if suite.dynamic:
@@ -237,7 +238,7 @@ def select(opts: Options, durations: Mapping[str, float],
         entries = [replace(e, timeout=args.timeout) for e in entries]
     if first is not None:
         return planner.failure_first(entries, durations, failed=first[0], changed=first[1])
-    return planner.longest_first(entries, durations)
+    return planner.widest_first(entries, durations)
 
 
 def _first(opts: Options, run: history.HistoryRun) -> tuple[frozenset[str], Mapping[str, int]] | None:
