@@ -287,6 +287,8 @@ def test_widest_first_runs_multi_core_entries_first_each_group_longest_first():
     assert [e.id for e in widest_first(entries, durations)] == ["d", "b", "new", "a", "c"]
     narrow = [pe("a"), pe("c"), pe("new")]
     assert widest_first(narrow, durations) == longest_first(narrow, durations)
+    tied = [replace(pe("b"), cores=2), replace(pe("a"), cores=2)]
+    assert [e.id for e in widest_first(tied, {"a": 5.0, "b": 5.0})] == ["a", "b"]
 
 
 def test_shards_partition_the_entries():
