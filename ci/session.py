@@ -215,7 +215,8 @@ def select(opts: Options, durations: Mapping[str, float],
     """The entries this invocation runs, in run order.
 
     `first`: (entry ids that failed on this branch, test files its diff changes or
-    affects): those run first, in that order, then the rest longest first.
+    affects): those run first, in that order, then the rest longest first. Without it,
+    files that take several cores first (`planner.widest_first`).
     """
     args, suite = opts.args, opts.suite
     if suite.dynamic:
@@ -237,7 +238,7 @@ def select(opts: Options, durations: Mapping[str, float],
         entries = [replace(e, timeout=args.timeout) for e in entries]
     if first is not None:
         return planner.failure_first(entries, durations, failed=first[0], changed=first[1])
-    return planner.longest_first(entries, durations)
+    return planner.widest_first(entries, durations)
 
 
 def _first(opts: Options, run: history.HistoryRun) -> tuple[frozenset[str], Mapping[str, int]] | None:
@@ -420,7 +421,7 @@ def main(argv: Sequence[str]) -> int:
     results, misdeclared = history.apply_gates(run, results, note=log.line)
     shown = (results if args.include_quarantined
              else history.apply_quarantine(results, history.quarantine_reasons(run)))
-    _report(suite.name, shown, wall, junit, store, log)
+    _report(suite.name, shown, wall, junit, store, log, partial=bool(args.keyword))
     # A gate that names a metric its entry never writes turns "failed" into "fix the registry".
     code = run_exit_code(shown, misdeclared=bool(misdeclared))
     history.finish(run, results, code, root=root, backend=backend.describe(), durations=measured,
@@ -485,16 +486,17 @@ def _acquirer(gpus: int, pattern: str, timeout: float) -> Acquire:
 
 
 def _report(name: str, results: Sequence[Result], wall: float, junit: Path,
-            store: DurationStore, log: Log) -> None:
+            store: DurationStore, log: Log, *, partial: bool = False) -> None:
     """The run's table, JUnit, durations, step summary and closing lines (its exit code is
-    `ci.results.run_exit_code`)."""
+    `ci.results.run_exit_code`). `partial`: a -k run, which times only part of each file, so
+    the durations store (what the next plan orders and shards by) keeps what it had."""
     log.line("")
     log.line(table(results))
     log.line("")
     merge_junit(results, junit)
     try:
-        store.update({r.entry.id: r.seconds for r in results
-                      if r.outcome not in UNMEASURED})
+        if not partial:
+            store.update({r.entry.id: r.seconds for r in results if r.outcome not in UNMEASURED})
     except UsageError as exc:  # the results stand; only the next plan's order suffers
         log.line(f"warning: {exc}")
     line = closing(name, results)

@@ -6,6 +6,7 @@ every mutant of ci/plan.py, so it stays fast.
 """
 
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -24,6 +25,7 @@ from ci.plan import (
     select_paths,
     shard,
     suite_entries,
+    widest_first,
 )
 from ci.suites import Entry, Suite
 
@@ -276,6 +278,17 @@ def test_longest_first_puts_unmeasured_entries_ahead_of_typical_ones():
 def test_longest_first_breaks_ties_by_id():
     order = longest_first([pe("b"), pe("c"), pe("a")], {"a": 5.0, "b": 5.0, "c": 5.0})
     assert [e.id for e in order] == ["a", "b", "c"]
+
+
+def test_widest_first_runs_multi_core_entries_first_each_group_longest_first():
+    entries = [replace(pe("a"), cores=1), replace(pe("b"), cores=2), replace(pe("c"), cores=1),
+               replace(pe("d"), cores=2), replace(pe("new"), cores=1)]
+    durations = {"a": 30.0, "b": 5.0, "c": 10.0, "d": 20.0}
+    assert [e.id for e in widest_first(entries, durations)] == ["d", "b", "new", "a", "c"]
+    narrow = [pe("a"), pe("c"), pe("new")]
+    assert widest_first(narrow, durations) == longest_first(narrow, durations)
+    tied = [replace(pe("b"), cores=2), replace(pe("a"), cores=2)]
+    assert [e.id for e in widest_first(tied, {"a": 5.0, "b": 5.0})] == ["a", "b"]
 
 
 def test_shards_partition_the_entries():

@@ -148,6 +148,46 @@ def test_files_run_in_parallel_and_report_merges(tmp_path):
     assert header.split() == ["entry", "outcome", "passed", "failed", "skipped", "gpus", "seconds"]
 
 
+def test_two_core_files_run_first_so_no_slot_idles_behind_them(tmp_path):
+    # Longest first would be narrow1, wide, narrow2: `wide` (2 core slots of 2) then waits
+    # for narrow1 with one slot idle, and narrow2 queues behind it, so the two narrow files
+    # never meet. Wide files first, the two narrow ones run side by side afterwards.
+    stamps = tmp_path / "stamps"
+    stamps.mkdir()
+    narrow = code(f"""
+        import os, time
+        NUM_GPUS = 0
+        def test_meets_the_other_narrow_file():
+            open(os.path.join({str(stamps)!r}, os.path.basename(__file__)), "w").close()
+            deadline = time.time() + 20
+            while len([n for n in os.listdir({str(stamps)!r}) if n.startswith("test_n")]) < 2:
+                assert time.time() < deadline, "the other narrow file never ran alongside"
+                time.sleep(0.05)
+    """)
+    write(tmp_path, {
+        "ci/suites.py": """
+            from ci.suites import Entry, Suite
+            SUITES = (
+                Suite(name="unit", tier="cpu", purpose="p", profile="cpu",
+                      entries=(Entry(path="tests/test_n1.py"), Entry(path="tests/test_wide.py", cores=2),
+                               Entry(path="tests/test_n2.py"))),
+            )
+        """,
+        "tests/test_n1.py": narrow, "tests/test_n2.py": narrow, "tests/test_wide.py": PASSING,
+    })
+    durations = tmp_path / "durations.json"
+    durations.write_text(json.dumps({"tests/test_n1.py": 30.0, "tests/test_wide.py": 20.0,
+                                     "tests/test_n2.py": 10.0}))
+    plan = run_ci("run", "--suite", "unit", "--root", str(tmp_path), "-j", "2", "--dry-run",
+                  "--durations", str(durations))
+    listed = [line.split()[0] for line in plan.stdout.splitlines() if "run=" in line]
+    assert listed == ["tests/test_wide.py", "tests/test_n1.py", "tests/test_n2.py"], plan.stdout
+    proc = run_ci("run", "--suite", "unit", "--root", str(tmp_path), "-j", "2",
+                  "--durations", str(durations))
+    assert proc.returncode == 0, proc.stdout
+    assert "unit: 3 passed, 0 failed, 0 skipped" in proc.stdout.splitlines()
+
+
 def test_retry_that_passes_is_flaky_not_green(tmp_path):
     marker = tmp_path / "attempted"
     write(tmp_path, {"tests/test_flaky.py": code(f"""
@@ -180,6 +220,28 @@ def test_keyword_filter_and_nothing_matched(tmp_path):
     none = _run(tmp_path, "-k", "no_such_test_anywhere")
     assert none.returncode == 1
     assert "cpu_unit: no test ran" in none.stdout
+
+
+def test_a_keyword_run_leaves_the_files_measured_durations(tmp_path):
+    # A -k run times a part of each file; stored as the file's duration it would send a
+    # 4-minute file to the back of the next longest-first plan (seen on slime's repository).
+    write(tmp_path, {"tests/test_slow.py": code("""
+        import time
+        NUM_GPUS = 0
+        def test_slow_part():
+            time.sleep(2.0)
+        def test_quick_part():
+            assert True
+    """)})
+    durations = tmp_path / "durations.json"
+    full = _run(tmp_path, "--durations", str(durations))
+    assert full.returncode == 0, full.stdout
+    measured = json.loads(durations.read_text())["tests/test_slow.py"]
+    assert measured >= 2.0
+    part = _run(tmp_path, "-k", "quick", "--durations", str(durations))
+    assert part.returncode == 0, part.stdout
+    assert "cpu_unit: 1 passed, 0 failed, 0 skipped" in part.stdout.splitlines()
+    assert json.loads(durations.read_text()) == {"tests/test_slow.py": measured}
 
 
 def test_github_actions_output(tmp_path):
