@@ -421,11 +421,12 @@ MUTATION_TARGETS: tuple[MutationTarget, ...] = (
     MutationTarget(source="ci/results.py", tests=("tests/toolkit/test_results.py",), threshold=0.98),  # 100 %
     MutationTarget(source="ci/discover.py", tests=("tests/toolkit/test_discover.py",),
                    threshold=0.97),  # 99.3 %
-    # Measured at 56.9 % with test_triggers.py alone (mostly the wording of `python -m ci plan`);
-    # the other three files were added after that run and can only kill more: a floor.
+    # Not test_events.py: it runs the workflow's plan step in a git repository outside the
+    # mutated copy, where mutmut's hooks in that child process find no configuration and the
+    # run stops before its first mutant.
     MutationTarget(source="ci/event_plan.py",
                    tests=("tests/toolkit/test_triggers.py", "tests/toolkit/test_triggers_rules.py",
-                          "tests/toolkit/test_triggers_agree.py", "tests/toolkit/test_events.py"),
+                          "tests/toolkit/test_triggers_agree.py"),
                    threshold=0.55),
     MutationTarget(source="slime/utils/ppo_utils.py",
                    tests=("tests/test_policy_loss.py", "tests/test_cispo_loss.py",
