@@ -426,7 +426,7 @@ MUTATION_TARGETS: tuple[MutationTarget, ...] = (
     # run stops before its first mutant.
     MutationTarget(source="ci/event_plan.py",
                    tests=("tests/toolkit/test_triggers.py", "tests/toolkit/test_triggers_rules.py",
-                          "tests/toolkit/test_triggers_agree.py"),
+                          "tests/toolkit/test_triggers_cli.py", "tests/toolkit/test_triggers_agree.py"),
                    threshold=0.55),
     MutationTarget(source="slime/utils/ppo_utils.py",
                    tests=("tests/test_policy_loss.py", "tests/test_cispo_loss.py",
@@ -437,8 +437,8 @@ MUTATION_TARGETS: tuple[MutationTarget, ...] = (
                    threshold=0.97),  # 97.9 %
     MutationTarget(source="slime/rollout/rm_hub",
                    tests=("tests/test_rm_arith.py", "tests/test_rm_dapo_math.py",
-                          "tests/test_rm_deepscaler.py", "tests/test_rm_f1.py", "tests/test_rm_gpqa.py",
-                          "tests/test_rm_hub_grade.py",
+                          "tests/test_rm_deepscaler.py", "tests/test_rm_edges.py", "tests/test_rm_f1.py",
+                          "tests/test_rm_gpqa.py", "tests/test_rm_hub_grade.py",
                           "tests/test_rm_math_boxed.py", "tests/test_rm_math_equivalence.py",
                           "tests/test_rm_math_forms.py", "tests/test_rm_math_normalize.py",
                           "tests/utils/test_time_limit.py"),
