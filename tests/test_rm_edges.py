@@ -10,8 +10,8 @@ from slime.rollout.rm_hub import grade
 from slime.rollout.rm_hub.deepscaler import grade_deepscaler
 from slime.rollout.rm_hub.f1 import grade_f1
 from slime.rollout.rm_hub.gpqa import extract_choice, grade_gpqa, normalize_label
-from slime.rollout.rm_hub.math_dapo import grade_dapo
-from slime.rollout.rm_hub.math_utils import answers_match, grade_math
+from slime.rollout.rm_hub.math_dapo import extract_answer, grade_dapo
+from slime.rollout.rm_hub.math_utils import answers_match, grade_math, last_boxed
 
 NUM_GPUS = 0
 
@@ -63,6 +63,31 @@ def test_the_timeout_given_is_the_one_the_comparison_gets():
     assert grade_math(response, label, timeout=1e-6) == 0.0
     assert grade_deepscaler("</think>" + response, label, timeout=1e-6) == 0.0
     assert grade_dapo("Answer: " + response, label, timeout=1e-6) == -1.0
+
+
+# --- boxes and answer lines -----------------------------------------------------------------
+
+
+def test_a_one_sided_escaped_brace_stays_inside_its_box():
+    # A piecewise or set opening (`\left\{ ... \right.`) has no closing `\}`.
+    assert last_boxed(r"\boxed{\left\{ x \right.}") == r"\left\{ x \right."
+    assert last_boxed(r"\boxed{a\}b} tail") == r"a\}b"
+
+
+def test_a_spaced_box_with_nothing_after_it_is_no_answer():
+    assert last_boxed("$\\boxed $") is None
+    assert last_boxed("\\boxed ") is None
+
+
+def test_dapo_is_lenient_unless_asked():
+    assert grade_dapo("Answer: 42\nthat is all", "42") == 1.0
+    assert grade_dapo("Answer: 42\nthat is all", "42", strict=True) == -1.0
+
+
+def test_dapo_strips_emphasis_but_not_the_answer():
+    assert extract_answer("Answer: **7**", strict=False) == "7"
+    assert extract_answer("Answer: 2X", strict=False) == "2X"
+    assert extract_answer("Answer: X*", strict=True) == "X"
 
 
 # --- multiple choice -----------------------------------------------------------------------
