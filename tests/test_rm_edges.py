@@ -139,6 +139,12 @@ def test_nested_tuples_split_at_their_top_level_only():
     assert not answers_match("(((1,2),3),4)", "(((1,2),3),5)")
 
 
+def test_one_value_in_brackets_is_no_tuple():
+    # `[x]` may be a floor or a one-point interval: only the comparison of the whole decides.
+    assert not answers_match(r"[\frac{1}{2}]", "[0.5]")
+    assert answers_match(r"[\frac{1}{2}]", r"[\frac12]")
+
+
 def test_unbalanced_brackets_are_never_compared_element_wise():
     # The first bracket closes before the end: the outer pair is no pair.
     assert not answers_match("(1,2))", "(1.0,2))")
