@@ -11,7 +11,7 @@ from slime.rollout.rm_hub.deepscaler import grade_deepscaler
 from slime.rollout.rm_hub.f1 import grade_f1
 from slime.rollout.rm_hub.gpqa import extract_choice, grade_gpqa, normalize_label
 from slime.rollout.rm_hub.math_dapo import extract_answer, grade_dapo
-from slime.rollout.rm_hub.math_utils import answers_match, grade_math, last_boxed
+from slime.rollout.rm_hub.math_utils import answers_match, grade_math, last_boxed, latex_to_sympy_text
 
 NUM_GPUS = 0
 
@@ -88,6 +88,27 @@ def test_dapo_strips_emphasis_but_not_the_answer():
     assert extract_answer("Answer: **7**", strict=False) == "7"
     assert extract_answer("Answer: 2X", strict=False) == "2X"
     assert extract_answer("Answer: X*", strict=True) == "X"
+
+
+# --- LaTeX into sympy's text ---------------------------------------------------------------
+
+
+def test_nested_fractions_are_rewritten_inside_out():
+    assert latex_to_sympy_text(r"\frac{\frac{1}{2}}{3}") == "((((1)/(2)))/(3))"
+    assert answers_match(r"\frac{\frac{1}{2}}{3}", r"\frac{1}{6}")
+
+
+def test_a_macro_sympy_lacks_is_spelled_out_first():
+    # `\textit` is none of the macros rewritten here: pylatexenc turns it into its text.
+    assert latex_to_sympy_text(r"\textit{x}+\textit{x}") == "x+x"
+    assert answers_match(r"\textit{x}+\textit{x}", "2x")
+
+
+def test_expressions_longer_than_300_characters_are_not_parsed():
+    at_limit = "1" + "+1" * 149 + "0"
+    assert len(at_limit) == 300
+    assert latex_to_sympy_text(at_limit) == at_limit
+    assert latex_to_sympy_text(at_limit + "0") is None
 
 
 # --- multiple choice -----------------------------------------------------------------------
