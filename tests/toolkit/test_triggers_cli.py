@@ -334,9 +334,15 @@ def test_a_single_shard_job_runs_its_plain_command() -> None:
 
 
 def test_session_jobs_and_the_check_job() -> None:
-    lint = session_job(Check(name="style", every_event=True, purpose="p", profiles=("lint",),
-                             commands=(("ruff",),)), Style(), SUITES)
-    assert (lint.id, lint.session, lint.kind, lint.runs_on) == ("style", "style", "check", ("ubuntu-latest",))
+    lint = session_job(Check(name="style", every_event=True, purpose="the style", profiles=("lint",),
+                             commands=(("ruff",),), minutes=9), Style(), SUITES)
+    assert (lint.id, lint.session, lint.tier, lint.purpose, lint.kind, lint.runs_on, lint.minutes, lint.crons,
+            lint.scheduled_only) == ("style", "style", "cpu", "the style", "check", ("ubuntu-latest",), 9, (),
+                                     False)
+    gpu_smoke = session_job(Smoke(name="s", purpose="the smoke", profiles=(), runs=(SmokeRun(suite="cpu_unit"),),
+                                  minutes=7), Style(hosted_runner=("own-runner",)), SUITES)
+    assert (gpu_smoke.id, gpu_smoke.session, gpu_smoke.tier, gpu_smoke.purpose, gpu_smoke.runs_on,
+            gpu_smoke.minutes, gpu_smoke.kind) == ("s", "s", "cpu", "the smoke", ("own-runner",), 7, "smoke")
     smoke = Smoke(name="s", purpose="p", profiles=(), runs=(SmokeRun(suite="cpu_unit"), SmokeRun(suite="nope"),
                                                           SmokeRun(suite="zzz")))
     with pytest.raises(UsageError) as info:
