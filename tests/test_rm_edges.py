@@ -11,7 +11,13 @@ from slime.rollout.rm_hub.deepscaler import grade_deepscaler
 from slime.rollout.rm_hub.f1 import grade_f1
 from slime.rollout.rm_hub.gpqa import extract_choice, grade_gpqa, normalize_label
 from slime.rollout.rm_hub.math_dapo import extract_answer, grade_dapo
-from slime.rollout.rm_hub.math_utils import answers_match, grade_math, last_boxed, latex_to_sympy_text
+from slime.rollout.rm_hub.math_utils import (
+    answers_match,
+    grade_math,
+    last_boxed,
+    latex_to_sympy_text,
+    normalize_answer,
+)
 
 NUM_GPUS = 0
 
@@ -88,6 +94,11 @@ def test_dapo_strips_emphasis_but_not_the_answer():
     assert extract_answer("Answer: **7**", strict=False) == "7"
     assert extract_answer("Answer: 2X", strict=False) == "2X"
     assert extract_answer("Answer: X*", strict=True) == "X"
+
+
+def test_upper_case_names_and_a_final_period():
+    assert normalize_answer("X = 5") == "5"
+    assert normalize_answer("2X.") == "2X"
 
 
 # --- LaTeX into sympy's text ---------------------------------------------------------------
