@@ -275,6 +275,10 @@ def _plan_comment(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, A
 def test_suite_flag_resolves_the_one_file_dispatch(capsys: pytest.CaptureFixture[str]) -> None:
     out = _plan_comment(capsys, "--event", "workflow_dispatch", "--suite", "ckpt", "--sha", SHA)
     assert (out["suite"], out["tier"], out["sha"], out["command_line"]) == ("ckpt", "gpu", SHA, "nox -s ckpt")
+    one = _plan_comment(capsys, "--event", "workflow_dispatch", "--suite", "ckpt",
+                        "--only", "tests/e2e/test_tiny_ckpt.py")
+    assert (one["only"], one["num_gpus"]) == ("tests/e2e/test_tiny_ckpt.py", 2)
+    assert one["command_line"] == "nox -s ckpt -- --only tests/e2e/test_tiny_ckpt.py"
     with pytest.raises(UsageError, match="unknown suite 'nope'; known: "):
         main(["--event", "workflow_dispatch", "--suite", "nope", "--root", str(REPO)])
 
