@@ -158,6 +158,7 @@ def test_grading_with_more_choices_than_four():
 def test_tuples_differing_in_their_last_element_do_not_match():
     assert not answers_match("(1,2)", "(1,3)")
     assert not answers_match("(1,2,3)", "(1,2,4)")
+    assert not answers_match("(1,3)", "(2,3)")  # nor in their first
     assert answers_match("(1,2,3)", "(1,2,3.0)")
 
 
