@@ -427,7 +427,9 @@ MUTATION_TARGETS: tuple[MutationTarget, ...] = (
     MutationTarget(source="ci/event_plan.py",
                    tests=("tests/toolkit/test_triggers.py", "tests/toolkit/test_triggers_rules.py",
                           "tests/toolkit/test_triggers_cli.py", "tests/toolkit/test_triggers_agree.py"),
-                   threshold=0.55),
+                   # Measured in part: 803 of 804 checked mutants killed, 16 equivalent; 185 of
+                   # table() and its callees unchecked. 803 / 989 is what the measured part proves.
+                   threshold=0.81),
     MutationTarget(source="slime/utils/ppo_utils.py",
                    tests=("tests/test_policy_loss.py", "tests/test_cispo_loss.py",
                           "tests/test_grpo_advantages.py", "tests/test_gae.py", "tests/test_ppo_kl.py",
@@ -442,5 +444,5 @@ MUTATION_TARGETS: tuple[MutationTarget, ...] = (
                           "tests/test_rm_math_boxed.py", "tests/test_rm_math_equivalence.py",
                           "tests/test_rm_math_forms.py", "tests/test_rm_math_normalize.py",
                           "tests/utils/test_time_limit.py"),
-                   threshold=0.9),  # not measured yet: the aim
+                   threshold=0.98),  # 99.1 % (855 of 863; 92.6 % before test_rm_edges.py)
 )
