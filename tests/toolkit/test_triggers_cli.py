@@ -21,17 +21,20 @@ from ci.event_plan import (
     condition_lines,
     decide,
     gated_by_plan,
+    job_for,
     main,
     parse_event,
     pr_terms,
     read_paths,
     render_plan,
     session_job,
+    stability_job,
     summary_markdown,
+    table,
 )
 from ci.style import Style
-from ci.suites import SUITES, Check, Smoke, SmokeRun
-from ci.timeouts import LINT_MINUTES
+from ci.suites import SUITES, Check, Smoke, SmokeRun, Suite
+from ci.timeouts import LINT_MINUTES, MAX_MINUTES, SETUP_MINUTES, suite_minutes
 
 NUM_GPUS = 0
 
@@ -359,6 +362,53 @@ def test_session_jobs_and_the_check_job() -> None:
     job = check_job("workflow_check", Style())
     assert (job.kind, job.minutes) == ("check", LINT_MINUTES)
     assert job.purpose == "Generated workflow and U files are current with the registry"
+
+
+def test_a_suite_job_carries_the_suites_tier_purpose_and_minutes() -> None:
+    suite = Suite(name="g", tier="gpu", purpose="the g suite", profile="e2e", label="run-ci-g")
+    job = job_for(suite)
+    assert (job.tier, job.purpose, job.minutes) == ("gpu", "the g suite", suite_minutes(suite))
+    assert job.minutes != LINT_MINUTES
+
+
+def test_session_cadences_and_their_refusals() -> None:
+    style = Style(schedules={"0 5 * * *": "nightly", "0 6 * * 1": "weekly"})
+    nightly = session_job(Check(name="n", purpose="p", profiles=(), commands=(), cadences=("nightly",)), style,
+                          SUITES)
+    assert (nightly.crons, nightly.scheduled_only) == (("0 5 * * *",), True)
+    both = Check(name="c", purpose="p", profiles=(), commands=(), every_event=True, cadences=("nightly",))
+    with pytest.raises(UsageError) as info:
+        session_job(both, Style(), SUITES)
+    assert str(info.value) == ("session c: set every_event=True or cadences=(...) in ci/suites.py, not both "
+                               "(or neither, for a session no CI job runs)")
+    # A scheduled check's cadence needs a cron, as a suite's does.
+    monthly = Check(name="m", purpose="p", profiles=(), commands=(), cadences=("monthly",))
+    with pytest.raises(UsageError, match="'monthly'"):
+        table(SUITES, Style(), (monthly,))
+
+
+def test_the_stability_job_needs_a_weekly_cron_and_bounded_minutes() -> None:
+    nightly_only = Suite(name="g", tier="gpu", purpose="p", profile="e2e", label="run-ci-g", cadences=("nightly",))
+    with pytest.raises(UsageError, match="'weekly'"):
+        table((nightly_only,), Style(schedules={"0 5 * * *": "nightly"}, stability_suite="g"), ())
+    longest = MAX_MINUTES - SETUP_MINUTES
+    job = stability_job((nightly_only,), Style(stability_suite="g", stability_minutes=longest))
+    assert job is not None and (job.tier, job.minutes) == ("gpu", MAX_MINUTES)
+    with pytest.raises(UsageError) as info:
+        stability_job((nightly_only,), Style(stability_suite="g", stability_minutes=longest + 1))
+    assert str(info.value) == f"WORKFLOW['stability_minutes'] must be 1..{longest}"
+    with pytest.raises(UsageError) as info:
+        stability_job((nightly_only,), Style(stability_suite="nope"))
+    assert str(info.value) == ("WORKFLOW['stability_suite'] = 'nope': not a GPU suite of the registry "
+                               "(name one, or set it to None)")
+
+
+def test_two_duplicate_job_ids_are_both_named() -> None:
+    twins = (Suite(name="lint", tier="cpu", purpose="p", profile="cpu"),
+             Suite(name="plan", tier="cpu", purpose="p", profile="cpu"))
+    with pytest.raises(UsageError) as info:
+        table(twins, Style(schedules={}, stability_suite=None), ())
+    assert str(info.value) == "two CI jobs named lint, plan: rename the suite in ci/suites.py"
 
 
 def test_parse_event_takes_a_namespace_without_the_optional_flags() -> None:
