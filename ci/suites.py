@@ -412,8 +412,7 @@ MUTATION_TARGETS: tuple[MutationTarget, ...] = (
     MutationTarget(source="ci/plan.py", tests=("tests/toolkit/test_plan.py",), threshold=0.98),  # 99.0 %
     MutationTarget(source="ci/changed.py",
                    tests=("tests/toolkit/test_changed.py", "tests/toolkit/test_changed_affected.py"),
-                   # A run cut short: 264 of its 509 mutants killed, 50 survived, the rest unchecked.
-                   threshold=0.5),
+                   threshold=0.8),  # 81.6 % (436 of 534; _git_error, _read and _blob untested)
     MutationTarget(source="ci/gpu_lock.py",
                    tests=("tests/toolkit/test_gpu_lock.py", "tests/toolkit/test_gpu_lock_queue.py",
                           "tests/toolkit/test_gpu_lock_security.py"),
