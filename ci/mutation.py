@@ -17,6 +17,7 @@ import difflib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -130,6 +131,10 @@ def status_of(exit_code: int | None) -> str:
     if exit_code in NO_TESTS_CODES:
         return "no tests"
     if exit_code in KILLED_CODES:
+        return "killed"
+    # Killed by a signal the mutant brought on (SIGALRM from a timer it left armed, SIGABRT):
+    # a crash the tests noticed. Only SIGINT is somebody stopping the run.
+    if exit_code < 0 and exit_code != -signal.SIGINT:
         return "killed"
     return "survived"  # mutmut's "suspicious" and anything new: not a kill
 

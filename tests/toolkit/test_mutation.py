@@ -60,6 +60,8 @@ def test_parse_equivalents_bad_entries_say_where(text, message):
 @pytest.mark.parametrize(("code", "status"), [
     (None, "not checked"), (0, "survived"), (1, "killed"), (3, "killed"), (36, "killed"), (-9, "killed"),
     (33, "no tests"), (5, "no tests"), (35, "survived"), (99, "survived"),
+    # A test process a mutant's armed timer killed (SIGALRM), or one that aborted: killed.
+    (-14, "killed"), (-6, "killed"), (-2, "survived"),
 ])
 def test_status_of_mutmut_exit_codes(code, status):
     assert mutation.status_of(code) == status

@@ -99,6 +99,35 @@ def test_works_off_the_main_thread():
     assert box == {"timed_out": True, "value": 7, "raised": True}
 
 
+def test_work_in_the_main_thread_is_stopped_not_abandoned():
+    done = []
+
+    def slow():
+        _spin(0.5)
+        done.append(True)
+
+    with pytest.raises(TimeLimitExceeded):
+        call_with_time_limit(slow, 0.1)
+    time.sleep(0.8)  # an abandoned call would have finished by now
+    assert done == []
+
+
+def test_an_abandoned_worker_never_keeps_the_process_alive():
+    box = {}
+
+    def run():
+        before = set(threading.enumerate())
+        try:
+            call_with_time_limit(_spin, 0.05, 0.5)
+        except TimeLimitExceeded:
+            box["left"] = [t.daemon for t in threading.enumerate() if t not in before]
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(10)
+    assert box == {"left": [True]}  # still running, and a daemon: exit does not wait for it
+
+
 def test_nonpositive_limit():
     with pytest.raises(ValueError, match="positive"):
         call_with_time_limit(lambda: None, 0)
