@@ -23,6 +23,7 @@ from ci.event_plan import (
     gated_by_plan,
     job_for,
     main,
+    monitor_job,
     parse_event,
     pr_terms,
     read_paths,
@@ -401,6 +402,20 @@ def test_the_stability_job_needs_a_weekly_cron_and_bounded_minutes() -> None:
         stability_job((nightly_only,), Style(stability_suite="nope"))
     assert str(info.value) == ("WORKFLOW['stability_suite'] = 'nope': not a GPU suite of the registry "
                                "(name one, or set it to None)")
+
+
+def test_the_monitor_job_exists_only_where_a_cron_maps_to_it() -> None:
+    assert monitor_job(Style(schedules={"0 5 * * *": "nightly"})) is None
+    job = monitor_job(Style(schedules={"0 5 * * *": "nightly", "*/30 * * * *": "monitor"}))
+    assert job is not None
+    assert (job.id, job.session, job.tier, job.kind, job.minutes) == ("monitor", "monitor", "cpu", "check", 10)
+    assert job.crons == ("*/30 * * * *",) and job.scheduled_only and job.history_store
+    assert job.report == ".ci-cache/monitor.md" and job.runs_on == Style().hosted_runner
+    assert job.purpose.startswith("The failure monitor")
+    ids = [j.id for j in table(SUITES, Style(schedules={**DEFAULT_SCHEDULES}), ())]
+    assert ids.count("monitor") == 1
+    without = {c: n for c, n in DEFAULT_SCHEDULES.items() if n != "monitor"}
+    assert "monitor" not in [j.id for j in table(SUITES, Style(schedules=without), ())]
 
 
 def test_two_duplicate_job_ids_are_both_named() -> None:
