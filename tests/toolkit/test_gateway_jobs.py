@@ -13,15 +13,14 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from _ci import REPO, write
+from _ci import REPO, loopback_server, write
 
 from ci.event_plan import table
 from ci.gateway_workflow import GATEWAY_PATH
@@ -75,12 +74,8 @@ def github() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}", seen
-    server.shutdown()
-    server.server_close()
+    with loopback_server(Handler) as url:
+        yield url, seen
 
 
 @pytest.fixture

@@ -13,14 +13,14 @@ import json
 import re
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from _ci import REPO as ROOT
+from _ci import loopback_server
 
 from ci.event_plan import GPU_RUNNER, table
 from ci.gpu_lock import DEFAULT_PATTERN
@@ -94,12 +94,8 @@ def fake_github():
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}", seen
-    server.shutdown()
-    server.server_close()
+    with loopback_server(Handler) as url:
+        yield url, seen
 
 
 def _registrar(tmp_path: Path, api: str, *args: str, token_mode: int = 0o600,
