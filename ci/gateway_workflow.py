@@ -23,11 +23,10 @@ from ci.commands import POLICY_PATH
 from ci.event_plan import WORKFLOW_NAME, Job
 from ci.gateway import RUN_FILE_WORKFLOW
 from ci.gateway_teams import TEAMS_SECRET
-from ci.history.store import HISTORY_ENV
+from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_SECRET, HISTORY_SESSION
 from ci.style import Style
 from ci.suites import CPU_TIER, GPU_TIER
 from ci.timeouts import LINT_MINUTES, LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES
-from ci.workflow import HISTORY_ENVIRONMENT, HISTORY_SECRET, HISTORY_SESSION
 from ci.yaml_writer import (
     CHECKOUT,
     SETUP_PYTHON,

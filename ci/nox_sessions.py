@@ -21,9 +21,9 @@ from typing import Any
 from ci import profiles
 from ci.errors import UsageError
 from ci.event_plan import CHECK_SESSION
+from ci.history.store import HISTORY_SESSION
 from ci.registry import Registry, load_registry
 from ci.suites import MONITOR_COMMAND, MONITOR_PURPOSE, MONITOR_SESSION, Suite
-from ci.workflow import HISTORY_SESSION
 
 # Posargs that make a GPU session run its entries in this environment instead of Docker.
 LOCAL_FLAGS = frozenset({"--no-docker", "--emulate-gpus"})

@@ -324,6 +324,11 @@ class Runner:
                     attempt = self.cfg.backend.run_attempt(entry, lease, paths, events)
                 finally:
                     self.progress.settled(entry.id)
+                if attempt.ended_at is None:
+                    # Stamped while the GPUs are still held: stamped after the lease went (and
+                    # after judging), the next entry on these GPUs could start "before" this
+                    # one ended, and the timeline drew two bars on one GPU at once.
+                    attempt = replace(attempt, ended_at=time.time())
         except Abandoned:  # the run was stopped while this entry waited for its GPUs
             shutil.rmtree(paths.tmp_dir, ignore_errors=True)
             return replace(interrupted_result(entry), queued_at=queued_at, ended_at=time.time(),

@@ -30,7 +30,7 @@ from ci.event_plan import (
     pr_terms,
     table,
 )
-from ci.history.store import HISTORY_ENV, HISTORY_FILE
+from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_FILE, HISTORY_SECRET, HISTORY_SESSION
 from ci.registry import REGISTRY_PATHS, Registry, load_registry, registry_path
 from ci.style import NOX_VERSION, Style
 from ci.timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES, SETUP_MINUTES
@@ -129,9 +129,6 @@ def concurrency_group(job: Job) -> Folded:
 # `history_store`).
 CACHED_FILES = f"{DURATIONS_FILE}\n{HISTORY_FILE}\n"
 SHARDS_DIR = ".ci-cache/shards"
-HISTORY_SECRET = HISTORY_ENV
-HISTORY_ENVIRONMENT = "ci-history"
-HISTORY_SESSION = "history"
 
 
 def durations_prefix(job: Job) -> str:

@@ -19,6 +19,11 @@ from ci.history.records import RunRecord
 
 HISTORY_ENV = "SLIME_CI_HISTORY_URL"
 HISTORY_FILE = ".ci-cache/history.sqlite"
+# In the generated workflows: the repository secret holding the shared store's URL, the
+# GitHub environment it lives in, and the nox session that records a job's run.
+HISTORY_SECRET = HISTORY_ENV
+HISTORY_ENVIRONMENT = "ci-history"
+HISTORY_SESSION = "history"
 OFF = ("off", "none", "0")
 # Any constant: the key of PostgreSQL's advisory lock that serialises migrations.
 _MIGRATION_LOCK = 0x51_1CE_C1
