@@ -422,7 +422,8 @@ MUTATION_EQUIVALENT = "ci/mutation-equivalent.txt"
 MUTATION_TARGETS: tuple[MutationTarget, ...] = (
     MutationTarget(source="ci/plan.py", tests=("tests/toolkit/test_plan.py",), threshold=0.98),  # 99.0 %
     MutationTarget(source="ci/changed.py",
-                   tests=("tests/toolkit/test_changed.py", "tests/toolkit/test_changed_affected.py"),
+                   tests=("tests/toolkit/test_changed.py", "tests/toolkit/test_changed_affected.py",
+                          "tests/toolkit/test_changed_edges.py"),
                    threshold=0.8),  # 81.6 % (436 of 534; _git_error, _read and _blob untested)
     MutationTarget(source="ci/gpu_lock.py",
                    tests=("tests/toolkit/test_gpu_lock.py", "tests/toolkit/test_gpu_lock_queue.py",
