@@ -93,8 +93,10 @@ def parse_name_status(raw: bytes) -> list[Change]:
 
 
 def _git_error(exc: Exception) -> UsageError:
-    # GitPython wraps git's stderr as "\n  stderr: '<text>'"; git's last line says what failed.
-    text = str(getattr(exc, "stderr", "") or exc).strip().removeprefix("stderr:").strip().strip("'")
+    # GitPython wraps git's stderr as "\n  stderr: '<text>'" (one quote each side: the text
+    # may end in a quote of its own); git's last line says what failed.
+    text = str(getattr(exc, "stderr", "") or exc).strip().removeprefix("stderr:").strip()
+    text = text.removeprefix("'").removesuffix("'")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return UsageError(f"git failed: {lines[-1] if lines else type(exc).__name__}")
 

@@ -113,6 +113,24 @@ def test_unreadable_tree_is_one_line_with_gits_own_words(repo: Clone) -> None:
     assert "stderr" not in message and "'" not in message
 
 
+def test_base_git_cannot_resolve_says_why_in_gits_words(repo: Clone) -> None:
+    # `--base @{upstream}` on a branch without one: rev-parse fails (128), it is not "missing".
+    with pytest.raises(UsageError) as err:
+        changed_entries(repo.root, base="@{upstream}")
+    assert str(err.value) == "git failed: fatal: no upstream configured for branch 'feature'"
+
+
+def test_corrupt_head_commit_is_named_by_gits_last_line(repo: Clone) -> None:
+    head = repo.git("rev-parse", "HEAD")
+    loose = repo.root / ".git" / "objects" / head[:2] / head[2:]
+    loose.chmod(0o644)
+    loose.write_bytes(b"not a zlib stream")  # git prints two "error:" lines, then the "fatal:"
+    with pytest.raises(UsageError) as err:
+        changed_entries(repo.root, warn=quiet)
+    assert str(err.value) == (f"git failed: fatal: loose object {head} (stored in "
+                              f".git/objects/{head[:2]}/{head[2:]}) is corrupt")
+
+
 # --- a test file missing from the work tree ------------------------------------------------
 
 
@@ -242,6 +260,14 @@ def test_cli_base_and_affected_reach_the_plan(repo: Clone, capsys: pytest.Captur
     assert capsys.readouterr().out.strip() == "[]"
     assert main(["--root", str(repo.root), "--base", "start", "--affected", "--json"]) == 0
     assert '"path": "tests/test_core.py"' in capsys.readouterr().out
+
+
+def test_cli_refuses_a_registry_that_does_not_load(repo: Clone) -> None:
+    # `nox -s changed` plans with the checkout's registry: a broken one is bad input at once,
+    # whether or not this diff would have needed it.
+    repo.commit("broken registry", {".slime-ci/suites.py": "SUITES = (\n"})
+    with pytest.raises(UsageError, match=r"\.slime-ci/suites\.py: cannot load the registry"):
+        main(["--root", str(repo.root)])
 
 
 def test_cli_bad_root_and_bad_flag_name_themselves(tmp_path: Path) -> None:
