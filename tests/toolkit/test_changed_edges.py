@@ -135,11 +135,13 @@ def test_corrupt_head_commit_is_named_by_gits_last_line(repo: Clone) -> None:
 
 
 def test_file_deleted_from_the_work_tree_is_read_from_the_commit(repo: Clone) -> None:
-    (repo.root / "tests/test_new.py").unlink()  # deleted, not committed
+    deep = "tests/utils/deep/test_deep.py"  # folders below tests/ too
+    repo.commit("deep file", {deep: pytest_file("NUM_GPUS = 4")})
+    for rel in ("tests/test_new.py", deep):
+        (repo.root / rel).unlink()  # deleted, not committed
     plan = plan_changed(repo.root, warn=pytest.fail)
-    [entry] = plan.entries
-    assert (entry.path, entry.num_gpus, entry.kind, entry.why) == ("tests/test_new.py", 2, "pytest",
-                                                                    "added")
+    assert [(e.path, e.num_gpus, e.kind, e.why) for e in plan.entries] == [
+        ("tests/test_new.py", 2, "pytest", "added"), (deep, 4, "pytest", "added")]
 
 
 def test_committed_blob_that_is_not_utf8_is_judged_as_the_work_tree_would(repo: Clone) -> None:
