@@ -14,13 +14,14 @@ import argparse
 import dataclasses
 import json
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
 from ci.args import Parser, existing_dir
-from ci.discover import TestFile, discover, is_test_file, read_source, read_test_file
+from ci.discover import MAX_SOURCE_BYTES, TestFile, discover, is_test_file, read_test_file
 from ci.errors import NothingRegistered, UsageError
 from ci.imports import affected_chains, describe_chain
 from ci.plan import PlannedEntry, resolve
@@ -92,9 +93,12 @@ def parse_name_status(raw: bytes) -> list[Change]:
 
 
 def _git_error(exc: Exception) -> UsageError:
-    stderr = str(getattr(exc, "stderr", "") or exc).strip().splitlines()
-    detail = stderr[-1].strip().strip("'").strip() if stderr else str(exc)
-    return UsageError(f"git failed: {detail}")
+    # GitPython wraps git's stderr as "\n  stderr: '<text>'" (one quote each side: the text
+    # may end in a quote of its own); git's last line says what failed.
+    text = str(getattr(exc, "stderr", "") or exc).strip().removeprefix("stderr:").strip()
+    text = text.removeprefix("'").removesuffix("'")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return UsageError(f"git failed: {lines[-1] if lines else type(exc).__name__}")
 
 
 def _require_git() -> None:
@@ -108,7 +112,9 @@ def _require_git() -> None:
         raise UsageError("GitPython is not installed: pip install 'slime-ci[git]' "
                          "(or pip install GitPython)") from None
     except ImportError as exc:  # GitPython present, but no git executable on PATH
-        raise UsageError(f"cannot use git ({exc}); install git and "
+        # Its message is a page of advice on environment variables: its first line is the fact.
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"cannot use git ({first}); install git and "
                          f"`pip install GitPython`") from None
     del git
 
@@ -244,21 +250,24 @@ def affected_tests(root: Path, changes: Sequence[Change]) -> dict[str, str]:
 
 # --- entries ----------------------------------------------------------------------------
 
-def _read(root: Path, rel: str, head: str | None) -> TestFile:
-    # The work tree is what runs; the committed blob is the fallback when it is missing.
+def _read(root: Path, rel: str, head: str) -> TestFile:
+    # The work tree is what runs; the committed blob is the fallback when it is missing
+    # (deleted but not committed, a sparse checkout). It is judged as the work tree's file
+    # would be, by the same reader: size cap, UTF-8 or "not UTF-8", never a lenient decode.
     if (root / rel).is_file():
         return read_test_file(root, rel)
-    return read_source(rel, _blob(root, head, rel).decode("utf-8", "replace"))
+    with tempfile.TemporaryDirectory(prefix="slime-ci-changed-") as scratch:
+        copy = Path(scratch) / rel
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(_blob(root, head, rel, MAX_SOURCE_BYTES + 1))
+        return read_test_file(Path(scratch), rel)
 
 
-def _blob(root: Path, head: str | None, rel: str) -> bytes:
-    if head is None:
-        return b""
+def _blob(root: Path, head: str, rel: str, size: int) -> bytes:
+    """At most `size` bytes of `rel` as commit `head` has it."""
     repo = _open_repo(root)
-    try:
-        data: bytes = (repo.commit(head).tree / rel).data_stream.read()
-    except KeyError:
-        return b""
+    try:  # rel comes from the diff into `head`, so `head` has it: no KeyError to catch
+        data: bytes = (repo.commit(head).tree / rel).data_stream.read(size)
     finally:
         repo.close()
     return data
@@ -273,9 +282,7 @@ def entry_for(tf: TestFile, *, why: str, timeout: float,
         warn(f"{tf.path}: {problem}; running it on {DEFAULT_GPUS} GPUs "
              f"(`python -m ci audit` stops such files from landing)")
         gpus = DEFAULT_GPUS
-    # The kind follows the GPU count actually used (a test-less 8-GPU file is a script).
-    kind = dataclasses.replace(tf, num_gpus=gpus).kind
-    return PlannedEntry(id=tf.path, path=tf.path, timeout=timeout, num_gpus=gpus, kind=kind,
+    return PlannedEntry(id=tf.path, path=tf.path, timeout=timeout, num_gpus=gpus, kind=tf.kind,
                         why=why)
 
 
