@@ -77,6 +77,16 @@ class Clone:
         self.git("commit", "--quiet", "--allow-empty", "-m", message)
         return self.git("rev-parse", "HEAD")
 
+    @classmethod
+    def on_feature_branch(cls, base: Path, main_files: dict[str, str]) -> Clone:
+        """A clone whose `main` (commit of `main_files`) is pushed to origin, with a branch
+        `feature` checked out from it: the start of every changed-test scenario."""
+        clone = cls(base)
+        clone.commit("main", main_files)
+        clone.git("push", "--quiet", "origin", "main")
+        clone.git("checkout", "--quiet", "-b", "feature")
+        return clone
+
 
 def pytest_file(declare: str | None = "NUM_GPUS = 0", body: str = "") -> str:
     """Source of a runnable pytest file with `declare` as its NUM_GPUS line (None: none)."""

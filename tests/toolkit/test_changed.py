@@ -61,10 +61,7 @@ EXPECTED = {
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Clone:
     """main pushed to origin; branch `feature` checked out with every kind of change."""
-    clone = Clone(tmp_path_factory.mktemp("template"))
-    clone.commit("main", MAIN_FILES)
-    clone.git("push", "--quiet", "origin", "main")
-    clone.git("checkout", "--quiet", "-b", "feature")
+    clone = Clone.on_feature_branch(tmp_path_factory.mktemp("template"), MAIN_FILES)
     clone.git("rm", "--quiet", "tests/test_delete.py")
     clone.move("tests/test_old_name.py", "tests/utils/test_new_name.py")
     clone.commit("feature", FEATURE_FILES)

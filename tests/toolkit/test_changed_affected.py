@@ -50,10 +50,7 @@ CPU_TIER = {"tests/test_loss.py", "tests/utils/test_rel.py", "tests/test_math.py
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Clone:
-    clone = Clone(tmp_path_factory.mktemp("template"))
-    clone.commit("main", MAIN_FILES)
-    clone.git("push", "--quiet", "origin", "main")
-    clone.git("checkout", "--quiet", "-b", "feature")
+    clone = Clone.on_feature_branch(tmp_path_factory.mktemp("template"), MAIN_FILES)
     return clone
 
 

@@ -28,10 +28,7 @@ MAIN_FILES = {
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Clone:
     """main pushed to origin; `feature` checked out, one commit ahead with a new test file."""
-    clone = Clone(tmp_path_factory.mktemp("template"))
-    clone.commit("main", MAIN_FILES)
-    clone.git("push", "--quiet", "origin", "main")
-    clone.git("checkout", "--quiet", "-b", "feature")
+    clone = Clone.on_feature_branch(tmp_path_factory.mktemp("template"), MAIN_FILES)
     clone.commit("feature", {"tests/test_new.py": pytest_file("NUM_GPUS = 2")})
     return clone
 
