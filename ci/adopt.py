@@ -236,9 +236,26 @@ def plan(root: Path, spec: str, *, force: bool) -> Plan:
             writes[rel] = content
         else:
             kept.append(rel)
+    ignore = gitignore_with_cache(root / ".gitignore")
+    if ignore is not None:  # theirs, but only a line is added: no --force needed
+        writes[".gitignore"] = ignore
     removes = (GENERATOR,) if (root / GENERATOR).is_file() else ()
     return Plan(writes=writes, removes=removes, kept=tuple(kept), findings=tuple(findings),
                 report=tuple(_report(body, job_ids, reg)))
+
+
+CACHE_DIR = ".ci-cache/"
+CACHE_IGNORE = ("# slime-ci: run history, durations, JUnit and logs of local runs (slime-ci adopt)\n"
+                f"{CACHE_DIR}\n")
+
+
+def gitignore_with_cache(path: Path) -> str | None:
+    """The repository's .gitignore with the toolkit's cache folder added; None if it has it."""
+    current = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+    names = {line.strip().strip("/") for line in current.splitlines()}
+    if CACHE_DIR.strip("/") in names:
+        return None
+    return current + ("\n" if current and not current.endswith("\n") else "") + CACHE_IGNORE
 
 
 def _rendered_by_template(rel: str, current: str) -> bool:

@@ -385,7 +385,7 @@ def _check_names(matrix: Matrix) -> None:
 
 def _suite_code(job: MatrixJob, entries_code: str, kept: int, *, template: str, profile: str) -> str:
     """One `Suite(...)` of the registry text."""
-    purpose = f"{job.name} of {template}: {kept} entries"
+    purpose = f"{job.name} of {template}: {kept} {'entry' if kept == 1 else 'entries'}"
     if job.extra_pip_deps:
         purpose += f" (the template adds pip packages: {job.extra_pip_deps})"
     args = [f"name={suite_name(job.name)!r}", f"tier={CPU_TIER if job.cpu else GPU_TIER!r}",

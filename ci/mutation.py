@@ -307,6 +307,14 @@ def render(scores: Sequence[Score]) -> str:
     return "\n".join(lines)
 
 
+def progress(s: Score) -> str:
+    """One target's result as it finishes: a run over every target takes hours."""
+    verdict = "ok" if s.ok else "UNDER THRESHOLD"
+    return (f"{s.target.source}: {s.count('killed')} of {s.counted} killed "
+            f"({s.score:.1%}, needs {s.target.threshold:.0%}; {s.count('equivalent')} equivalent), "
+            f"{s.seconds:.0f} s: {verdict}")
+
+
 def pick(targets: Sequence[MutationTarget], names: Sequence[str]) -> list[MutationTarget]:
     """The targets named (by source path), all when none are."""
     if not names:
@@ -347,7 +355,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     equivalents_path = root / MUTATION_EQUIVALENT
     equivalents = (parse_equivalents(equivalents_path.read_text(encoding="utf-8"))
                    if equivalents_path.is_file() else {})
-    scores = [run_target(root, t, jobs=args.jobs, equivalents=equivalents, keep=args.keep, env=os.environ)
-              for t in targets]
+    scores: list[Score] = []
+    for i, target in enumerate(targets, 1):
+        scores.append(run_target(root, target, jobs=args.jobs, equivalents=equivalents, keep=args.keep,
+                                 env=os.environ))
+        print(f"mutation: [{i}/{len(targets)}] {progress(scores[-1])}", flush=True)
     print(render(scores), flush=True)
     return EXIT_OK if all(s.ok for s in scores) else EXIT_FAILED

@@ -84,8 +84,9 @@ def install_steps(suite: Suite, registry: Registry, toolkit: str,
         known = ", ".join(registry.profiles) or "none"
         raise KeyError(f"suite {suite.name}: no profile {suite.profile!r} in PROFILES of the "
                        f"registry; known: {known}")
-    if suite.needs_gpus:
-        reqs += toolkit_extra("gpu-host")
+    # Every run plans from the run history and records itself there (`ci.history.record`):
+    # without SQLAlchemy a CPU session only spools its record and plans without it.
+    reqs += toolkit_extra("gpu-host" if suite.needs_gpus else "history")
     if suite.dynamic:
         reqs += toolkit_extra("git")  # its entries come from a git diff
     steps: list[list[str]] = []

@@ -146,6 +146,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory, toolkit: Path) -> Path:
         ".github/workflows/pr-test.yml.j2": TEMPLATE,
         ".github/workflows/pr-test.yml": "# auto-generated via generate_github_workflows.py\n",
         ".github/workflows/generate_github_workflows.py": "print('render')\n",
+        ".gitignore": ".nox/\n",
     })
     _git(root, "init", "-q", "-b", "main")
     _git(root, "add", "-A")
@@ -191,6 +192,22 @@ def test_adopt_writes_everything_and_reports(adopted, repo: Path) -> None:
         assert f'run: "nox -s history -- record --suite {session} --status \\"$STATUS\\""' in workflow, session
     assert "\n  monitor:\n" in workflow and "run: nox -s monitor\n" in workflow
     assert workflow.count("name: ci-history\n") == workflow.count("runs-on: [self-hosted]") + 1
+    # Their .gitignore keeps its lines and gains the cache folder (history, durations, JUnit).
+    assert "adopt: wrote .gitignore" in out
+    assert (repo / ".gitignore").read_text().startswith(".nox/\n# slime-ci: ")
+    assert (repo / ".gitignore").read_text().endswith("\n.ci-cache/\n")
+
+
+def test_the_cache_folder_is_ignored_once(tmp_path: Path) -> None:
+    from ci.adopt import gitignore_with_cache
+
+    path = tmp_path / ".gitignore"
+    assert gitignore_with_cache(path) is not None and gitignore_with_cache(path).endswith(".ci-cache/\n")
+    for present in (".ci-cache\n", "build/\n/.ci-cache/\n", "  .ci-cache/  \n"):
+        path.write_text(present)
+        assert gitignore_with_cache(path) is None, present
+    path.write_text("build/")  # no newline at its end: the new lines start on their own
+    assert gitignore_with_cache(path).startswith("build/\n# slime-ci: ")
 
 
 def test_adopt_again_changes_nothing_and_bad_input_writes_nothing(adopted, toolkit: Path, repo: Path,
@@ -320,7 +337,9 @@ def test_session_installs_come_from_the_registry_and_the_spec(adopted, repo: Pat
 
     reg = load_registry(repo)
     cpu = install_steps(reg["cpu_unit"], reg, "git+https://example.invalid/slime-ci", (), {})
-    assert cpu == [["torch"], ["pytest", "numpy", "transformers", "wandb"],
+    # The history extra's own pins: the run plans from its history and records itself.
+    assert cpu == [["torch"], ["pytest", "numpy", "transformers", "wandb", "sqlalchemy==2.0.58",
+                               "psycopg[binary]==3.3.9"],
                    ["git+https://example.invalid/slime-ci"], ["-e", ".", "--no-deps"]]
     gpu = install_steps(reg["changed"], reg, "/src/slime-ci", (), {"SLIME_CI_TORCH_INDEX": "https://x"})
     # Docker: the image has the rest; the host records the run (the history extra's own pins).

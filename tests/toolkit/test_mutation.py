@@ -119,6 +119,14 @@ def test_render_lists_survivors_then_the_table():
     assert lines[-1] == "mutation: 1 of 2 modules at their threshold; under it: calc.py"
 
 
+def test_each_target_says_its_score_when_it_finishes():
+    assert mutation.progress(score("kkkkkkkkkse", threshold=0.9)) == (
+        "calc.py: 9 of 10 killed (90.0%, needs 90%; 1 equivalent), 3 s: ok")
+    assert mutation.progress(score("kkks", threshold=0.9)).endswith("(75.0%, needs 90%; 0 equivalent), "
+                                                                  "3 s: UNDER THRESHOLD")
+    assert mutation.progress(score("kkku", threshold=0.5)).endswith(": UNDER THRESHOLD")  # not checked
+
+
 def test_pick_by_source_and_unknown_names():
     assert mutation.pick(MUTATION_TARGETS, []) == list(MUTATION_TARGETS)
     assert [t.source for t in mutation.pick(MUTATION_TARGETS, ["slime/rollout/rm_hub/"])] == ["slime/rollout/rm_hub"]
