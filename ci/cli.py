@@ -49,7 +49,8 @@ SUBCOMMANDS: dict[str, Command] = {
     "lock": Command(target="ci.lock:main",
                     help="write the constraints files every session installs from; --check for drift"),
     "mutation": Command(target="ci.mutation:main",
-                        help="mutate the core modules; do their tests notice? (score per module)"),
+                        help="mutate the core modules; do their tests notice? (score per module)",
+                        records_signals=True),
     "plants": Command(target="ci.plants:main",
                       help="apply each planted break to a scratch copy; its entry must fail for its reason"),
 }

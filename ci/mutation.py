@@ -26,7 +26,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ci.errors import EXIT_FAILED, EXIT_OK, UsageError
+from ci import proc
+from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError
+from ci.interrupts import PROCESS, Interrupts
 from ci.suites import MUTATION_EQUIVALENT, MUTATION_TARGETS, MutationTarget
 
 # mutmut's exit codes per mutant (mutmut/stats.py), grouped as this command counts them.
@@ -246,9 +248,33 @@ def run_env(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+class Interrupted(Exception):
+    """SIGINT or SIGTERM came while a target was being mutated; mutmut has been stopped."""
+
+
+STOP_GRACE = 10.0  # seconds mutmut gets to end its workers after SIGTERM, before SIGKILL
+
+
+def _mutmut(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log: Path,
+            interrupts: Interrupts) -> int:
+    """Run mutmut in a process group of its own; on a signal, stop all of it and raise."""
+    guard = proc.process_guard()  # and if this process is killed outright, the group dies too
+    with log.open("wb") as out:
+        child = proc.start(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, guard=guard)
+        while not proc.wait_exit(child.pid, 0.5):
+            if interrupts.received:
+                proc.stop_group(child.pid, STOP_GRACE)
+                proc.finish(child, guard=guard)
+                raise Interrupted
+        # Its forked workers are gone with it, unless one outlived it: that one is ours too.
+        proc.stop_group(child.pid, STOP_GRACE)
+        return proc.finish(child, guard=guard)
+
+
 def run_target(root: Path, target: MutationTarget, *, jobs: int, equivalents: Mapping[str, Equivalent],
-               keep: Path | None, env: Mapping[str, str]) -> Score:
-    """Mutate one target in a scratch copy and collect its score."""
+               keep: Path | None, env: Mapping[str, str], interrupts: Interrupts = PROCESS) -> Score:
+    """Mutate one target in a scratch copy and collect its score (Interrupted on a signal;
+    the scratch copy is removed either way, unless `keep` names where it stays)."""
     started = time.monotonic()
     holder = tempfile.TemporaryDirectory(prefix="slime-ci-mutation-")
     try:
@@ -259,14 +285,12 @@ def run_target(root: Path, target: MutationTarget, *, jobs: int, equivalents: Ma
         argv = [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)]
         print(f"mutation: {target.source}: {' '.join(argv[1:])} (in {scratch})", flush=True)
         log = scratch / "mutmut.log"
-        with log.open("wb") as out:
-            proc = subprocess.run(argv, cwd=scratch, env=run_env(env), stdout=out, stderr=subprocess.STDOUT,
-                                  check=False)
+        code = _mutmut(argv, cwd=scratch, env=run_env(env), log=log, interrupts=interrupts)
         mutants = read_results(scratch, target, equivalents)
-        if proc.returncode != 0 or not mutants:
+        if code != 0 or not mutants:
             tail = log.read_text(encoding="utf-8", errors="replace").replace("\r", "\n").splitlines()[-15:]
             print("\n".join(f"  | {line}" for line in tail), flush=True)
-            print(f"mutation: {target.source}: mutmut exited {proc.returncode} (its log above); a test "
+            print(f"mutation: {target.source}: mutmut exited {code} (its log above); a test "
                   f"that fails before any mutation must be fixed first", flush=True)
         for line in stale_equivalents(target, mutants, equivalents):
             print(f"mutation: {line}", flush=True)
@@ -355,10 +379,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     equivalents_path = root / MUTATION_EQUIVALENT
     equivalents = (parse_equivalents(equivalents_path.read_text(encoding="utf-8"))
                    if equivalents_path.is_file() else {})
+    # `python -m ci` records SIGINT/SIGTERM for this command (ci/cli.py): the run stops mutmut.
+    scores, stopped = run_all(root, targets, jobs=args.jobs, equivalents=equivalents, keep=args.keep,
+                              env=os.environ, interrupts=PROCESS)
+    if scores:
+        print(render(scores), flush=True)
+    if stopped is not None:
+        print(f"mutation: interrupted while mutating {stopped.source}; {len(scores)} of {len(targets)} "
+              f"targets finished (above), mutmut stopped, its scratch copy removed", flush=True)
+        return EXIT_INTERRUPTED
+    return EXIT_OK if all(s.ok for s in scores) else EXIT_FAILED
+
+
+def run_all(root: Path, targets: Sequence[MutationTarget], *, jobs: int,
+            equivalents: Mapping[str, Equivalent], keep: Path | None, env: Mapping[str, str],
+            interrupts: Interrupts) -> tuple[list[Score], MutationTarget | None]:
+    """Each target in turn, its score said as it finishes; the target a signal stopped, if any."""
     scores: list[Score] = []
     for i, target in enumerate(targets, 1):
-        scores.append(run_target(root, target, jobs=args.jobs, equivalents=equivalents, keep=args.keep,
-                                 env=os.environ))
+        try:
+            scores.append(run_target(root, target, jobs=jobs, equivalents=equivalents, keep=keep,
+                                     env=env, interrupts=interrupts))
+        except Interrupted:
+            return scores, target
         print(f"mutation: [{i}/{len(targets)}] {progress(scores[-1])}", flush=True)
-    print(render(scores), flush=True)
-    return EXIT_OK if all(s.ok for s in scores) else EXIT_FAILED
+    return scores, None

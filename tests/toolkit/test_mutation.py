@@ -1,9 +1,14 @@
 """`python -m ci mutation`: the registry's targets exist, the equivalents file parses, the score
 counts what it says, and a real mutmut run on a tiny project finds the mutant its tests miss."""
 
+import contextlib
 import os
+import re
+import signal
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -212,6 +217,64 @@ def test_a_real_mutmut_run_scores_a_tiny_project(tmp_path: Path):
         f"check it again",
     ]
     assert mutation.stale_equivalents(target(), again, listed) == []
+
+
+SIGNALLED_RUN = """
+import os, sys
+from pathlib import Path
+from ci import mutation
+from ci.interrupts import PROCESS
+from ci.suites import MutationTarget
+PROCESS.install()
+target = MutationTarget(source="calc.py", tests=("tests/test_calc.py",), threshold=0.5)
+scores, stopped = mutation.run_all(Path(sys.argv[1]), [target], jobs=1, equivalents={}, keep=None,
+                                   env=dict(os.environ), interrupts=PROCESS)
+print("stopped" if stopped else "finished", len(scores), flush=True)
+"""
+
+
+def _cwds_under(folder: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "cwd").startswith(folder):
+                    pids.append(int(entry.name))
+    return pids
+
+
+def test_a_signal_stops_mutmut_and_removes_its_scratch_copy(tmp_path: Path):
+    """SIGTERM to the command (as a CI timeout sends it): mutmut and every worker it forked
+    stop, the scratch copy goes, and the command says so instead of dying mid-write."""
+    pytest.importorskip("mutmut", reason="the dev profile brings mutmut")
+    root = tmp_path / "proj"
+    (root / "tests").mkdir(parents=True)
+    (root / "calc.py").write_text(CALC)
+    slow = CALC_TESTS.replace("def test_clamp():", "def test_clamp():\n    __import__('time').sleep(2)")
+    (root / "tests" / "test_calc.py").write_text(slow)  # every mutant of clamp takes 2 s
+    (root / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = ['-p', 'no:cacheprovider']\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.Popen([sys.executable, "-c", SIGNALLED_RUN, str(root)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        assert run.stdout is not None
+        started = run.stdout.readline()
+        scratch = re.search(r"\(in (/\S+)/tree\)", started)
+        assert scratch, started
+        # mutmut is at work in the scratch copy: its own processes have their cwd there.
+        deadline = time.monotonic() + 60
+        while not _cwds_under(scratch[1]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _cwds_under(scratch[1]), "mutmut never started"
+        time.sleep(3)  # into the mutants' test runs
+        run.send_signal(signal.SIGTERM)
+        out = run.communicate(timeout=60)[0]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert out.strip().endswith("stopped 0"), out
+    assert not Path(scratch[1]).exists(), "the scratch copy is left behind"
+    assert _cwds_under(scratch[1]) == [], "a mutmut process outlived the command"
 
 
 if __name__ == "__main__":
