@@ -193,7 +193,9 @@ def read_results(scratch: Path, target: MutationTarget,
 
 def stale_equivalents(target: MutationTarget, mutants: Sequence[Mutant],
                       equivalents: Mapping[str, Equivalent]) -> list[str]:
-    """Entries of the equivalents file for this target that matched no mutant: the code moved on."""
+    """Entries of the equivalents file for this target that no longer hold: the code moved on
+    (no such mutant, or the number now names another line: new code above renumbers every
+    mutant below it, killed ones included), or the tests now kill that very mutant."""
     prefix = target.source.removesuffix(".py").replace("/", ".") + "."
     by_name = {m.name: m for m in mutants}
     out = []
@@ -203,9 +205,12 @@ def stale_equivalents(target: MutationTarget, mutants: Sequence[Mutant],
         now = by_name.get(name)
         if now is None:
             out.append(f"stale entry in {MUTATION_EQUIVALENT}: no mutant {name} any more")
-        elif now.status != "killed":
+        elif now.line != eq.line:
             out.append(f"stale entry in {MUTATION_EQUIVALENT}: {name} now mutates `{now.line}`, "
                        f"not `{eq.line}`; check it again")
+        elif now.status == "killed":
+            out.append(f"stale entry in {MUTATION_EQUIVALENT}: the tests kill {name} now, so it is "
+                       f"not equivalent; remove the entry")
     return out
 
 

@@ -124,6 +124,23 @@ def test_render_lists_survivors_then_the_table():
     assert lines[-1] == "mutation: 1 of 2 modules at their threshold; under it: calc.py"
 
 
+def test_an_entry_renumbered_onto_a_killed_mutant_or_killed_itself_is_stale():
+    def mutant(n: int, status: str, line: str) -> mutation.Mutant:
+        return mutation.Mutant(name=f"calc.x_f__mutmut_{n}", status=status, line=line)
+
+    def entry(n: int, line: str) -> tuple[str, mutation.Equivalent]:
+        return f"calc.x_f__mutmut_{n}", mutation.Equivalent(name=f"calc.x_f__mutmut_{n}", line=line, reason="r")
+
+    mutants = [mutant(1, "equivalent", "a"), mutant(2, "killed", "new code"), mutant(3, "killed", "c")]
+    listed = dict([entry(1, "a"), entry(2, "b"), entry(3, "c")])
+    assert mutation.stale_equivalents(target(), mutants, listed) == [
+        f"stale entry in {MUTATION_EQUIVALENT}: calc.x_f__mutmut_2 now mutates `new code`, not `b`; "
+        "check it again",
+        f"stale entry in {MUTATION_EQUIVALENT}: the tests kill calc.x_f__mutmut_3 now, so it is not "
+        "equivalent; remove the entry",
+    ]
+
+
 def test_each_target_says_its_score_when_it_finishes():
     assert mutation.progress(score("kkkkkkkkkse", threshold=0.9)) == (
         "calc.py: 9 of 10 killed (90.0%, needs 90%; 1 equivalent), 3 s: ok")

@@ -150,7 +150,7 @@ def test_help_names_every_value_and_group(capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert out.startswith("usage: python -m ci plan ")
     for shown in ("--labels A,B", "--teams A,B", "--added LABEL", "--paths A,B", "--diff BASE",
-                  "--paths-from FILE", "--comment BODY", "--only FILE",
+                  "--paths-from FILE", "--comment BODY", "--only FILE", "--team-org ORG",
                   "--event {pull_request,push,workflow_dispatch,schedule,issue_comment}",
                   "--action {opened,synchronize,reopened,labeled}",
                   "\nissue_comment (a PR comment command, see README):\n",
@@ -183,6 +183,24 @@ def test_read_paths_takes_nul_or_newline_separated_names(tmp_path: Path) -> None
     assert read_paths(listed) == ["README.md", "docs/b.md"]
     listed.write_text("slime/x.py\n\n  \ndocs/é.md\n", encoding="utf-8")
     assert read_paths(listed) == ["docs/é.md", "slime/x.py"]
+
+
+def test_read_paths_reads_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    """`git diff` names are UTF-8 bytes; a runner whose locale is C must not refuse them."""
+    import locale
+
+    if sys.flags.utf8_mode:
+        pytest.skip("Python's UTF-8 mode is on here: every locale reads files as UTF-8")
+    listed = tmp_path / "paths"
+    listed.write_text("docs/é.md\n", encoding="utf-8")
+    saved = locale.setlocale(locale.LC_CTYPE)
+    try:
+        locale.setlocale(locale.LC_CTYPE, "C")
+        if locale.getencoding().lower().replace("-", "") == "utf8":
+            pytest.skip("this C library's C locale is UTF-8")
+        assert read_paths(listed) == ["docs/é.md"]
+    finally:
+        locale.setlocale(locale.LC_CTYPE, saved)
 
 
 def test_read_paths_says_what_is_wrong_with_the_file(tmp_path: Path) -> None:
@@ -443,6 +461,10 @@ def test_parse_event_takes_a_namespace_without_the_optional_flags() -> None:
     ({"event": "push", "added": "wip"}, "--added only applies to --event pull_request"),
     ({"action": "labeled"}, "--action labeled needs --added LABEL (the label just added)"),
     ({"event": "push", "changed_paths": ["a.md"]}, "--paths and --diff only apply to --event pull_request"),
+    # The comment event's own flags, named as typed (dashes), on any other event.
+    ({"event": "push", "team_org": "acme"}, "--team-org only apply to --event issue_comment"),
+    ({"team_org": "acme", "pr": 7}, "--pr, --team-org only apply to --event issue_comment"),
+    ({"event": "push", "not_pr": True}, "--not-pr only apply to --event issue_comment"),
 ])
 def test_refusals_are_the_whole_message(given: dict[str, object], message: str) -> None:
     import argparse
