@@ -73,11 +73,11 @@ def test_suite_entries_are_the_listed_ones_then_the_rule():
 
 def test_plan_entry_carries_the_registry_and_the_file():
     entry = Entry(path="tests/e2e/x.py", test_args=("--a", "1"), env=(("K", "V"),), timeout=42.0,
-                  cores=3, prefork=False)
+                  cores=3, prefork=False, container="framework")
     got = plan_entry(entry, tf("tests/e2e/x.py", 4, tests=0), default_timeout=900.0, why="changed")
     assert got == PlannedEntry(id="tests/e2e/x.py --a 1", path="tests/e2e/x.py", test_args=("--a", "1"),
                                env=(("K", "V"),), timeout=42.0, num_gpus=4, kind="script", why="changed",
-                               cores=3, prefork=False)
+                               cores=3, prefork=False, container="framework")
 
 
 def test_plan_entry_takes_the_suite_timeout_when_the_entry_has_none():
@@ -181,8 +181,9 @@ def test_select_paths_of_the_checkout_takes_all_and_names_it_when_there_is_nothi
         with pytest.raises(UsageError) as err:
             select_paths([], [path], suite="gpu_smoke")
         assert str(err.value) == ". is not a test of gpu_smoke: gpu_smoke has no entries"
-    with pytest.raises(UsageError, match="an empty path names no test"):
+    with pytest.raises(UsageError) as err:
         select_paths(ENTRIES, [""], suite="s")
+    assert str(err.value) == "an empty path names no test; give a test file or directory (`.` for all)"
 
 
 def test_select_paths_shows_twelve_known_files_and_the_count():
@@ -241,6 +242,13 @@ def test_parse_shard_out_of_bounds(text):
         parse_shard(text)
     assert str(err.value) == f"--shard {text!r}: need 1 <= I <= K"
     assert err.value.exit_code == EXIT_USAGE
+
+
+def test_parse_shard_takes_up_to_a_thousand_shards():
+    assert parse_shard("1000/1000") == (1000, 1000)
+    with pytest.raises(UsageError) as err:
+        parse_shard("1/1001")
+    assert str(err.value) == "--shard '1/1001': at most 1000 shards"
 
 
 @pytest.mark.parametrize("text", ["1", "1/2/3", "a/b", "", "1/"])
@@ -354,6 +362,10 @@ def test_failure_first_failed_then_by_import_distance_shortest_first_then_longes
                                      "r_long", "r_short"]
     # Nothing failed, nothing reached: exactly longest first.
     assert failure_first(entries, durations, failed=set(), changed={}) == longest_first(entries, durations)
+    # A slow entry that failed still comes before a quick one the diff edits.
+    two = [pe("edited"), pe("failed")]
+    assert [e.id for e in failure_first(two, {"edited": 1.0, "failed": 60.0}, failed={"failed"},
+                                        changed={"edited": 0})] == ["failed", "edited"]
 
 
 if __name__ == "__main__":

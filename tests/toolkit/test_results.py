@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ci.plan import PlannedEntry
+from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE
 from ci.results import (
     Attempt,
     Counts,
@@ -15,8 +16,10 @@ from ci.results import (
     closing,
     interrupted,
     judge,
+    no_test_ran,
     parse_junit,
     reason,
+    run_exit_code,
     tail,
 )
 
@@ -239,6 +242,63 @@ def test_closing_line_of_an_interrupted_run_counts_entries_apart():
                                       "tests: 4 passed, 3 failed, 1 skipped")
     assert rs[3].reason == "did not run: interrupted" and rs[2].failed == 1
     assert (rs[2].reason, rs[2].outcome, rs[2].entry) == ("interrupted", "interrupted", PYTEST)
+
+
+def test_quarantined_entries_are_counted_apart_and_their_failures_fail_nothing():
+    held = result("quarantined", 1, 2, 0)
+    assert closing("cpu_unit", [result("passed", 5, 0, 1), held]) == (
+        "cpu_unit: 6 passed, 0 failed, 1 skipped, 1 quarantined")
+    assert closing("cpu_unit", [result("failed", 0, 3), held, held]) == (
+        "cpu_unit: 2 passed, 3 failed, 0 skipped, 2 quarantined")
+
+
+# --- a node lost, a remote failure ----------------------------------------------------------
+
+
+def test_a_lost_node_or_a_remote_error_decides_over_the_process(tmp_path):
+    """A pytest that reported a pass on a node that then died did not pass here."""
+    ran = junit(tmp_path, (3, 0, 0, 0))
+    base = dict(returncode=0, seconds=2.5, timed_out=False, interrupted=False)
+    lost = judge(PYTEST, Attempt(**base, lost="node n1 died"), junit=ran, log=log(tmp_path), filtering=False)
+    assert (lost.outcome, lost.passed, lost.failed, lost.reason, lost.seconds) == ("lost", 3, 1, "node n1 died", 2.5)
+    error = judge(PYTEST, Attempt(**base, error="remote: no space"), junit=ran, log=log(tmp_path),
+                  filtering=False)
+    assert (error.outcome, error.passed, error.failed, error.reason) == ("failed", 3, 1, "remote: no space")
+    # Its own failures are kept when there were more than one.
+    two = junit(tmp_path, (3, 2, 0, 0))
+    assert judge(PYTEST, Attempt(**base, lost="n1"), junit=two, log=log(tmp_path), filtering=False).failed == 2
+    assert judge(PYTEST, Attempt(**base, error="e"), junit=two, log=log(tmp_path), filtering=False).failed == 2
+    # A lost node wins over an error; an interrupt over both.
+    both = judge(PYTEST, Attempt(**base, lost="n1", error="e"), junit=ran, log=log(tmp_path), filtering=False)
+    assert (both.outcome, both.reason) == ("lost", "n1")
+    stopped = judge(PYTEST, Attempt(**{**base, "interrupted": True}, lost="n1", error="e"), junit=ran,
+                    log=log(tmp_path), filtering=False)
+    assert (stopped.outcome, stopped.reason) == ("interrupted", "interrupted")
+
+
+# --- the run's exit code --------------------------------------------------------------------
+
+
+def test_no_test_ran_unless_one_passed_or_a_quarantine_held_one_back():
+    assert no_test_ran([]) and no_test_ran([result("deselected"), result("failed", 0, 1)])
+    assert not no_test_ran([result("passed", 1)])
+    assert not no_test_ran([result("deselected"), result("quarantined", 0, 1)])
+
+
+def test_the_exit_code_of_a_run():
+    waited = Result(entry=PYTEST, outcome="timeout", failed=1, queued_at=1.0)  # never got its GPUs
+    ran_out = Result(entry=PYTEST, outcome="timeout", failed=1, queued_at=1.0, started_at=2.0)
+    assert run_exit_code([result("passed", 2)]) == EXIT_OK
+    assert run_exit_code([result("passed", 2), result("quarantined", 0, 1)]) == EXIT_OK
+    assert run_exit_code([result("passed", 2), result("failed", 0, 1)]) == EXIT_FAILED
+    assert run_exit_code([result("deselected")]) == EXIT_FAILED  # no test ran
+    assert run_exit_code([result("passed", 2), interrupted(PYTEST), waited]) == EXIT_INTERRUPTED
+    assert run_exit_code([result("passed", 2), waited]) == EXIT_TIMEOUT
+    assert run_exit_code([result("passed", 2), ran_out]) == EXIT_FAILED  # it ran: a test's timeout
+    # A gate naming a metric its entry never writes: fix the registry (2), only when it failed.
+    assert run_exit_code([result("failed", 0, 1)], misdeclared=True) == EXIT_USAGE
+    assert run_exit_code([result("deselected")], misdeclared=True) == EXIT_USAGE
+    assert run_exit_code([result("passed", 1)], misdeclared=True) == EXIT_OK
 
 
 if __name__ == "__main__":
