@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ci.plan import PlannedEntry
 from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE
+from ci.plan import PlannedEntry
 from ci.results import (
     Attempt,
     Counts,
