@@ -266,14 +266,14 @@ def _mutmut(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log: Path
     guard = proc.process_guard()  # and if this process is killed outright, the group dies too
     with log.open("wb") as out:
         child = proc.start(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, guard=guard)
-        while not proc.wait_exit(child.pid, 0.5):
-            if interrupts.received:
-                proc.stop_group(child.pid, STOP_GRACE)
-                proc.finish(child, guard=guard)
-                raise Interrupted
-        # Its forked workers are gone with it, unless one outlived it: that one is ours too.
+        while not proc.wait_exit(child.pid, 0.5) and not interrupts.received:
+            pass
+        # Done or stopped: either way no process of its group (a forked worker) outlives it.
         proc.stop_group(child.pid, STOP_GRACE)
-        return proc.finish(child, guard=guard)
+        code = proc.finish(child, guard=guard)
+    if interrupts.received:
+        raise Interrupted
+    return code
 
 
 def run_target(root: Path, target: MutationTarget, *, jobs: int, equivalents: Mapping[str, Equivalent],
@@ -337,7 +337,7 @@ def render(scores: Sequence[Score]) -> str:
 
 
 def progress(s: Score) -> str:
-    """One target's result as it finishes: a run over every target takes hours."""
+    """One target's result as it finishes (a run of every target takes most of an hour)."""
     verdict = "ok" if s.ok else "UNDER THRESHOLD"
     return (f"{s.target.source}: {s.count('killed')} of {s.counted} killed "
             f"({s.score:.1%}, needs {s.target.threshold:.0%}; {s.count('equivalent')} equivalent), "
