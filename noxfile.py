@@ -18,9 +18,9 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from ci import lock, profiles  # noqa: E402
-from ci.registry import load_registry  # noqa: E402
-from ci.suites import Check, Smoke, Suite  # noqa: E402
+from ci.registry import constraints, profiles  # noqa: E402
+from ci.registry.loader import load_registry  # noqa: E402
+from ci.registry.model import Check, Smoke, Suite  # noqa: E402
 
 nox.options.sessions = ["cpu_unit"]
 nox.options.default_venv_backend = "venv"
@@ -52,8 +52,9 @@ def _install(session: nox.Session, *names: str) -> None:
     # A session without its own `python=` runs on nox's interpreter.
     python = session.python if isinstance(session.python, str) else "{}.{}".format(*sys.version_info[:2])
     try:
-        held = lock.constraint_args(ROOT, python, disabled=lock.lock_disabled(session.posargs, os.environ))
-    except lock.LockMissing as exc:
+        disabled = constraints.lock_disabled(session.posargs, os.environ)
+        held = constraints.constraint_args(ROOT, python, disabled=disabled)
+    except constraints.LockMissing as exc:
         session.error(str(exc))
     if reqs:
         torch, rest = profiles.split_torch(list(dict.fromkeys(reqs)))
@@ -66,7 +67,7 @@ def _install(session: nox.Session, *names: str) -> None:
 
 def _posargs(session: nox.Session) -> list[str]:
     """The session's arguments for `python -m ci run` (`--no-lock` is the install's)."""
-    return lock.strip_lock_flag(session.posargs)
+    return constraints.strip_lock_flag(session.posargs)
 
 
 def _suite(session: nox.Session, suite: str, *extra: str) -> None:
@@ -97,7 +98,7 @@ def _suite_session(suite: Suite) -> None:
     nox.session(name=suite.name, tags=tags)(run_suite)
 
 
-# One session per suite of the registry: adding a Suite to ci/suites.py adds its session.
+# One session per suite of the registry: adding a Suite to ci/registry/repo_suites.py adds its session.
 _registry = load_registry(ROOT)
 for _registered in _registry:
     _suite_session(_registered)
@@ -142,8 +143,8 @@ def _register(func: Callable[[nox.Session], None], name: str, doc: str, tags: tu
     nox.session(name=name, tags=list(tags))(func)
 
 
-# The sessions that are not suites (SESSIONS in ci/suites.py): lint, the GPU smoke, history,
-# mutation, plants, the lock check. Their CI jobs come from the same data (ci/event_plan.py).
+# The sessions that are not suites (SESSIONS in ci/registry/repo_suites.py): lint, the GPU smoke, history,
+# mutation, plants, the lock check. Their CI jobs come from the same data (ci/github/job_plan.py).
 for _session in _registry.sessions:
     if isinstance(_session, Smoke):
         _smoke_session(_session)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ci.changed import ChangedPlan, plan_changed
+from ci.select.changed import ChangedSelection, select_changed
 
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
 PACKAGES = 40
@@ -164,7 +164,7 @@ def generate(root: Path, *, files: int, commits: int, seed: int = 7) -> None:
     _git(root, "checkout", "--quiet", "feature")
 
 
-def median_seconds(fn: Callable[[], ChangedPlan], runs: int) -> tuple[float, float, ChangedPlan]:
+def median_seconds(fn: Callable[[], ChangedSelection], runs: int) -> tuple[float, float, ChangedSelection]:
     """Median wall and CPU seconds (this process, git's children excluded) of `runs` calls,
     and the last result. CPU time shows the cost when other work shares the cores."""
     walls, cpus = [], []
@@ -206,7 +206,7 @@ def main(argv: list[str]) -> int:
         for branch, label, affected in scenarios:
             _git(root, "checkout", "--quiet", branch)
             seconds, cpu, plan = median_seconds(
-                functools.partial(plan_changed, root, affected=affected, warn=_quiet), args.runs)
+                functools.partial(select_changed, root, affected=affected, warn=_quiet), args.runs)
             print(f"{label:<40} median {seconds * 1000:6.1f} ms ({cpu * 1000:5.1f} ms CPU) "
                   f"over {args.runs} runs, {len(plan.entries):4d} test files selected "
                   f"(goal < 1000 ms: {'met' if seconds < 1 else 'MISSED'})")

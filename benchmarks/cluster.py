@@ -68,7 +68,7 @@ def write_checkout(root: Path, jobs: list) -> dict[str, float]:  # type: ignore[
     entries = "\n".join(
         f'        Entry(path="tests/e2e/test_g{j.gpus}.py", test_args=("--name", "{j.name}", '
         f'"--sleep", "{j.seconds:.2f}")),' for j in jobs)
-    registry = ("from ci.suites import Entry, Suite\n\nSUITES = (\n"
+    registry = ("from ci.registry import Entry, Suite\n\nSUITES = (\n"
                 '    Suite(name="matrix", tier="gpu", purpose="p", profile="e2e", timeout=600, entries=(\n'
                 f"{entries}\n    )),\n)\n")
     (root / "ci").mkdir(parents=True)

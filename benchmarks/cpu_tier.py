@@ -12,7 +12,7 @@ For each suite (default: cpu_unit and agent_adapter), on the same files:
 
     python benchmarks/cpu_tier.py [--suite NAME ...] [--repeat N] [-j N] [--root R] [--files-at REV]
 
-`--root` measures another checkout with its own `ci/suites.py` (e.g. one written by
+`--root` measures another checkout with its own `ci/registry/repo_suites.py` (e.g. one written by
 `python -m ci import-workflow`). `--files-at REV` keeps only the suite's files that already
 existed at git revision REV (e.g. the 37 cpu_unit files of a8fb8af, when the target was set),
 so a suite that has since grown heavier can be compared with the one first measured.
@@ -39,9 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ci.discover import discover  # noqa: E402
-from ci.plan import resolve  # noqa: E402
-from ci.registry import load_registry  # noqa: E402
+from ci.registry.loader import load_registry  # noqa: E402
+from ci.select.discover import discover  # noqa: E402
+from ci.select.entries import resolve  # noqa: E402
 
 WAYS = ("sequential", "prefork", "fresh", "xdist")
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}

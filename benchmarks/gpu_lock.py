@@ -1,4 +1,4 @@
-"""Benchmark: our GPU allocator (ci.gpu_lock) against the original algorithm, side by side.
+"""Benchmark: our GPU allocator (ci.gpu.allocator) against the original algorithm, side by side.
 
     python benchmarks/gpu_lock.py              # about 2-3 minutes
     python benchmarks/gpu_lock.py --scale 0.05 # quicker, coarser
@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ci import gpu_lock
+from ci.gpu import allocator
 
 TOTAL = 8
 ORIGINAL_BACKOFF = 5.0  # seconds: the original sleeps uniform(0, 5) between scans
@@ -90,7 +90,7 @@ Hold = Callable[[int], AbstractContextManager[tuple[int, ...]]]
 def ours(pattern: str, total: int = TOTAL) -> Hold:
     @contextmanager
     def hold(count: int) -> Iterator[tuple[int, ...]]:
-        with gpu_lock.hold(count=count, total_gpus=total, lock_path_pattern=pattern,
+        with allocator.hold(count=count, total_gpus=total, lock_path_pattern=pattern,
                            timeout=3600) as lease:
             yield lease.devices
     return hold

@@ -36,9 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ci.discover import discover  # noqa: E402
-from ci.plan import PlannedEntry, resolve, shard  # noqa: E402
-from ci.registry import load_registry  # noqa: E402
+from ci.registry.loader import load_registry  # noqa: E402
+from ci.select.discover import discover  # noqa: E402
+from ci.select.entries import ResolvedEntry, resolve, shard  # noqa: E402
 
 
 def measure(store: Path, jobs: int | None, history: str = "off") -> tuple[dict[str, float], float, int, list[str]]:
@@ -56,7 +56,7 @@ def measure(store: Path, jobs: int | None, history: str = "off") -> tuple[dict[s
     return json.loads(store.read_text(encoding="utf-8")), wall, proc.returncode, failed
 
 
-def loads(entries: list[PlannedEntry], count: int, plan_with: dict[str, float],
+def loads(entries: list[ResolvedEntry], count: int, plan_with: dict[str, float],
           truth: dict[str, float]) -> list[float]:
     """Measured seconds per shard when the suite is split by `plan_with`."""
     out = []

@@ -1,10 +1,10 @@
 """Process groups: start a command in a group of its own, wait for it, stop all of it.
 
-The one place that supervises processes for the runner (`ci.runner`), `lock-gpus`
-(`ci.lock_cli`) and the e2e helpers (`U.exec_command`, the private Ray head).
+The one place that supervises processes for the runner (`ci.run.runner`), `lock-gpus`
+(`ci.gpu.lock_gpus`) and the e2e helpers (`U.exec_command`, the private Ray head).
 Standard library only: it runs in containers that have nothing but Python. `U`, which
 runs inside test entries where the toolkit is not installed, imports a generated copy
-(slime/utils/external_utils/proc_utils.py; see ci/u_files.py).
+(slime/utils/external_utils/proc_utils.py; see ci/registry/u_files.py).
 
 - `start` runs a command as the leader of a new session, so signalling its group
   reaches everything it started and nothing else.

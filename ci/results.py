@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE
-from ci.plan import PlannedEntry
+from ci.select.entries import ResolvedEntry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +42,7 @@ NOT_RUN = "did not run: interrupted"
 class Result:
     """What happened to one entry."""
 
-    entry: PlannedEntry
+    entry: ResolvedEntry
     outcome: Outcome
     passed: int = 0
     failed: int = 0
@@ -167,7 +167,7 @@ def reason(output: str) -> str:
     return ""
 
 
-def judge(entry: PlannedEntry, attempt: Attempt, *, junit: Path, log: Path,
+def judge(entry: ResolvedEntry, attempt: Attempt, *, junit: Path, log: Path,
           filtering: bool) -> Result:
     """The outcome of one attempt: a lost node or a remote failure first, then its exit code
     (scripts) or its JUnit report (pytest)."""
@@ -181,7 +181,7 @@ def judge(entry: PlannedEntry, attempt: Attempt, *, junit: Path, log: Path,
     return result
 
 
-def _judge_process(entry: PlannedEntry, attempt: Attempt, *, junit: Path, log: Path,
+def _judge_process(entry: ResolvedEntry, attempt: Attempt, *, junit: Path, log: Path,
                    filtering: bool) -> Result:
     out = tail(log)
     base = Result(entry=entry, outcome="failed", seconds=attempt.seconds,
@@ -215,7 +215,7 @@ def _judge_process(entry: PlannedEntry, attempt: Attempt, *, junit: Path, log: P
                    reason=reason(out) or f"exit code {attempt.returncode}")
 
 
-def interrupted(entry: PlannedEntry, why: str = "interrupted") -> Result:
+def interrupted(entry: ResolvedEntry, why: str = "interrupted") -> Result:
     """An entry the interrupt stopped, or one that never started."""
     return Result(entry=entry, outcome="interrupted", failed=1, reason=why)
 

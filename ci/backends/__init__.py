@@ -8,8 +8,8 @@ a backend runs each attempt and says how it ended:
     launch(entry, argv, env, devices) -> Launch
                                  the command and environment that run the entry on the
                                  GPUs it holds (`devices`, host ids)
-    plan(entry, settings, devices, paths) -> LaunchPlan
-                                 the one assembly of a launch (`ci.launch`): local argv,
+    plan(entry, settings, devices, paths) -> LaunchSpec
+                                 the one assembly of a launch (`ci.backends.launch`): local argv,
                                  variables, `launch`, pre-forked or fresh; the run starts it
                                  and `--dry-run` prints it
     open_run(run) / close_run()  the run begins (its settings, grace, process groups) / ends
@@ -47,7 +47,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ci.backends.base import Attempt, AttemptPaths, Backend, EntryEnv, Launch, Note
-from ci.suites import Suite
+from ci.registry.model import Suite
 
 __all__ = ["Attempt", "AttemptPaths", "Backend", "BackendOptions", "EntryEnv", "Launch", "Note",
            "select_backend"]

@@ -8,22 +8,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from ci.launch import (
+from ci.backends.launch import (
     AttemptPaths,
     EntryEnv,
     Launch,
-    LaunchPlan,
+    LaunchSpec,
     Settings,
     base_argv,
     entry_env,
     worker_env,
 )
-from ci.plan import PlannedEntry
-from ci.prefork import choose
+from ci.backends.prefork import choose
 from ci.proc import Groups
 from ci.results import Attempt
+from ci.select.entries import ResolvedEntry
 
-__all__ = ["Attempt", "AttemptEvents", "AttemptPaths", "Backend", "EntryEnv", "Launch", "LaunchPlan",
+__all__ = ["Attempt", "AttemptEvents", "AttemptPaths", "Backend", "EntryEnv", "Launch", "LaunchSpec",
            "Lease", "Note", "RunContext"]
 
 Note = Callable[[str], None]
@@ -76,12 +76,12 @@ class Backend(abc.ABC):
         """Raise UsageError when this backend cannot run here (before any entry starts)."""
 
     @abc.abstractmethod
-    def launch(self, entry: PlannedEntry, argv: tuple[str, ...], env: EntryEnv,
+    def launch(self, entry: ResolvedEntry, argv: tuple[str, ...], env: EntryEnv,
                devices: tuple[int, ...]) -> Launch:
         """The process that runs `entry` on `devices`, from its local argv and variables."""
 
-    def plan(self, entry: PlannedEntry, settings: Settings, *, devices: tuple[int, ...],
-             paths: AttemptPaths) -> LaunchPlan:
+    def launch_spec(self, entry: ResolvedEntry, settings: Settings, *, devices: tuple[int, ...],
+             paths: AttemptPaths) -> LaunchSpec:
         """The one assembly of an entry's launch: what the run starts and `--dry-run` prints."""
         argv = tuple(base_argv(entry, settings, paths.junit))
         env = entry_env(entry, settings, devices=devices, out_dir=paths.out_dir, tmp_dir=paths.tmp_dir)
@@ -90,7 +90,7 @@ class Backend(abc.ABC):
                       opted_in=entry.prefork, backend=self.name, may_fork=self.forks_entries,
                       argv=launch.argv, python=settings.python, env=launch.env,
                       worker_env=worker_env(settings))
-        return LaunchPlan(launch=launch, mode=mode)
+        return LaunchSpec(launch=launch, mode=mode)
 
     def open_run(self, run: RunContext) -> None:
         """The run begins: keep what its attempts share."""
@@ -103,7 +103,7 @@ class Backend(abc.ABC):
         return self._run
 
     @abc.abstractmethod
-    def run_attempt(self, entry: PlannedEntry, lease: Lease | None, paths: AttemptPaths,
+    def run_attempt(self, entry: ResolvedEntry, lease: Lease | None, paths: AttemptPaths,
                     events: AttemptEvents) -> Attempt:
         """Run one attempt of `entry` on the GPUs of `lease` (None: none held here); blocks
         until it ends, was stopped (the run's `groups.stopping`) or timed out."""

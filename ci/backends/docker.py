@@ -1,7 +1,7 @@
-"""The Docker backend: each entry in the framework image with the GPU flags (`ci.docker_argv`).
+"""The Docker backend: each entry in the framework image with the GPU flags (`ci.backends.docker_argv`).
 
 The entry's own variables go into the container (`EntryEnv.own`); what the runner merely
-inherited stays outside, and secrets are passed by name (`ci.docker_argv.DEFAULT_PASSTHROUGH`).
+inherited stays outside, and secrets are passed by name (`ci.backends.docker_argv.DEFAULT_PASSTHROUGH`).
 Killing the `docker run` client does not stop its container, so `abort` kills the
 container by the name the launch gave it.
 """
@@ -14,8 +14,7 @@ import uuid
 from pathlib import Path
 
 from ci.backends.base import EntryEnv, Launch, Note
-from ci.backends.local import LocalBackend
-from ci.docker_argv import (
+from ci.backends.docker_argv import (
     DockerOptions,
     Pull,
     container_name,
@@ -25,9 +24,10 @@ from ci.docker_argv import (
     host_settings,
     read_host_limits,
 )
+from ci.backends.local import LocalBackend
 from ci.errors import UsageError
-from ci.plan import PlannedEntry
-from ci.suites import FRAMEWORK_IMAGE
+from ci.registry.model import FRAMEWORK_IMAGE
+from ci.select.entries import ResolvedEntry
 
 DAEMON_TIMEOUT = 30.0  # seconds to wait for `docker version` to hear from the daemon
 ADVICE = "start it, or pass --no-docker (this environment) or --emulate-gpus (no GPUs)"
@@ -73,7 +73,7 @@ class DockerBackend(LocalBackend):
             raise UsageError(f"cannot reach the Docker daemon ({problem}): {ADVICE}")
         super().check()
 
-    def launch(self, entry: PlannedEntry, argv: tuple[str, ...], env: EntryEnv,
+    def launch(self, entry: ResolvedEntry, argv: tuple[str, ...], env: EntryEnv,
                devices: tuple[int, ...]) -> Launch:
         # The container has its own /tmp; everything else the entry reads lives under the
         # workspace, which is mounted at the same path.
@@ -81,7 +81,7 @@ class DockerBackend(LocalBackend):
         inner_env["TEST_FILE"] = entry.path
         inner_env["TEST_ARGS"] = " ".join(entry.test_args)
         # PYTHONPATH (in env.own) names the workspace, mounted at the same path: the entry
-        # imports the checkout's framework, not the image's installed copy (ci/checkout.py).
+        # imports the checkout's framework, not the image's installed copy (ci/backends/checkout.py).
         name = container_name(entry.id, uuid.uuid4().hex[:8])
         options = DockerOptions(image=self.image, workspace=self._root, devices=devices,
                                 env=inner_env, caches=self._caches, pull=self.pull, name=name,

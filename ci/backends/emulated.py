@@ -13,7 +13,7 @@ import tempfile
 
 from ci.backends.base import EntryEnv, Launch
 from ci.backends.process import LocalProcessBackend
-from ci.plan import PlannedEntry
+from ci.select.entries import ResolvedEntry
 
 
 class EmulatedBackend(LocalProcessBackend):
@@ -26,7 +26,7 @@ class EmulatedBackend(LocalProcessBackend):
         self._given = lock_path_pattern
         self._dir: str | None = None
 
-    def launch(self, entry: PlannedEntry, argv: tuple[str, ...], env: EntryEnv,
+    def launch(self, entry: ResolvedEntry, argv: tuple[str, ...], env: EntryEnv,
                devices: tuple[int, ...]) -> Launch:
         full = env.local()
         full.update({"SLIME_CI_EMULATE_GPUS": "1", "SLIME_CI_DEVICE": "cpu",

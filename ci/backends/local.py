@@ -5,8 +5,8 @@ from __future__ import annotations
 from ci.backends.base import EntryEnv, Launch
 from ci.backends.process import LocalProcessBackend
 from ci.errors import UsageError
-from ci.gpu_lock import DEFAULT_PATTERN, nvml_gpu_count
-from ci.plan import PlannedEntry
+from ci.gpu.allocator import DEFAULT_PATTERN, nvml_gpu_count
+from ci.select.entries import ResolvedEntry
 
 
 def check_gpu_count(gpus: int) -> None:
@@ -32,7 +32,7 @@ class LocalBackend(LocalProcessBackend):
         if self.gpus:
             check_gpu_count(self.gpus)
 
-    def launch(self, entry: PlannedEntry, argv: tuple[str, ...], env: EntryEnv,
+    def launch(self, entry: ResolvedEntry, argv: tuple[str, ...], env: EntryEnv,
                devices: tuple[int, ...]) -> Launch:
         full = env.local()
         if entry.num_gpus:

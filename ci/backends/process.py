@@ -2,7 +2,7 @@
 
 Shared by every backend whose entries are processes here: local, Docker (the process
 is `docker run`), emulated GPUs, and pre-forked pytest files (a child forked by a
-pre-imported worker, `ci.prefork`, supervised exactly like a fresh interpreter).
+pre-imported worker, `ci.backends.prefork`, supervised exactly like a fresh interpreter).
 
 One attempt: create its output and temp dirs, assemble its launch (`Backend.plan`),
 start the group (or have this thread's worker fork it), track it in the run's
@@ -20,12 +20,12 @@ import time
 from dataclasses import replace
 
 from ci.backends.base import AttemptEvents, Backend, Lease, RunContext
-from ci.launch import AttemptPaths, Launch, worker_env
-from ci.plan import PlannedEntry
-from ci.prefork import ForkedChild, Slots
+from ci.backends.launch import AttemptPaths, Launch, worker_env
+from ci.backends.prefork import ForkedChild, Slots
 from ci.proc import exit_code, finish, process_guard, signal_group, stop_group, wait_exit
 from ci.proc import start as start_group
 from ci.results import Attempt
+from ci.select.entries import ResolvedEntry
 
 
 class ProcessExecutor:
@@ -38,14 +38,14 @@ class ProcessExecutor:
         self.slots = Slots(python=s.python, root=s.root, env=worker_env(s), preload=s.prefork.preload,
                            logs=run.logs, note=run.note)
 
-    def attempt(self, entry: PlannedEntry, lease: Lease | None, paths: AttemptPaths,
+    def attempt(self, entry: ResolvedEntry, lease: Lease | None, paths: AttemptPaths,
                 events: AttemptEvents) -> Attempt:
         paths.out_dir.mkdir(parents=True, exist_ok=True)
         paths.tmp_dir.mkdir(parents=True, exist_ok=True)
         devices = tuple(lease.devices) if lease is not None else ()
         started_at = time.time()
         try:
-            plan = self.backend.plan(entry, self.run.settings, devices=devices, paths=paths)
+            plan = self.backend.launch_spec(entry, self.run.settings, devices=devices, paths=paths)
             events.started()
             forked = (self.slots.fork(plan.launch.argv, env=plan.launch.env, log=paths.log)
                       if plan.forked else None)
@@ -115,7 +115,7 @@ class LocalProcessBackend(Backend):
         super().open_run(run)
         self._executor = ProcessExecutor(self, run)
 
-    def run_attempt(self, entry: PlannedEntry, lease: Lease | None, paths: AttemptPaths,
+    def run_attempt(self, entry: ResolvedEntry, lease: Lease | None, paths: AttemptPaths,
                     events: AttemptEvents) -> Attempt:
         if self._executor is None:
             raise RuntimeError(f"{type(self).__name__}.run_attempt before open_run")

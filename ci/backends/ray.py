@@ -28,9 +28,9 @@ from typing import IO, Any
 from ci.backends.base import AttemptEvents, AttemptPaths, Backend, EntryEnv, Launch, Lease
 from ci.backends.ray_task import Ended, NodeJob, Output, Started, run_on_node
 from ci.errors import UsageError
-from ci.gpu_lock import DEFAULT_PATTERN
-from ci.plan import PlannedEntry
+from ci.gpu.allocator import DEFAULT_PATTERN
 from ci.results import Attempt, gpu_row
+from ci.select.entries import ResolvedEntry
 
 ADDRESS_ENV = "SLIME_CI_RAY_ADDRESS"
 # Emulated GPUs on a cluster: per node ({node}: its Ray id), never the real GPUs' files.
@@ -115,7 +115,7 @@ class RayBackend(Backend):
         self.gpus = sum(n.gpus for n in nodes)
         self.node_gpus = largest
 
-    def launch(self, entry: PlannedEntry, argv: tuple[str, ...], env: EntryEnv,
+    def launch(self, entry: ResolvedEntry, argv: tuple[str, ...], env: EntryEnv,
                devices: tuple[int, ...]) -> Launch:
         """What the node runs (for --dry-run): the local argv, with the entry's own variables."""
         return Launch(argv=argv, env=dict(env.own))
@@ -199,7 +199,7 @@ class RayBackend(Backend):
             except Exception:  # already finished or its node is gone; nothing to cancel
                 continue
 
-    def run_attempt(self, entry: PlannedEntry, lease: Lease | None, paths: AttemptPaths,
+    def run_attempt(self, entry: ResolvedEntry, lease: Lease | None, paths: AttemptPaths,
                     events: AttemptEvents) -> Attempt:
         """Run one attempt of an entry on the cluster (Ray takes its GPUs there); blocks until it ends."""
         import ray

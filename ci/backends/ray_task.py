@@ -30,10 +30,10 @@ from typing import IO
 
 from ci.backends.base import Backend
 from ci.backends.emulated import EmulatedBackend
+from ci.backends.launch import AttemptPaths, Launch, LaunchSettings
 from ci.backends.local import LocalBackend
-from ci.launch import AttemptPaths, Launch, LaunchSettings
-from ci.plan import PlannedEntry
 from ci.proc import start, stop_group, wait_exit
+from ci.select.entries import ResolvedEntry
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ _LAUNCHER = ("import ctypes, os, sys\n"
 class NodeJob:
     """What the driver sends for one attempt (plain data; pickled to the node)."""
 
-    entry: PlannedEntry
+    entry: ResolvedEntry
     root: str  # the checkout on the node (the driver's path: shared, or cloned at the same path)
     env: Mapping[str, str]  # the driver's SLIME_* flags; the node's own environment supplies the rest
     jobs: int
@@ -134,10 +134,10 @@ def run_on_node(job: NodeJob) -> Iterator[Message]:
     # The same backend a run on this box would use; its lock is taken below, on Ray's GPUs.
     here: Backend = (EmulatedBackend(gpus=len(devices), lock_path_pattern="unused")
                      if job.emulate_gpus else LocalBackend(gpus=len(devices)))
-    launch = here.plan(job.entry, settings, devices=devices, paths=paths).launch
+    launch = here.launch_spec(job.entry, settings, devices=devices, paths=paths).launch
     with ExitStack() as stack:
         if devices and job.lock_pattern:
-            from ci.gpu_lock import hold
+            from ci.gpu.allocator import hold
 
             pattern = job.lock_pattern.replace("{node}", node_id)
             Path(pattern.format(gpu_id=0)).parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """A CI job's side of the history: merge its shards' stores before the run, record after it.
 
-`python -m ci history merge` and `python -m ci history record` (ci/history/cli.py) call these;
-the generated workflow (ci/workflow.py) runs them as steps of every suite job. Neither ever
+`python -m ci history merge` and `python -m ci history record` (ci/history/queries.py) call these;
+the generated workflow (ci/github/workflow.py) runs them as steps of every suite job. Neither ever
 fails the job for a store it cannot reach: it says so in one line and keeps the record spooled.
 """
 
@@ -16,7 +16,7 @@ from typing import Literal
 from ci.durations import DurationStore
 from ci.errors import StoreError, UsageError
 from ci.history.record import JOURNAL, hardware_kind, new_uid, replay, run_context, write_after
-from ci.history.records import RunRecord
+from ci.history.rows import RunRecord
 from ci.history.store import HistoryStore, open_store
 
 JobStatus = Literal["success", "failure", "cancelled"]

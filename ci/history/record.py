@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ci.errors import StoreError
-from ci.history.records import AttemptRecord, RunRecord
+from ci.history.rows import AttemptRecord, RunRecord
 from ci.history.stats import auto_quarantine, estimates, failed_on_branch, flakiness
 from ci.history.store import HistoryStore, describe, open_store
 

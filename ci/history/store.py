@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ci.errors import StoreError, UsageError
-from ci.history.records import RunRecord
+from ci.history.rows import RunRecord
 
 # `schema` (SQLAlchemy tables) is imported inside the methods that use a store, so the
 # toolkit without the `history` extra (an adopter's plain install) still imports this module.
@@ -311,7 +311,7 @@ class HistoryStore:
         from sqlalchemy.exc import SQLAlchemyError
 
         from ci.history import schema
-        from ci.history.records import AttemptRecord
+        from ci.history.rows import AttemptRecord
         from ci.results import MetricPoint
 
         r, a, m = schema.runs, schema.attempts, schema.metrics

@@ -23,7 +23,7 @@ NUM_GPUS = 0
 pytestmark = pytest.mark.timeout(120)
 
 GPU_REGISTRY = """
-    from ci.suites import Entry, Suite
+    from ci.registry import Entry, Suite
 
     SUITES = (
         Suite(name="unit", tier="cpu", purpose="p", profile="cpu", include=("tests",),
@@ -49,7 +49,7 @@ JOB = """
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
-    return write(root, {"ci/suites.py": GPU_REGISTRY, "tests/e2e/test_job.py": JOB,
+    return write(root, {"ci/registry/repo_suites.py": GPU_REGISTRY, "tests/e2e/test_job.py": JOB,
                         "tests/test_ok.py": PASSING})
 
 
@@ -198,7 +198,7 @@ def test_a_file_too_deep_for_the_parser_is_one_finding_about_it(checkout: Path,
 
 
 def test_a_huge_test_file_is_a_finding_not_minutes_of_parsing(checkout: Path) -> None:
-    from ci.discover import MAX_SOURCE_BYTES
+    from ci.select.discover import MAX_SOURCE_BYTES
 
     (checkout / "tests" / "test_huge.py").write_text("NUM_GPUS = 0\n" + "#" * MAX_SOURCE_BYTES)
     audit = ci("audit", "--root", str(checkout))
@@ -290,10 +290,10 @@ def test_run_that_gives_up_waiting_for_gpus_exits_124_naming_the_holder(checkout
                                                                        tmp_path: Path) -> None:
     # Found reading the runner, not named by the issue: the timeout was raised in the runner
     # thread, printed as a traceback and ended the run as "interrupted", exit 130.
-    from ci import gpu_lock
+    from ci.gpu import allocator
 
     pattern = str(tmp_path / "l" / "x_{gpu_id}.lock")
-    with gpu_lock.hold(count=1, total_gpus=1, lock_path_pattern=pattern, command="holder"):
+    with allocator.hold(count=1, total_gpus=1, lock_path_pattern=pattern, command="holder"):
         proc = ci("run", "--suite", "train", "--root", str(checkout), "--emulate-gpus", "--gpus",
                   "1", "--lock-path-pattern", pattern, "--lock-timeout", "0.5",
                   env={"MARK": str(tmp_path / "mark")})

@@ -43,7 +43,7 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
 DOCUMENTED = {0, 1, 2, 3, 124, 130}
 
 REGISTRY = """
-    from ci.suites import Entry, Suite
+    from ci.registry import Entry, Suite
 
     SUITES = (
         Suite(name="unit", tier="cpu", purpose="p", profile="cpu", label="run-ci-unit",
@@ -84,7 +84,7 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     base = tmp_path_factory.mktemp("props")
-    checkout = write(base / "repo", {"ci/suites.py": REGISTRY, "tests/test_ok.py": PASSING,
+    checkout = write(base / "repo", {"ci/registry/repo_suites.py": REGISTRY, "tests/test_ok.py": PASSING,
                                      "tests/e2e/test_job.py": JOB})
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=checkout, check=True)

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from ci.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE
-from ci.plan import PlannedEntry
 from ci.results import (
     Attempt,
     Counts,
@@ -22,11 +21,12 @@ from ci.results import (
     run_exit_code,
     tail,
 )
+from ci.select.entries import ResolvedEntry
 
 NUM_GPUS = 0
 
-PYTEST = PlannedEntry(id="tests/test_a.py", path="tests/test_a.py", timeout=300.0, num_gpus=0, kind="pytest")
-SCRIPT = PlannedEntry(id="tests/e2e/x.py", path="tests/e2e/x.py", timeout=600.0, num_gpus=2, kind="script")
+PYTEST = ResolvedEntry(id="tests/test_a.py", path="tests/test_a.py", timeout=300.0, num_gpus=0, kind="pytest")
+SCRIPT = ResolvedEntry(id="tests/e2e/x.py", path="tests/e2e/x.py", timeout=600.0, num_gpus=2, kind="script")
 
 
 def junit(tmp_path: Path, *suites: tuple[int, int, int, int], wrap: bool = True) -> Path:

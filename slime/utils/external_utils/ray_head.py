@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Stdlib-only copies of the toolkit's port and process-group code, generated beside this
-# file (ci/u_files.py): U runs where the toolkit is not installed.
+# file (ci/registry/u_files.py): U runs where the toolkit is not installed.
 from slime.utils.external_utils.port_utils import PORT_BLOCK
 from slime.utils.external_utils.proc_utils import Guard, process_guard, signal_group, stop_group
 from slime.utils.external_utils.proc_utils import start as start_group

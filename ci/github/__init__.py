@@ -1,0 +1,3 @@
+"""GitHub Actions: the job table and what each event runs (`job_plan`), the generated
+workflows and their drift check (`workflow`, `gateway_workflow`, `yaml_writer`), and the
+comment gateway (`gateway`, `comment_commands`, `comment_reply`, `teams`)."""

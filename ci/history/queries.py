@@ -1,0 +1,234 @@
+"""`python -m ci history …`: what the run history says (flakes, failure streaks, contents).
+
+Exit codes: 0 ok (monitor: no entry is failing), 1 monitor found failing entries,
+2 bad input (a malformed URL, an unknown option), 4 the store cannot be used (monitor
+--unreachable-ok: 0, after one line saying so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import NoReturn
+
+from ci.durations import DURATIONS_FILE, DurationStore
+from ci.errors import EXIT_FAILED, EXIT_OK, StoreError, UsageError
+from ci.history.record import import_durations
+from ci.history.stats import Flakiness, Streak, flakiness, streaks
+from ci.history.store import HISTORY_ENV, HISTORY_FILE, describe, open_store, resolve_url
+from ci.log import Log
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `python -m ci history --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m ci history", allow_abbrev=False,
+                description="Read the run history: flake rates, failure streaks on main, contents.",
+                epilog="Exit codes: 0 ok, 1 monitor found entries failing, 2 bad input, "
+                       "4 the history store cannot be used.")
+    common = _Parser(add_help=False)
+    common.add_argument("--history", metavar="URL",
+                        help=f"store URL (default: {HISTORY_ENV}, else {HISTORY_FILE})")
+    common.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: .)")
+    common.add_argument("--suite", help="only this suite")
+    common.add_argument("--hardware", help="only runs on this kind of hardware (cuda, emulated, cpu)")
+    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("show", parents=[common], help="what the store holds: counts, the last runs")
+    flaky = sub.add_parser("flaky", parents=[common], help="flake rate per entry, with counts and window")
+    flaky.add_argument("--window", type=int, default=50, help="last N runs of each entry (default: 50)")
+    flaky.add_argument("--all", action="store_true", help="also entries that never flaked")
+    mon = sub.add_parser("monitor", parents=[common],
+                         help="entries failing K consecutive runs on a branch, with the range to bisect")
+    mon.add_argument("-k", type=int, default=3, help="consecutive failures (default: 3)")
+    mon.add_argument("--branch", default="main", help="branch to watch (default: main)")
+    mon.add_argument("--out", type=Path, help="also write the report (Markdown) to this file")
+    mon.add_argument("--unreachable-ok", action="store_true",
+                     help=f"a scheduled job's mode: no store configured (no --history, no {HISTORY_ENV}, "
+                          f"no {HISTORY_FILE}) or one that cannot be used is one line and exit 0")
+    rec = sub.add_parser("record", parents=[common],
+                         help="a CI job's last step: write spooled runs; record the job if its "
+                              "session recorded nothing (it failed or was cancelled first)")
+    rec.add_argument("--status", required=True, help="the job's status: success, failure, cancelled")
+    rec.add_argument("--keep-in", type=Path, metavar="DIR",
+                     help=f"then copy {HISTORY_FILE} and {DURATIONS_FILE} into DIR "
+                          "(a sharded job's own cache)")
+    merge = sub.add_parser("merge", parents=[common],
+                           help="merge DIR/*/history.sqlite and DIR/*/durations.json (a sharded job's "
+                                "caches) into this checkout's store and durations")
+    merge.add_argument("dir", type=Path, help="the folder holding one subfolder per shard")
+    imp = sub.add_parser("import-durations", parents=[common],
+                         help=f"import {DURATIONS_FILE} as one run (done automatically on a new store)")
+    imp.add_argument("--hardware-kind", default="cpu", help="the hardware they were measured on")
+    return p
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(epoch)) if epoch > 0 else "imported"
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=False)]
+
+    def fmt(row: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+
+    return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *(fmt(r) for r in rows)])
+
+
+def flaky_table(rates: Sequence[Flakiness]) -> str:
+    rows = [(f.entry_id, f"{f.rate:.0%}", str(f.flakes), str(f.retried), str(f.split), str(f.runs),
+             f"{_when(f.first_at)} .. {_when(f.last_at)}") for f in rates]
+    return _table(("entry", "flake rate", "flakes", "passed on retry", "failed on a passing commit",
+                   "runs", "window"), rows)
+
+
+def monitor_markdown(found: Sequence[Streak], *, branch: str, k: int) -> str:
+    if not found:
+        return f"### Failure monitor ({branch})\n\nNo entry failed {k} consecutive runs on `{branch}`."
+    lines = [f"### Failure monitor ({branch})", "",
+             f"{len(found)} entr{'y' if len(found) == 1 else 'ies'} failed {k}+ consecutive runs.", "",
+             "| suite | entry | failures | last passing | first failing | reasons |",
+             "|---|---|---:|---|---|---|"]
+    for s in found:
+        reasons = "<br>".join(r.replace("|", "\\|") for r in s.reasons)
+        lines.append(f"| {s.suite} | `{s.entry_id}` | {s.failures} | "
+                     f"`{s.last_passing_commit[:12] or 'never passed'}` | `{s.first_failing_commit[:12]}` | "
+                     f"{reasons} |")
+    return "\n".join(lines)
+
+
+def monitor_text(found: Sequence[Streak], *, branch: str, k: int) -> str:
+    if not found:
+        return f"monitor: no entry failed {k} consecutive runs on {branch}"
+    out = [f"monitor: {len(found)} entr{'y' if len(found) == 1 else 'ies'} failed {k}+ consecutive "
+           f"runs on {branch}"]
+    for s in found:
+        good = s.last_passing_commit[:12] or "(never passed)"
+        out.append(f"  {s.suite}: {s.entry_id}: {s.failures} failures since {_when(s.since)}; "
+                   f"bisect {good}..{s.first_failing_commit[:12]}")
+        out += [f"      {r}" for r in s.reasons]
+    return "\n".join(out)
+
+
+def _warn(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _job_step(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
+    """`record` and `merge`: the steps around a CI job's session; a store problem never fails them."""
+    from ci.history.job import merge_durations, merge_stores, record_job
+    from ci.registry.loader import load_registry
+
+    if args.command == "record":
+        suite = load_registry(root).get(args.suite or "")
+        if not args.suite:
+            raise UsageError("record needs --suite NAME (the job's session)")
+        record_job(root, url, suite=args.suite, needs_gpus=bool(suite and suite.needs_gpus),
+                   status=args.status, env=os.environ, warn=_warn, note=log.line)
+        if args.keep_in is not None:
+            args.keep_in.mkdir(parents=True, exist_ok=True)
+            for rel in (HISTORY_FILE, DURATIONS_FILE):
+                if (root / rel).is_file():
+                    shutil.copyfile(root / rel, args.keep_in / Path(rel).name)
+        return EXIT_OK
+    folder = args.dir if args.dir.is_absolute() else root / args.dir
+    shards = sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+    durations = merge_durations(root / DURATIONS_FILE,
+                                [p / Path(DURATIONS_FILE).name for p in shards])
+    stores = [p / Path(HISTORY_FILE).name for p in shards if (p / Path(HISTORY_FILE).name).is_file()]
+    try:
+        with open_store(url) as store:
+            added = merge_stores(store, stores, _warn)
+    except StoreError as exc:
+        _warn(f"history: merge skipped ({exc})")
+        return EXIT_OK
+    log.line(f"history: merged {len(stores)} shard store(s) ({added} new run(s)) and "
+             f"{durations} duration(s) from {folder}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    root = args.root.resolve()
+    url = resolve_url(args.history, os.environ, root)
+    if url is None:
+        raise UsageError("--history off: there is no store to read")
+    if getattr(args, "window", 1) < 1 or getattr(args, "k", 1) < 1:
+        raise UsageError("--window and -k must be at least 1")
+    log = Log.from_env()
+    if args.command in ("record", "merge"):
+        return _job_step(args, root, url, log)
+    if getattr(args, "unreachable_ok", False):
+        return _soft_monitor(args, root, url, log)
+    return _read(args, root, url, log)
+
+
+def _soft_monitor(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
+    """The scheduled monitor: a missing or unusable store says so in one line and passes."""
+    configured = args.history is not None or os.environ.get(HISTORY_ENV, "").strip()
+    if not configured and not (root / HISTORY_FILE).is_file():
+        _warn(f"monitor: no history store to read; set {HISTORY_ENV} (the ci-history "
+              "environment's secret) to the shared store's URL")
+        return EXIT_OK
+    try:
+        return _read(args, root, url, log)
+    except StoreError as exc:
+        _warn(f"monitor: skipped, the history store cannot be used ({exc})")
+        return EXIT_OK
+
+
+def _read(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
+    with open_store(url) as store:
+        if args.command == "import-durations":
+            durations = DurationStore(root / DURATIONS_FILE).load()
+            added = import_durations(store, durations, hardware=args.hardware_kind)
+            print(f"imported {len(durations)} durations" if added else "already imported (or none)")
+            return EXIT_OK
+        rows = store.attempts(suite=args.suite, hardware=args.hardware, last_runs=5000)
+        if args.command == "show":
+            counts = store.counts()
+            if args.json:
+                print(json.dumps(counts))
+            else:
+                print(f"{describe(url)}: schema {store.version}; " +
+                      ", ".join(f"{v} {k}" for k, v in counts.items()))
+                runs = list({r.run_uid: r for r in rows}.values())[-10:]
+                for r in runs:
+                    print(f"  {_when(r.started_at)}  {r.suite}  {r.branch or '-'}  {r.commit[:10] or '-'}  "
+                          f"{r.hardware}  {r.event}")
+            return EXIT_OK
+        if args.command == "flaky":
+            rates = sorted(flakiness(rows, window=args.window).values(),
+                           key=lambda f: (-f.rate, -f.flakes, f.entry_id))
+            if not args.all:
+                rates = [f for f in rates if f.flakes]
+            if args.json:
+                print(json.dumps([{**asdict(f), "rate": f.rate} for f in rates], indent=1))
+            elif rates:
+                print(flaky_table(rates))
+            else:
+                print(f"no flaky entry in the last {args.window} runs of each entry")
+            return EXIT_OK
+        found = streaks(rows, branch=args.branch, k=args.k)
+        md = monitor_markdown(found, branch=args.branch, k=args.k)
+        if args.json:
+            print(json.dumps([asdict(s) for s in found], indent=1))
+        else:
+            print(monitor_text(found, branch=args.branch, k=args.k))
+        log.summary(md)
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(md + "\n", encoding="utf-8")
+        return EXIT_FAILED if found else EXIT_OK
+

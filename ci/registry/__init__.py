@@ -1,0 +1,33 @@
+"""The registry: what a repository declares (suites, entries, sessions) and how it is loaded.
+
+`from ci.registry import Entry, Suite` is the public schema every registry imports
+(`ci.registry.model`); `load_registry(root)` reads a checkout's registry (`ci.registry.loader`).
+Also here: this repository's own suites as data (`repo_suites`), install profiles and their
+constraints files, cadences, the workflow style an adopter declares, job timeouts, and the
+list of `U`'s generated files.
+"""
+
+from ci.registry.loader import Registry, load_registry
+from ci.registry.model import (
+    AUTO_QUARANTINE_MIN_RUNS,
+    AUTO_QUARANTINE_RATE,
+    CPU_TIER,
+    FRAMEWORK_IMAGE,
+    GPU_TIER,
+    TEST_IMAGE,
+    Check,
+    Entry,
+    Isolation,
+    MetricGate,
+    Profile,
+    Smoke,
+    SmokeRun,
+    Suite,
+    Tier,
+)
+
+__all__ = [
+    "AUTO_QUARANTINE_MIN_RUNS", "AUTO_QUARANTINE_RATE", "CPU_TIER", "FRAMEWORK_IMAGE", "GPU_TIER",
+    "TEST_IMAGE", "Check", "Entry", "Isolation", "MetricGate", "Profile", "Registry", "Smoke",
+    "SmokeRun", "Suite", "Tier", "load_registry",
+]

@@ -1,0 +1,194 @@
+"""The registry's schema: what a repository declares its suites and sessions with.
+
+Public: every registry imports these names (`from ci.registry import Entry, Suite`),
+this repository's own (`ci.registry.repo_suites`) and every adopter's
+(`.slime-ci/suites.py`). A test file's GPU count is never written here: it lives in the
+file as `NUM_GPUS = N` and is read by `ci.select.discover`. Rule-based suites take every
+test file under their `include` directories (minus `exclude`); GPU suites list their
+entries, because the same file may run several times with different arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Tier = Literal["cpu", "gpu"]
+# A GPU entry's container privileges (ci/backends/docker_argv.py says what each grants).
+Isolation = Literal["minimal", "framework"]
+CPU_TIER: Tier = "cpu"
+GPU_TIER: Tier = "gpu"
+# Install profiles are extras in pyproject.toml; "image" means: use what the Docker image has.
+Profile = Literal["cpu", "agent", "e2e", "dev", "lint"]
+
+# What a tier means to GitHub Actions: the labels of its runners, a job's time limit.
+GPU_RUNNER_LABELS: tuple[str, ...] = ("self-hosted", "gpu")
+JOB_MINUTES: dict[Tier, int] = {"cpu": 60, "gpu": 720}
+
+FRAMEWORK_IMAGE = "slimerl/slime:latest"
+TEST_IMAGE = "slimerl/slime-test:latest"
+
+
+GateRule = Literal["sigma", "relative", "absolute"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricGate:
+    """A check of one e2e metric against the trusted history of the same entry and hardware.
+
+    `steps`: "last", "all", or the listed steps. `rule`: "sigma" (within `k` standard
+    deviations of the trusted mean, never tighter than `floor`), "relative" (within
+    `tolerance` × |mean|), or "absolute" (between `low` and `high`; needs no history).
+    """
+
+    metric: str
+    steps: Literal["last", "all"] | tuple[int, ...] = "last"
+    rule: GateRule = "sigma"
+    k: float = 3.0
+    floor: float = 0.0
+    tolerance: float = 0.1
+    low: float | None = None
+    high: float | None = None
+    min_history: int = 3  # trusted runs needed before a sigma/relative gate judges anything
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """One run of one test file."""
+
+    path: str
+    test_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    timeout: float | None = None  # seconds; None takes the suite's
+    # A 0-GPU configuration check that deliberately lives in a GPU suite.
+    cpu_only: bool = False
+    # CPU cores the file keeps busy itself (its own gloo ranks / spawned processes): the
+    # runner starts it only when that many of its job slots are free.
+    cores: int = 1
+    # False: always a fresh interpreter, never a child of a pre-imported worker (ci/backends/prefork.py).
+    prefork: bool = True
+    # Gates on the metrics an e2e entry writes to metrics.jsonl (ci/history/metric_gates.py).
+    gates: tuple[MetricGate, ...] = ()
+    # Non-empty: why this entry is quarantined. It still runs and is reported QUARANTINED,
+    # but does not fail the job (`--include-quarantined` makes it gate again).
+    quarantine: str = ""
+    # The container's privileges in the Docker context (ci/backends/docker_argv.py): "minimal" unless the
+    # entry needs the framework CI's host network, host IPC and --privileged (RDMA, DeepEP).
+    container: Isolation = "minimal"
+
+    @property
+    def id(self) -> str:
+        return " ".join((self.path, *self.test_args))
+
+
+# The registry's auto-quarantine, for every suite that does not set its own: an entry is
+# held once more than 1 in 10 of its recent runs (the last 50) was a flake (failed, then
+# passed on a retry, or failed on a commit where it also passed) and it has at least 10
+# runs recorded, so one bad afternoon of a new entry is not yet a rate. Without retries
+# (the CPU suites) each such flake was a red job for nothing; at more than 1 in 10 people
+# learn to re-run red, which costs more than one test that runs but does not gate. A
+# consistent failure is not a flake and is never held: it fails the job, and `history
+# monitor` reports it. `quarantine_rate=None` on a suite: never held automatically.
+AUTO_QUARANTINE_RATE = 0.1
+AUTO_QUARANTINE_MIN_RUNS = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class Suite:
+    """A named set of entries: one nox session, one CI job (or matrix)."""
+
+    name: str
+    tier: Tier
+    purpose: str  # one line: what `nox -l` shows
+    profile: Profile
+    label: str | None = None  # PR label that runs it on GPU runners; None = every event
+    image: str | None = None  # Docker image of the GPU tier
+    entries: tuple[Entry, ...] = ()
+    include: tuple[str, ...] = ()  # rule: NUM_GPUS = 0 test files under these directories
+    exclude: tuple[str, ...] = ()
+    timeout: float = 900.0  # seconds per entry
+    shards: int = 1  # CI matrix width (`--shard I/K`)
+    dynamic: bool = False  # entries come from the diff (`changed`), not from here
+    # CPU suites fork each pytest file from a worker that imported pytest, numpy, torch and
+    # these modules once. Only modules no test stubs in sys.modules before importing them.
+    preload: tuple[str, ...] = ()
+    prefork: bool = True  # False: every entry starts a fresh interpreter
+    # Scheduled cadences (ci/registry/cadences.py) it runs on; None: GPU suites nightly and weekly.
+    cadences: tuple[str, ...] | None = None
+    # Quarantine an entry automatically once its flake rate over the history window is
+    # above this (with at least `quarantine_min_runs` runs recorded); None: never.
+    quarantine_rate: float | None = AUTO_QUARANTINE_RATE
+    quarantine_min_runs: int = AUTO_QUARANTINE_MIN_RUNS
+    # Commands its session runs before the suite itself (argv tuples).
+    before: tuple[tuple[str, ...], ...] = ()
+
+    # What the tier means everywhere else; the rest of the toolkit asks these, not the tier.
+    @property
+    def needs_gpus(self) -> bool:
+        """GPU tier: GPU machines, the Docker context by default, entries judged as they declare."""
+        return self.tier == "gpu"
+
+    @property
+    def takes_pytest_args(self) -> bool:
+        """CPU tier: every entry is a pytest file, judged by its report; options go to pytest."""
+        return self.tier == "cpu"
+
+
+# --- sessions that are not suites of test files ------------------------------------------------
+# noxfile.py registers one session for each, as it does for every suite, and ci/github/job_plan.py
+# derives their CI jobs: a check on every PR, push and dispatch (`every_event`) or on the
+# scheduled cadences it names (ci/registry/cadences.py), a smoke on every PR, push and dispatch.
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    """A session that runs commands rather than test files (workflow checks, lock drift, …)."""
+
+    name: str
+    purpose: str  # one line: what `nox -l` shows
+    profiles: tuple[str, ...]  # install profiles (pyproject.toml) the session installs
+    # Run in order. An argument with `*` is a glob under the checkout (sorted); the session's
+    # own arguments follow the last command when `posargs` is set.
+    commands: tuple[tuple[str, ...], ...]
+    posargs: bool = False
+    tags: tuple[str, ...] = ("cpu", "ci")
+    every_event: bool = False  # a CI job on every pull request, push to main and dispatch
+    cadences: tuple[str, ...] = ()  # a CI job on these scheduled cadences only
+    minutes: int = 15  # the CI job's timeout-minutes: a stated bound until history gives one
+
+
+@dataclass(frozen=True, kw_only=True)
+class SmokeRun:
+    """What a smoke session runs of one GPU suite: all of it, or the entries `only` matches."""
+
+    suite: str
+    only: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Smoke:
+    """GPU suites' entries on emulated GPUs under real locks: the GPU tier's runner, allocator
+    and e2e path exercised on a CPU machine."""
+
+    name: str
+    purpose: str
+    profiles: tuple[str, ...]
+    runs: tuple[SmokeRun, ...]
+    gpus: int = 8
+    # On the 2-core CI host an emulated entry has, once in a few dozen runs, lost a Ray worker
+    # (Ray's SYSTEM_ERROR; what killed it is not known yet, and a failing job now prints the
+    # crash lines of the head's worker logs). One rerun; an entry that passes on it is reported
+    # FLAKY in the summary table and the JUnit file, never as a plain pass.
+    retries: int = 1
+    tags: tuple[str, ...] = ("cpu", "ci")
+    minutes: int = JOB_MINUTES["cpu"]
+
+
+# The failure monitor's session: entries failing 3 consecutive runs on main. Its CI job is
+# the scheduled `monitor` (ci/github/job_plan.py, any repository whose schedules map a cron to the
+# monitor cadence). Exit 1 (entries failing) fails that job: the alert. A store it cannot
+# reach, or none configured, is one line and a pass (--unreachable-ok).
+MONITOR_SESSION = "monitor"
+MONITOR_REPORT = ".ci-cache/monitor.md"
+MONITOR_COMMAND = ("python", "-m", "ci", "history", "monitor", "--out", MONITOR_REPORT, "--unreachable-ok")
+MONITOR_PURPOSE = "The failure monitor: entries failing 3 consecutive runs on main, with the range to bisect"

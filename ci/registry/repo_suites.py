@@ -1,0 +1,230 @@
+"""This repository's suites and sessions, as data: the registry of the `slime/` workload.
+
+Declared with the public schema (`ci.registry.model`); `ci.select.entries` resolves it.
+An adopting repository's registry is `.slime-ci/suites.py` in its own tree, in the same form.
+"""
+
+from __future__ import annotations
+
+from ci.registry.model import (
+    FRAMEWORK_IMAGE,
+    MONITOR_COMMAND,
+    MONITOR_PURPOSE,
+    MONITOR_SESSION,
+    TEST_IMAGE,
+    Check,
+    Entry,
+    MetricGate,
+    Smoke,
+    SmokeRun,
+    Suite,
+)
+
+
+def _env(**values: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(values.items()))
+
+
+# Metric gates of the megatron entries, judged against the trusted history of the same
+# entry on the same kind of hardware (ci/history/metric_gates.py): the reward the run ends on and
+# its last gradient norm, and the KL where the entry trains with a KL loss. The floors are
+# the smallest drift that counts: emulated runs are bitwise repeatable (σ = 0), so without
+# a floor any change at all would fail, and the entries' own checks only ask for a gain.
+def _learning_gates(*, kl: bool = False) -> tuple[MetricGate, ...]:
+    gates = (MetricGate(metric="rollout/reward", steps="last", k=3.0, floor=0.05),
+             MetricGate(metric="train/grad_norm", steps="last", k=3.0, floor=0.25))
+    return gates + ((MetricGate(metric="train/kl_loss", steps="last", k=3.0, floor=0.05),) if kl else ())
+
+
+# The megatron matrix: the RL loop (train.py / train_async.py) end to end on a tiny model,
+# on CUDA when present and on CPU ranks under --emulate-gpus. Each entry names the feature
+# it proves; each fails when that feature breaks.
+MEGATRON_ENTRIES: tuple[Entry, ...] = (
+    Entry(path="tests/e2e/test_rl_grpo_colocated.py", timeout=600, gates=_learning_gates(kl=True)),
+    Entry(path="tests/e2e/test_rl_ppo_critic.py", timeout=600, gates=_learning_gates()),
+    # Its training phase replays recorded rollouts: the reward is the recording's, not learnt.
+    Entry(path="tests/e2e/test_rl_debug_replay.py", timeout=600, gates=_learning_gates()[1:]),
+    Entry(path="tests/e2e/test_rl_async.py", timeout=600, gates=_learning_gates()),
+    Entry(path="tests/e2e/test_rl_fanout_filter.py", timeout=600, gates=_learning_gates()),
+    Entry(path="tests/e2e/test_rl_refit_disk.py", timeout=600, gates=_learning_gates()),
+    Entry(path="tests/e2e/test_rl_sleep_wake.py", timeout=600, gates=_learning_gates()),
+    Entry(path="tests/e2e/test_rl_reinforce_tensor_refit.py", timeout=600, gates=_learning_gates()),
+    # The entries that assert learning, again on torch's portable CPU kernels: float rounding
+    # differs between the default, AVX2 and AVX-512 kernel sets, and a learning check once
+    # held on AVX2 and failed on AVX-512. With the host's own set, each runs under two.
+    Entry(path="tests/e2e/test_rl_grpo_colocated.py", test_args=("--cpu-capability", "default"), timeout=600,
+          gates=_learning_gates(kl=True)),
+    Entry(path="tests/e2e/test_rl_ppo_critic.py", test_args=("--cpu-capability", "default"), timeout=600,
+          gates=_learning_gates()),
+)
+
+# Rollout-engine layouts from `--sglang-config`. The 0-GPU YAML checks run here too, as in the
+# original (they also run in cpu_unit, which takes every NUM_GPUS = 0 file under tests/).
+SGLANG_CONFIG_ENTRIES: tuple[Entry, ...] = (
+    Entry(path="tests/test_sglang_config.py", cpu_only=True, timeout=120),
+    Entry(path="tests/e2e/test_sglang_single_node.py", timeout=600),
+    Entry(path="tests/e2e/test_sglang_disjoint_groups.py", timeout=600),
+    Entry(path="tests/e2e/test_sglang_mixed_offload.py", timeout=600),
+    Entry(path="tests/e2e/test_sglang_fault_tolerance.py", timeout=600),
+)
+
+# Checkpoint save/load: one file, five optimizer-location combinations, as in the original.
+CKPT_ENTRIES: tuple[Entry, ...] = tuple(
+    Entry(path="tests/e2e/test_tiny_ckpt.py", test_args=args, timeout=600)
+    for args in (
+        ("--save-optimizer", "gpu", "--load-optimizer", "gpu"),
+        ("--save-optimizer", "gpu", "--load-optimizer", "cpu"),
+        ("--save-optimizer", "cpu", "--load-optimizer", "cpu"),
+        ("--save-optimizer", "cpu", "--load-optimizer", "gpu"),
+        ("--async-save",),
+    )
+)
+
+PRECISION_ENTRIES: tuple[Entry, ...] = (
+    Entry(path="tests/e2e/test_tiny_parallel_check.py", timeout=900),
+)
+
+# Planted breaks (`python -m ci plants`, ci/quality/plants.py): patches of the framework under
+# PLANTS_DIR/<entry>/<break>.patch, each naming the entry that must catch it and a line of
+# the failure. All of them run on the PLANTS_CADENCE; PLANTS_CI, cheap enough for every
+# push, also run in `nox -t ci` (tests/toolkit/quality/test_plants.py, in the toolkit suite).
+PLANTS_DIR = "tests/e2e/plants"
+PLANTS_CADENCE = "nightly"
+PLANTS_CI: tuple[str, ...] = (
+    "test_fsdp_optimizer_restore/param-groups-not-restored",
+)
+
+SUITES: tuple[Suite, ...] = (
+    Suite(
+        name="cpu_unit",
+        tier="cpu",
+        purpose="CPU correctness tier: every NUM_GPUS = 0 test of slime's core, in parallel",
+        profile="cpu",
+        include=("tests",),
+        exclude=("tests/test_agent", "tests/toolkit", "tests/e2e"),
+        timeout=300,  # no file needs more than ~10 s; a hang is cut off early
+        # What most files import after torch (measured per file): DTensor and sympy come with
+        # slime's loss code (22 and 26 of 58 files, ~1.2 s), the Qwen2 model with the tiny
+        # model and the engines (8 files, ~3 s), DCP and FSDP with the trainer (10 files).
+        preload=("sympy", "torch.distributed.tensor", "torch.distributed.fsdp",
+                 "torch.distributed.checkpoint", "safetensors.torch", "transformers",
+                 "transformers.models.qwen2.modeling_qwen2", "tokenizers", "yaml", "psutil"),
+    ),
+    Suite(
+        name="agent_adapter",
+        tier="cpu",
+        purpose="Agent tier: provider adapters, trajectories and sandbox with real SDK clients",
+        profile="agent",
+        include=("tests/test_agent",),
+        timeout=600,
+        preload=("openai", "anthropic", "aiohttp", "httpx"),
+    ),
+    Suite(
+        name="toolkit",
+        tier="cpu",
+        purpose="The CI toolkit's own tests: registry, runner, GPU lock, changed, workflows",
+        profile="dev",
+        include=("tests/toolkit",),
+        timeout=900,
+        before=(("python", "-m", "ci", "audit"),),  # the registry is sound before its tests run
+    ),
+    Suite(
+        name="sglang_config",
+        tier="gpu",
+        purpose="GPU tier: rollout-engine deployment configurations",
+        profile="e2e",
+        label="run-ci-sglang-config",
+        image=FRAMEWORK_IMAGE,
+        entries=SGLANG_CONFIG_ENTRIES,
+    ),
+    Suite(
+        name="megatron",
+        tier="gpu",
+        purpose="GPU tier: the core training matrix",
+        profile="e2e",
+        label="run-ci-megatron",
+        image=FRAMEWORK_IMAGE,
+        entries=MEGATRON_ENTRIES,
+        timeout=3600,
+    ),
+    Suite(
+        name="precision",
+        tier="gpu",
+        purpose="GPU tier: numerical consistency across parallel layouts",
+        profile="e2e",
+        label="run-ci-precision",
+        image=FRAMEWORK_IMAGE,
+        entries=PRECISION_ENTRIES,
+    ),
+    Suite(
+        name="ckpt",
+        tier="gpu",
+        purpose="GPU tier: checkpoint save/load combinations",
+        profile="e2e",
+        label="run-ci-ckpt",
+        image=FRAMEWORK_IMAGE,
+        entries=CKPT_ENTRIES,
+    ),
+    Suite(
+        name="image",
+        tier="gpu",
+        purpose="GPU tier: the megatron matrix on the test image",
+        profile="e2e",
+        label="run-ci-image",
+        image=TEST_IMAGE,
+        entries=MEGATRON_ENTRIES,
+        timeout=3600,
+        cadences=("weekly",),  # the same matrix as megatron: once a week on the test image
+    ),
+    Suite(
+        name="changed",
+        tier="gpu",
+        purpose="Test files this branch adds or modifies vs origin/main, each on its NUM_GPUS",
+        profile="e2e",
+        label="run-ci-changed",
+        image=FRAMEWORK_IMAGE,
+        dynamic=True,
+        timeout=3600,
+    ),
+)
+
+
+SESSIONS: tuple[Check | Smoke, ...] = (
+    Check(name="lint", every_event=True, profiles=("lint",),
+          purpose="Generated workflow is current and passes zizmor and the schemas; ruff everywhere, "
+                  "mypy on ci/",
+          commands=(("python", "-m", "ci", "workflows", "--check"),
+                    ("zizmor", "--offline", "--persona", "pedantic", ".github/workflows"),
+                    ("check-jsonschema", "--builtin-schema", "vendor.github-workflows",
+                     ".github/workflows/*.yml"),
+                    ("check-jsonschema", "--builtin-schema", "vendor.compose-spec",
+                     "runners/docker-compose.yml"),
+                    ("ruff", "check", "."),
+                    ("mypy",))),
+    # Of ckpt's five optimizer-location combinations the one that crosses devices on both save
+    # and load runs here; the label job runs all five.
+    Smoke(name="gpu_smoke", profiles=("e2e", "gpu-host"),
+          purpose="The GPU tier without GPUs: megatron, precision, one ckpt entry, sglang_config (emulated)",
+          runs=(SmokeRun(suite="megatron"), SmokeRun(suite="precision"),
+                SmokeRun(suite="ckpt", only="gpu --load-optimizer cpu"), SmokeRun(suite="sglang_config"))),
+    Check(name="history", profiles=("history",), tags=(), posargs=True,
+          purpose="The run history: show, flaky, monitor; in CI each job's last step records its run "
+                  "(`-- record`)",
+          commands=(("python", "-m", "ci", "history"),)),
+    Check(name=MONITOR_SESSION, profiles=("history",), tags=(), posargs=True, purpose=MONITOR_PURPOSE,
+          commands=(MONITOR_COMMAND,)),
+    Check(name="mutation", profiles=("mutation",), tags=("nightly",), cadences=("nightly",),
+          posargs=True, minutes=240,
+          purpose="Mutation score per core module (ci.suites.MUTATION_TARGETS); nightly and on demand, "
+                  "not -t ci",
+          commands=(("python", "-m", "ci", "mutation"),)),
+    Check(name="plants", profiles=("dev", "gpu-host"), tags=("cpu", PLANTS_CADENCE),
+          cadences=(PLANTS_CADENCE,), posargs=True, minutes=180,
+          purpose="Every planted break (tests/e2e/plants) makes the entry that claims it fail, for its "
+                  "reason",
+          commands=(("python", "-m", "ci", "plants"),)),
+    Check(name="lock_check", profiles=("lock",), tags=("cpu", "weekly"), cadences=("weekly",),
+          purpose="The lock files (constraints/) against a fresh resolve of pyproject.toml: fails when "
+                  "they are behind",
+          commands=(("python", "-m", "ci", "lock", "--check"),)),
+)

@@ -1,0 +1,157 @@
+"""The run-history store on SQLite and on a real PostgreSQL server: writes, reads, concurrency, bad stores."""
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
+from _ci import REPO, run_ci
+from _postgres import fresh_database, server
+
+from ci.errors import StoreError, UsageError
+from ci.history.rows import AttemptRecord, MetricPoint, RunRecord, parse_metrics
+from ci.history.store import normalise, open_store, resolve_url
+
+NUM_GPUS = 0
+
+
+@pytest.fixture(scope="module")
+def pg_server():
+    try:
+        with server() as url:
+            yield url
+    except RuntimeError as exc:
+        pytest.skip(f"no PostgreSQL server: {exc}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'history.sqlite'}"
+    return normalise(fresh_database(request.getfixturevalue("pg_server")))
+
+
+def _run(uid, *, entries=2, steps=3, started=0.0, outcome="passed", suite="s"):
+    attempts = tuple(AttemptRecord(entry_id=f"tests/test_{i}.py", path=f"tests/test_{i}.py", attempt=1,
+                                   final=True, outcome=outcome, passed=1, seconds=1.0 + i)
+                     for i in range(entries))
+    metrics = tuple(MetricPoint(entry_id="tests/test_0.py", step=s, name="reward", value=s / 10)
+                    for s in range(steps))
+    return RunRecord(uid=uid, suite=suite, commit="c" * 40, branch="main", hardware="emulated",
+                     started_at=started, ended_at=started + 1, exit_code=0, attempts=attempts,
+                     metrics=metrics)
+
+
+def test_a_run_reads_back_as_written(store_url):
+    with open_store(store_url) as store:
+        assert store.record(_run("r1", started=10))
+        assert not store.record(_run("r1", started=10)), "the same run twice must be one run"
+        assert store.counts() == {"runs": 1, "attempts": 2, "metrics": 3}
+        rows = store.attempts(hardware="emulated")
+        assert [(r.entry_id, r.seconds, r.final) for r in rows] == [
+            ("tests/test_0.py", 1.0, True), ("tests/test_1.py", 2.0, True)]
+        assert store.attempts(hardware="cuda") == []
+        series = store.metric_series("tests/test_0.py", hardware="emulated", names=["reward"])
+        assert [(m.step, m.value) for m in series] == [(0, 0.0), (1, 0.1), (2, 0.2)]
+        assert store.metric_series("tests/test_0.py", hardware="cuda", names=["reward"]) == []
+
+
+WRITER = """
+import sys, time, pathlib
+from ci.history.rows import AttemptRecord, MetricPoint, RunRecord
+from ci.history.store import open_store
+url, me, runs, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), pathlib.Path(sys.argv[4])
+while not go.exists():
+    time.sleep(0.01)
+store = open_store(url)   # every writer migrates the fresh store at the same moment
+for n in ["shared"] + [f"w{me}-{i}" for i in range(runs)]:
+    attempts = tuple(AttemptRecord(entry_id=f"e{j}", path=f"e{j}", attempt=1, final=True,
+                                   outcome="passed", seconds=float(j)) for j in range(3))
+    metrics = tuple(MetricPoint(entry_id="e0", step=s, name="m", value=float(s)) for s in range(4))
+    store.record(RunRecord(uid=n, suite="s", started_at=time.time(), ended_at=time.time(),
+                           exit_code=0, attempts=attempts, metrics=metrics))
+store.close()
+"""
+
+
+def test_concurrent_writers_lose_and_duplicate_nothing(store_url, tmp_path):
+    writers, runs = 6, 8
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, store_url, str(w), str(runs), str(go)],
+                              env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+                              stderr=subprocess.PIPE, text=True)
+             for w in range(writers)]
+    time.sleep(1.0)  # every writer imported SQLAlchemy and waits at the start line
+    go.touch()
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * writers, errors
+    expected_runs = writers * runs + 1  # each writer's runs, and the one run they all record
+    with open_store(store_url) as store:
+        assert store.counts() == {"runs": expected_runs, "attempts": expected_runs * 3,
+                                  "metrics": expected_runs * 4}
+        uids = {r.run_uid for r in store.attempts(last_runs=10_000)}
+        assert len(uids) == expected_runs and "shared" in uids
+
+
+def test_a_newer_schema_is_refused_and_left_alone(store_url):
+    with open_store(store_url) as store:
+        store.record(_run("keep"))
+        from ci.history import schema
+        with store.engine.begin() as conn:
+            conn.execute(schema.meta.update().values(value="99"))
+    with pytest.raises(StoreError, match=r"schema version 99, newer than this slime-ci knows \(1\)"):
+        open_store(store_url)
+
+
+def test_malformed_and_unsupported_urls_are_usage_errors(tmp_path):
+    for bad, text in [("postgresql://u@host:notaport/db", "malformed"),
+                      ("mysql://u@h/db", "only postgresql:// and sqlite:///"),
+                      ("postgresql+asyncpg://u@h/db", "use postgresql://"),
+                      ("sqlite://", "needs a file"),
+                      ("::nonsense::", "malformed")]:
+        with pytest.raises(UsageError, match=text):
+            normalise(bad)
+    assert resolve_url("off", {}, tmp_path) is None
+    assert resolve_url(None, {"SLIME_CI_HISTORY_URL": "postgresql://u@h/db"}, tmp_path) == \
+        "postgresql+psycopg://u@h/db"
+    assert resolve_url(None, {}, tmp_path) == f"sqlite:///{tmp_path}/.ci-cache/history.sqlite"
+    proc = run_ci("history", "show", "--history", "postgresql://u:secret@h:port/db", "--root", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "malformed" in proc.stderr and "secret" not in proc.stderr
+
+
+def test_a_corrupt_sqlite_file_is_one_line_exit_4_and_untouched(tmp_path):
+    bad = tmp_path / "history.sqlite"
+    bad.write_bytes(b"this is not a database, it is a cache accident\n" * 100)
+    before = bad.read_bytes()
+    proc = run_ci("history", "show", "--history", f"sqlite:///{bad}", "--root", str(tmp_path))
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "is not a SQLite database (corrupt?)" in proc.stderr
+    assert bad.read_bytes() == before
+
+
+def test_metrics_jsonl_keeps_numeric_scalars_per_step():
+    text = "\n".join([json.dumps({"step": 0, "rollout/reward": 0.5, "engines": [1], "ok": True}),
+                      json.dumps({"step": 1, "rollout/reward": 0.75, "train/kl": 1e-3}),
+                      '{"step": 2, "rollout/rew'])  # the last line cut short by a kill
+    points = parse_metrics("e", text)
+    assert sorted((p.step, p.name, p.value) for p in points) == [
+        (0, "rollout/reward", 0.5), (1, "rollout/reward", 0.75), (1, "train/kl", 1e-3)]
+
+
+def test_sqlite_file_is_a_real_sqlite_database(tmp_path):
+    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
+    with open_store(url) as store:
+        store.record(_run("x"))
+    with sqlite3.connect(tmp_path / "h.sqlite") as conn:
+        assert conn.execute("select value from slime_ci_meta").fetchone() == ("1",)
+        assert conn.execute("select count(*) from attempts").fetchone() == (2,)
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))

@@ -1,0 +1,149 @@
+"""`python -m ci plants`: a planted break counts as caught only when its entry fails for its
+stated reason; a pass, another failure, a timeout or a stale patch is a miss. Checked on a
+real git checkout in tmp_path (a CPU suite, real `ci run` processes), then the repository's
+own CI subset (PLANTS_CI) on the real framework.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
+from _ci import run_ci, write
+
+NUM_GPUS = 0
+
+REGISTRY = """
+    from ci.registry import Suite
+
+    SUITES = (Suite(name="unit", tier="cpu", purpose="p", profile="cpu", include=("tests",),
+                    exclude=("tests/e2e",), timeout=600),)
+"""
+
+TOY = """
+    import os
+    import time
+
+
+    def add(a, b):
+        if os.environ.get("TOY_SLOW"):
+            time.sleep(900)
+        return a + b
+"""
+
+TEST = """
+    from toy import add
+
+    NUM_GPUS = 0
+
+
+    def test_add():
+        assert add(2, 2) == 4, "add is broken"
+"""
+
+
+def _git(root, *args):
+    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@example.com", "HOME": str(root), "PATH": "/usr/bin:/bin"})
+
+
+def _plant(root, name, header, old, new):
+    """Write a plant made the way a maintainer makes one: edit, `git diff`, revert."""
+    path = root / "toy" / "__init__.py"
+    text = path.read_text()
+    path.write_text(text.replace(old, new, 1))
+    diff = subprocess.run(["git", "diff"], cwd=root, capture_output=True, text=True, check=True).stdout
+    path.write_text(text)
+    out = root / "tests" / "e2e" / "plants" / "test_add" / f"{name}.patch"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(header + "\n\n" + diff)
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    root = write(tmp_path_factory.mktemp("toy"), {"ci/registry/repo_suites.py": REGISTRY, "toy/__init__.py": TOY,
+                                                  "tests/test_add.py": TEST})
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "toy")
+    head = "suite: unit\nonly: tests/test_add.py\n"
+    _plant(root, "sign", head + "reason: add is broken", "return a + b", "return a - b")
+    _plant(root, "harmless", head + "reason: add is broken", "import time", "import time  # a comment")
+    _plant(root, "other-reason", head + "reason: add overflowed", "return a + b", "return a - b")
+    _plant(root, "slow", head + "reason: add is broken", 'os.environ.get("TOY_SLOW")', "True")
+    stale = root / "tests" / "e2e" / "plants" / "test_add" / "stale.patch"
+    stale.write_text((root / "tests/e2e/plants/test_add/sign.patch").read_text().replace("a + b", "a * b"))
+    return root
+
+
+def _plants(toy, *args, timeout=300):
+    return run_ci("plants", "--root", str(toy), *args, timeout=timeout)
+
+
+def test_each_verdict_for_its_reason(toy):
+    # 45 s per plant: a toy run takes ~5 s on a quiet box, over 20 s at load 40; the slow
+    # plant sleeps far past it (and past the suite's own timeout) so only the plant's limit ends it.
+    proc = _plants(toy, "--timeout", "45", timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = {line.split()[1]: line for line in proc.stdout.splitlines() if line.startswith("test_add ")}
+    assert set(rows) == {"sign", "harmless", "other-reason", "slow", "stale"}
+    assert "caught" in rows["sign"] and "add is broken" in rows["sign"]
+    assert "MISSED" in rows["harmless"] and "the entry passed with the break in place" in rows["harmless"]
+    assert "MISSED" in rows["other-reason"] and "failed, but not for 'add overflowed'" in rows["other-reason"]
+    assert "MISSED" in rows["slow"] and "timed out" in rows["slow"]
+    assert "MISSED" in rows["stale"] and "patch does not apply" in rows["stale"]
+    assert "plants: 1 caught, 4 missed" in proc.stdout
+    # Plants went to scratch copies: the working tree is as committed, and nothing was left running.
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=toy,
+                            capture_output=True, text=True, check=True).stdout
+    assert status == ""
+    assert "return a + b" in (toy / "toy" / "__init__.py").read_text()
+    left = subprocess.run(["pgrep", "-f", f"--root {toy}"], capture_output=True, text=True, check=False)
+    assert left.stdout.strip() == "", "a plant's run outlived the command"
+
+
+def test_only_and_exit_zero_when_all_caught(toy):
+    proc = _plants(toy, "--only", "test_add/sign")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "plants: 1 caught, 0 missed" in proc.stdout
+
+
+def test_dry_run_runs_nothing_and_names_stale_patches(toy):
+    proc = _plants(toy, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "plants: 5, each on a scratch copy" in proc.stdout
+    stale = [ln for ln in proc.stdout.splitlines() if "test_add/stale" in ln]
+    assert stale and "DOES NOT APPLY" in stale[0]
+    assert "--suite unit tests/test_add.py" in proc.stdout
+
+
+def test_bad_input_is_one_line(toy, tmp_path):
+    proc = _plants(toy, "--only", "no-such-plant")
+    assert proc.returncode == 3 and "nothing matches" in proc.stderr
+    bad = write(tmp_path, {"ci/registry/repo_suites.py": REGISTRY, "tests/e2e/plants/x/y.patch": "suite: unit\n\n"})
+    proc = run_ci("plants", "--root", str(bad))
+    assert proc.returncode == 2 and "header lacks only, reason" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_every_plant_of_the_repository_still_applies():
+    """A refactor of slime/ leaves a plant's context behind; caught here, not by the nightly run."""
+    proc = run_ci("plants", "--dry-run", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stale = [ln for ln in proc.stdout.splitlines() if "DOES NOT APPLY" in ln]
+    assert not stale, "regenerate these plants on the current code:\n" + "\n".join(stale)
+    assert "plants: 20" in proc.stdout
+
+
+def test_the_ci_subset_is_caught_on_the_real_framework():
+    """PLANTS_CI, what every push runs: the real slime/, patched in a scratch copy."""
+    proc = run_ci("plants", "--ci", timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 missed" in proc.stdout
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))

@@ -1,0 +1,303 @@
+"""`U.execute_train` against real Ray heads on loopback (three heads in all: Ray is slow to start).
+
+A submitted script sees the runtime env; a failing job raises; two calls at once each get
+their own head and ports; after every call no process of its head remains, checked by pid.
+"""
+
+import json
+import os
+import socket
+import sys
+import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
+from _ci import REPO
+
+import slime.utils.external_utils.command_utils as U
+from slime.utils.external_utils.ray_head import PORT_BLOCK_SIZE, free_port_block
+
+NUM_GPUS = 0
+
+PROBE = textwrap.dedent("""
+    import json, os, sys, time
+    out = sys.argv[1]
+    names = ["PROBE", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH", "CUDA_DEVICE_MAX_CONNECTIONS",
+             "NCCL_NVLS_ENABLE", "no_proxy", "SLIME_CI_DEVICE", "SLIME_CI_OUTPUT_DIR",
+             "CUDA_VISIBLE_DEVICES"]
+    with open(out, "w") as fh:
+        json.dump({"env": {n: os.environ.get(n) for n in names}, "argv": sys.argv[2:],
+                   "pid": os.getpid()}, fh)
+    print("probe wrote", out, flush=True)
+    if "--fail" in sys.argv:
+        print("failing on purpose", flush=True)
+        sys.exit(3)
+""")
+
+
+def _alive(pids):
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.Error:
+            pass
+    return alive
+
+
+def _free(port):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "in use"
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _env(tmp_path, base, name):
+    out = tmp_path / name
+    out.mkdir()
+    return {**os.environ, "SLIME_CI_PORT_BASE": str(base), "SLIME_CI_OUTPUT_DIR": str(out),
+            "SLIME_CI_DEVICE": "cpu", "TMPDIR": str(tmp_path)}
+
+
+@pytest.mark.timeout(600)
+def test_job_sees_runtime_env_and_head_is_gone_after(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    result = tmp_path / "result.json"
+    base = free_port_block()
+    heads, record = [], []
+    # As the runner sets it under --emulate-gpus: one logical GPU, none visible to torch.
+    env = {**_env(tmp_path, base, "out"), "CUDA_VISIBLE_DEVICES": "", "SLIME_CI_EMULATE_GPUS": "1"}
+    job_id = U.execute_train(
+        [str(result), "--name", "two words"], 1, None, train_script=str(script),
+        before_ray_job_submit=heads.append, extra_env_vars={"PROBE": "seen"},
+        env=env, timeout=300, head_record=record,
+    )
+    assert job_id
+    seen = json.loads(result.read_text())
+    env = seen["env"]
+    assert seen["argv"] == ["--name", "two words"]
+    assert env["PROBE"] == "seen"
+    assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(base + 9)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and env["NCCL_NVLS_ENABLE"] in ("0", "1")
+    assert "127.0.0.1" in env["no_proxy"].split(",")
+    assert env["SLIME_CI_DEVICE"] == "cpu" and env["SLIME_CI_OUTPUT_DIR"] == str(tmp_path / "out")
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    # The hook ran against this entry's head, on this entry's ports.
+    assert [h.address for h in heads] == [f"http://127.0.0.1:{base + 1}"]
+    (rec,) = record
+    assert heads[0].pid in rec.pids and len(rec.pids) > 3
+    assert _alive([*rec.pids, seen["pid"]]) == []
+    assert not rec.temp_dir.exists()
+    assert _free(base) and _free(base + 1)
+
+
+@pytest.mark.timeout(900)
+def test_two_calls_at_once_do_not_collide_and_a_failure_raises(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    base_a = free_port_block()
+    base_b = free_port_block()
+    while abs(base_b - base_a) < PORT_BLOCK_SIZE:
+        base_b = free_port_block()
+    both_up = threading.Barrier(2, timeout=600)
+    records = {"ok": [], "bad": []}
+
+    def run(name, base, extra):
+        return U.execute_train(
+            [str(tmp_path / f"{name}.json"), *extra], 1, None, train_script=str(script),
+            before_ray_job_submit=lambda head: both_up.wait(),  # both heads run at once
+            env=_env(tmp_path, base, name), timeout=300, head_record=records[name],
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        ok = pool.submit(run, "ok", base_a, [])
+        bad = pool.submit(run, "bad", base_b, ["--fail"])
+        assert ok.result(timeout=800)
+        with pytest.raises(U.TrainJobFailed) as info:
+            bad.result(timeout=800)
+    assert info.value.status == "FAILED"
+    assert "failing on purpose" in info.value.logs_tail
+    ok_env = json.loads((tmp_path / "ok.json").read_text())["env"]
+    bad_env = json.loads((tmp_path / "bad.json").read_text())["env"]
+    assert (ok_env["MASTER_PORT"], bad_env["MASTER_PORT"]) == (str(base_a + 9), str(base_b + 9))
+    (rec_ok,), (rec_bad,) = records["ok"], records["bad"]
+    assert rec_ok.pids.isdisjoint(rec_bad.pids)
+    assert rec_ok.temp_dir != rec_bad.temp_dir
+    assert not rec_ok.temp_dir.exists() and not rec_bad.temp_dir.exists()
+    assert _alive(rec_ok.pids | rec_bad.pids) == []
+
+
+HOLDER = textwrap.dedent("""
+    import os, sys, time
+    from slime.utils.external_utils.ray_head import private_head
+    with private_head(num_gpus=0, env=dict(os.environ)) as head:
+        with open(sys.argv[1] + ".tmp", "w") as fh:
+            fh.write(f"{head.pid} {head.token}")
+        os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+        time.sleep(600)
+""")
+
+
+def _owned(token):
+    needle = f"SLIME_CI_RAY_OWNER={token}".encode()
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if needle in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0"):
+                found.append(proc.pid)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_a_private_head_dies_with_the_process_that_started_it(tmp_path, sig):
+    """SIGKILL of the entry (as when its runner's guard kills it) takes its head along; SIGTERM
+    (a runner's timeout, with SIGKILL a few seconds later) stops the head from the entry itself."""
+    import signal
+    import subprocess
+    import time
+
+    info = tmp_path / "head"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(info)], env=env,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not info.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the head never started"
+            time.sleep(0.2)
+        leader, token = info.read_text().split()
+        assert _alive(_owned(token)), "no process of the head found"
+    finally:
+        proc.send_signal(getattr(signal, sig))
+        code = proc.wait(timeout=60)
+    if sig == "SIGTERM":
+        # The entry's own clean-up ran (not the default action, which would be -SIGTERM) and
+        # returned only once the head's processes were gone.
+        assert code == 128 + signal.SIGTERM, code
+        assert _alive(_owned(token)) == [] and _alive([int(leader)]) == []
+    deadline = time.monotonic() + 30
+    while (_alive(_owned(token)) or _alive([int(leader)])) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(_owned(token)) == [] and _alive([int(leader)]) == []
+
+
+@pytest.mark.parametrize("ignores_sigterm", [False, True])
+def test_a_process_of_the_head_left_behind_its_raylet_is_stopped_in_seconds(tmp_path, ignores_sigterm):
+    """A Ray worker whose raylet is gone can linger for the whole grace before it notices.
+    Once `ray start` has exited, what is left of the head (found by its token) gets SIGTERM,
+    then SIGKILL after ORPHAN_GRACE: the stop takes seconds, not the 15 s grace."""
+    import signal
+    import subprocess
+    import time
+
+    from slime.utils.external_utils import ray_head as RH
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("SLIME_CI_PORT_BASE", None)
+    record = []
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)" \
+        if ignores_sigterm else "import time; time.sleep(600)"
+    with RH.private_head(num_gpus=0, env=env, record=record) as head:
+        # Its own session: the signal to the head's group does not reach it, as for such a worker.
+        straggler = subprocess.Popen([sys.executable, "-c", code], env={**env, RH.OWNER_VAR: head.token},
+                                     start_new_session=True)
+        started = time.monotonic()
+    stopped_in = time.monotonic() - started
+    try:
+        (rec,) = record
+        assert straggler.pid in rec.pids
+        status = straggler.wait(timeout=5)
+        assert status == (-signal.SIGKILL if ignores_sigterm else -signal.SIGTERM)
+        assert stopped_in < 10, f"the head took {stopped_in:.1f} s to stop"
+        assert _alive(rec.pids) == []
+    finally:
+        if straggler.poll() is None:
+            straggler.kill()
+            straggler.wait()
+
+
+# A stand-in for `ray` on a loaded host: this machine cannot be made slow enough on demand for
+# Ray's fixed 30 s raylet wait to run out, so the first `ray start` prints what Ray prints then
+# and exits 1, as it does; later calls run the real CLI.
+FLAKY_RAY = textwrap.dedent("""\
+    #!{python}
+    import os, sys
+    marker = {marker!r}
+    if {failures} > len(os.listdir(marker)):
+        open(os.path.join(marker, str(len(os.listdir(marker)))), "w").close()
+        print("Exception: {line}", flush=True)
+        sys.exit(1)
+    os.execv({ray!r}, [{ray!r}, *sys.argv[1:]])
+""")
+
+
+def _flaky_ray(tmp_path, failures, line):
+    from slime.utils.external_utils import ray_head as RH
+
+    marker = tmp_path / "starts"
+    marker.mkdir()
+    cli = tmp_path / "ray"
+    cli.write_text(FLAKY_RAY.format(python=sys.executable, marker=str(marker), failures=failures,
+                                    line=line, ray=RH.ray_executable()))
+    cli.chmod(0o755)
+    return cli, marker
+
+
+def test_a_head_that_timed_out_starting_is_started_again(tmp_path, capfd):
+    from slime.utils.external_utils import ray_head as RH
+
+    cli, marker = _flaky_ray(tmp_path, 1, "The current node timed out during startup. This could "
+                                          "happen because some of the raylet failed to startup.")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("SLIME_CI_PORT_BASE", None)
+    record = []
+    with RH.private_head(num_gpus=0, env=env, record=record, ray_cli=str(cli)) as head:
+        assert "Ray runtime started." in (head.temp_dir / "head.2.log").read_text()
+        assert "timed out during startup" in (head.temp_dir / "head.log").read_text()
+    assert len(os.listdir(marker)) == 1
+    assert "starting it again, attempt 2 of 3" in capfd.readouterr().out
+    (rec,) = record
+    assert _alive(rec.pids) == [] and not rec.temp_dir.exists()
+
+
+def test_a_head_that_fails_for_another_reason_is_not_retried(tmp_path):
+    from slime.utils.external_utils import ray_head as RH
+
+    cli, marker = _flaky_ray(tmp_path, 3, "ValueError: --num-gpus must be a number")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("SLIME_CI_PORT_BASE", None)
+    with pytest.raises(RuntimeError, match="ray head exited with code 1 while starting") as err, \
+            RH.private_head(num_gpus=0, env=env, ray_cli=str(cli)):
+        pytest.fail("the head must not start")
+    assert "time(s)" not in str(err.value)
+    assert len(os.listdir(marker)) == 1  # one start, no retry
+
+
+def test_a_head_timing_out_every_time_gives_up_after_its_attempts(tmp_path):
+    from slime.utils.external_utils import ray_head as RH
+
+    cli, marker = _flaky_ray(tmp_path, 5, "The current node timed out during startup.")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("SLIME_CI_PORT_BASE", None)
+    with pytest.raises(RuntimeError, match=r"timed out during its own start-up 2 time\(s\), the last: ray head exited with code 1") as err, \
+            RH.private_head(num_gpus=0, env=env, ray_cli=str(cli), start_attempts=2):
+        pytest.fail("the head must not start")
+    assert "timed out during startup" in str(err.value)
+    assert len(os.listdir(marker)) == 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
