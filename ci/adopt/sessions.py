@@ -47,7 +47,7 @@ def toolkit_extra(name: str) -> tuple[str, ...]:
 
 
 def _checkout_pyproject() -> Mapping[str, Any] | None:
-    path = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    path = Path(__file__).resolve().parents[2] / "pyproject.toml"
     if not path.is_file():
         return None  # an installed wheel: site-packages has no pyproject.toml
     try:

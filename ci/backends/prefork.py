@@ -53,7 +53,7 @@ from typing import Any, Literal, NoReturn
 try:
     from ci.proc import signal_group
 except ModuleNotFoundError:  # run as the worker script where the toolkit is not on the path
-    sys.path.append(str(Path(__file__).resolve().parent.parent))
+    sys.path.append(str(Path(__file__).resolve().parents[2]))
     try:
         from ci.proc import signal_group
     finally:

@@ -37,7 +37,7 @@ from ci.registry.repo_suites import PLANTS_CI, PLANTS_DIR
 
 HEADER = re.compile(r"^(suite|only|reason|gpus):\s*(.+?)\s*$")
 DEFAULT_TIMEOUT = 900.0  # seconds per plant: an emulated entry takes ~50 s on a quiet box
-TOOLKIT = Path(__file__).resolve().parent.parent  # the checkout this `ci` package lives in
+TOOLKIT = Path(__file__).resolve().parents[2]  # the checkout this `ci` package lives in
 STOP_GRACE = 30.0  # seconds a timed-out run gets to stop its entries before SIGKILL
 
 

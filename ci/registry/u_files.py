@@ -42,9 +42,9 @@ def packaged() -> dict[str, str]:
     From the wheel's `ci/_u/`; from the checkout's U directory when the toolkit runs
     from a source tree (an editable install, PYTHONPATH).
     """
-    here = Path(__file__).resolve().parent
-    for folder in (here / "_u", here.parent / U_DIR):
+    package = Path(__file__).resolve().parents[1]  # ci/, where the wheel puts _u/
+    for folder in (package / "_u", package.parent / U_DIR):
         if all((folder / name).is_file() for name in U_FILES):
             return {name: (folder / name).read_text(encoding="utf-8") for name in U_FILES}
     raise FileNotFoundError(f"this slime-ci install lacks U's files ({', '.join(U_FILES)}) in "
-                            f"{here / '_u'}: reinstall it from a wheel or a checkout")
+                            f"{package / '_u'}: reinstall it from a wheel or a checkout")
