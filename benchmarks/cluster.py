@@ -71,8 +71,8 @@ def write_checkout(root: Path, jobs: list) -> dict[str, float]:  # type: ignore[
     registry = ("from ci.registry import Entry, Suite\n\nSUITES = (\n"
                 '    Suite(name="matrix", tier="gpu", purpose="p", profile="e2e", timeout=600, entries=(\n'
                 f"{entries}\n    )),\n)\n")
-    (root / "ci").mkdir(parents=True)
-    (root / "ci" / "suites.py").write_text(registry)
+    (root / "ci" / "registry").mkdir(parents=True)
+    (root / "ci" / "registry" / "repo_suites.py").write_text(registry)
     (root / "tests" / "e2e").mkdir(parents=True)
     for n in sorted({j.gpus for j in jobs}):
         (root / "tests" / "e2e" / f"test_g{n}.py").write_text(textwrap.dedent(ENTRY.format(n=n)).lstrip())

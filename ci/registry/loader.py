@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import ci.registry.repo_suites as suites_module
 from ci.errors import UsageError
-from ci.registry import repo_suites as suites_module
 from ci.registry.model import Check, Smoke, Suite
 from ci.registry.repo_suites import SUITES
 from ci.registry.workflow_style import Style, style_from

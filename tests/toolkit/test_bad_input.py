@@ -417,11 +417,11 @@ def _template(root: Path, *, label: str = "'run-ci-cpu'", file: str = "'test_ok.
 ])
 def test_import_workflow_refuses_values_it_would_write_or_read_wrongly(
         checkout: Path, label: str, file: str, expect: str) -> None:
-    (checkout / "ci" / "suites.py").unlink()
+    (checkout / "ci" / "registry" / "repo_suites.py").unlink()
     template = _template(checkout, label=label, file=file)
     proc = ci("import-workflow", str(template), "--root", str(checkout))
     assert expect in one_line(proc)
-    assert not (checkout / "ci" / "suites.py").exists()
+    assert not (checkout / "ci" / "registry" / "repo_suites.py").exists()
 
 
 def test_import_workflow_refuses_a_device_and_a_huge_template(checkout: Path) -> None:

@@ -360,8 +360,8 @@ def test_check_from_a_subdirectory_finds_the_checkout(tmp_path: Path) -> None:
     assert _ci("workflows", "--check", cwd=ROOT / "tests").returncode == 0
     nested = tmp_path / "repo" / "a" / "b"
     nested.mkdir(parents=True)
-    (tmp_path / "repo" / "ci").mkdir()
-    (tmp_path / "repo" / "ci" / "suites.py").write_text("")
+    (tmp_path / "repo" / "ci" / "registry").mkdir(parents=True)
+    (tmp_path / "repo" / "ci" / "registry" / "repo_suites.py").write_text("")
     assert find_root(nested) == tmp_path / "repo"
     (tmp_path / "adopted" / ".slime-ci").mkdir(parents=True)  # where `slime-ci adopt` writes it
     (tmp_path / "adopted" / ".slime-ci" / "suites.py").write_text("")
