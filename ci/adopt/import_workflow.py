@@ -44,9 +44,9 @@ KNOWN_JOBS = {"cpu-unittest": "cpu_unit", "agent-test": "agent_adapter",
               "agent-adapter-test": "agent_adapter", "e2e-test-sglang-config": "sglang_config",
               "e2e-test-megatron": "megatron", "e2e-test-precision": "precision",
               "e2e-test-ckpt": "ckpt", "e2e-test-image": "image"}
-# The template sets no timeouts. A CPU file gets 1200 s: the slowest of slime's CPU files
-# needs ~350 s alone on a 2-core machine and about twice that beside another heavy file,
-# so 1200 s leaves headroom on a slow runner and still ends a hang within the hour.
+# The template sets no timeouts. A CPU file gets 1200 s: slime's slowest CPU files take
+# minutes alone on a 2-core machine and about twice that beside another heavy file, so
+# 1200 s leaves headroom on a slow runner and still ends a hang within the hour.
 CPU_TIMEOUT = 1200.0
 GPU_TIMEOUT = 3600.0  # a whole training run (model download, conversion, train) per entry
 # Files that start their own process groups (gloo ranks, mp.spawn) keep about two cores busy.

@@ -103,9 +103,8 @@ SUITES: tuple[Suite, ...] = (
         include=("tests",),
         exclude=("tests/test_agent", "tests/toolkit", "tests/e2e"),
         timeout=300,  # no file needs more than ~10 s; a hang is cut off early
-        # What most files import after torch (measured per file): DTensor and sympy come with
-        # slime's loss code (22 and 26 of 58 files, ~1.2 s), the Qwen2 model with the tiny
-        # model and the engines (8 files, ~3 s), DCP and FSDP with the trainer (10 files).
+        # What many files import after torch: DTensor and sympy come with slime's loss code,
+        # the Qwen2 model with the tiny model and the engines, DCP and FSDP with the trainer.
         preload=("sympy", "torch.distributed.tensor", "torch.distributed.fsdp",
                  "torch.distributed.checkpoint", "safetensors.torch", "transformers",
                  "transformers.models.qwen2.modeling_qwen2", "tokenizers", "yaml", "psutil"),
