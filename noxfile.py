@@ -52,9 +52,9 @@ def _install(session: nox.Session, *names: str) -> None:
     # A session without its own `python=` runs on nox's interpreter.
     python = session.python if isinstance(session.python, str) else "{}.{}".format(*sys.version_info[:2])
     try:
-        disabled = constraints.lock_disabled(session.posargs, os.environ)
+        disabled = constraints.constraints_disabled(session.posargs, os.environ)
         held = constraints.constraint_args(ROOT, python, disabled=disabled)
-    except constraints.LockMissing as exc:
+    except constraints.ConstraintsMissing as exc:
         session.error(str(exc))
     if reqs:
         torch, rest = profiles.split_torch(list(dict.fromkeys(reqs)))
@@ -67,7 +67,7 @@ def _install(session: nox.Session, *names: str) -> None:
 
 def _posargs(session: nox.Session) -> list[str]:
     """The session's arguments for `python -m ci run` (`--no-lock` is the install's)."""
-    return constraints.strip_lock_flag(session.posargs)
+    return constraints.strip_no_lock_flag(session.posargs)
 
 
 def _suite(session: nox.Session, suite: str, *extra: str) -> None:

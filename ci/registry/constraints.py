@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ci.errors import EXIT_FAILED, EXIT_OK, CIError, UsageError
 
-LOCK_DIR = "constraints"
+CONSTRAINTS_DIR = "constraints"
 PYTHONS: tuple[str, ...] = ("3.10", "3.11")  # 3.11: every CI job; 3.10: the oldest supported
 PLATFORM = "x86_64-manylinux_2_28"  # CI's runners; torch's CPU wheels are built for it
 COMMAND = "python -m ci lock"  # what the file's header says made it
@@ -36,13 +36,13 @@ NO_LOCK_ENV = "SLIME_CI_NO_LOCK"
 NO_LOCK_FLAG = "--no-lock"
 
 
-class LockMissing(CIError):
+class ConstraintsMissing(CIError):
     """A session's Python has no constraints file."""
 
 
-def lock_path(root: Path, python: str) -> Path:
+def constraints_path(root: Path, python: str) -> Path:
     """constraints/py<X.Y>.txt under `root`."""
-    return root / LOCK_DIR / f"py{python}.txt"
+    return root / CONSTRAINTS_DIR / f"py{python}.txt"
 
 
 def every_requirement(root: Path) -> list[str]:
@@ -78,7 +78,7 @@ def find_uv(env: Mapping[str, str]) -> str:
 def resolve(root: Path, python: str, env: Mapping[str, str]) -> str:
     """A fresh resolve's constraints text for `python`."""
     uv = find_uv(env)
-    with tempfile.TemporaryDirectory(prefix="slime-lock-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="slime-constraints-") as tmp:
         out = Path(tmp) / f"py{python}.txt"
         source = Path(tmp) / "profiles.in"
         source.write_text("".join(f"{req}\n" for req in every_requirement(root)), encoding="utf-8")
@@ -97,7 +97,7 @@ def pins(text: str) -> list[str]:
 
 @dataclass(frozen=True, kw_only=True)
 class Drift:
-    """How one checked-in lock differs from a fresh resolve (empty diff: current)."""
+    """How one checked-in constraints file differs from a fresh resolve (empty diff: current)."""
 
     python: str
     path: Path
@@ -109,8 +109,8 @@ class Drift:
 
 
 def check(root: Path, python: str, env: Mapping[str, str]) -> Drift:
-    """Compare the checked-in lock of `python` with a fresh resolve."""
-    path = lock_path(root, python)
+    """Compare the checked-in constraints file of `python` with a fresh resolve."""
+    path = constraints_path(root, python)
     old = pins(path.read_text()) if path.is_file() else []
     new = pins(resolve(root, python, env))
     diff = tuple(line for line in difflib.unified_diff(old, new, str(path), "fresh resolve", lineterm="", n=0)
@@ -119,8 +119,8 @@ def check(root: Path, python: str, env: Mapping[str, str]) -> Drift:
 
 
 def write(root: Path, python: str, env: Mapping[str, str]) -> Path:
-    """Resolve and write the lock of `python`; returns its path."""
-    path = lock_path(root, python)
+    """Resolve and write the constraints file of `python`; returns its path."""
+    path = constraints_path(root, python)
     text = resolve(root, python, env)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -131,24 +131,25 @@ def write(root: Path, python: str, env: Mapping[str, str]) -> Path:
 
 # ---- what a session installs with --------------------------------------------------------------
 
-def lock_disabled(posargs: Sequence[str], env: Mapping[str, str]) -> bool:
+def constraints_disabled(posargs: Sequence[str], env: Mapping[str, str]) -> bool:
     """`--no-lock` among a session's arguments, or SLIME_CI_NO_LOCK=1: resolve fresh."""
     return NO_LOCK_FLAG in posargs or env.get(NO_LOCK_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def strip_lock_flag(posargs: Sequence[str]) -> list[str]:
+def strip_no_lock_flag(posargs: Sequence[str]) -> list[str]:
     """A session's arguments without `--no-lock` (it is the session's, not the suite runner's)."""
     return [a for a in posargs if a != NO_LOCK_FLAG]
 
 
 def constraint_args(root: Path, python: str, *, disabled: bool) -> list[str]:
-    """pip arguments that hold an install to the lock of `python` (none when disabled)."""
+    """pip arguments that hold an install to the constraints file of `python` (none when disabled)."""
     if disabled:
         return []
-    path = lock_path(root, python)
+    path = constraints_path(root, python)
     if not path.is_file():
-        raise LockMissing(f"no lock for Python {python} ({path.relative_to(root)}): run `{COMMAND} --python "
-                          f"{python}` and commit it, or pass --no-lock (SLIME_CI_NO_LOCK=1) to resolve fresh")
+        raise ConstraintsMissing(f"no constraints file for Python {python} ({path.relative_to(root)}): run "
+                                 f"`{COMMAND} --python {python}` and commit it, or pass --no-lock "
+                                 "(SLIME_CI_NO_LOCK=1) to resolve fresh")
     return ["-c", str(path)]
 
 

@@ -73,7 +73,7 @@ def test_lock_pins_every_extra_and_check_sees_a_new_release(tmp_path):
     _wheel(index, "gamma", "0.5")
     made = _ci_lock(root, index)
     assert made.returncode == 0, made.stderr
-    text = constraints.lock_path(root, "3.11").read_text()
+    text = constraints.constraints_path(root, "3.11").read_text()
     assert constraints.pins(text) == ["alpha==1.0", "beta==2.0", "gamma==0.5"]  # transitive gamma too
     assert "python -m ci lock" in text  # the header names the command that made it
     current = _ci_lock(root, index, "--check")
@@ -84,7 +84,7 @@ def test_lock_pins_every_extra_and_check_sees_a_new_release(tmp_path):
     assert behind.returncode == 1, behind.stdout + behind.stderr
     assert "-gamma==0.5" in behind.stdout and "+gamma==0.6" in behind.stdout
     assert "behind a fresh resolve" in behind.stdout
-    assert constraints.pins(constraints.lock_path(root, "3.11").read_text())[-1] == "gamma==0.5"  # --check wrote nothing
+    assert constraints.pins(constraints.constraints_path(root, "3.11").read_text())[-1] == "gamma==0.5"  # --check wrote nothing
 
 
 @needs_uv
@@ -93,7 +93,7 @@ def test_a_doctored_lock_is_reported(tmp_path):
     for name, version in (("alpha", "1.0"), ("beta", "2.0")):
         _wheel(index, name, version)
     assert _ci_lock(root, index).returncode == 0
-    path = constraints.lock_path(root, "3.11")
+    path = constraints.constraints_path(root, "3.11")
     path.write_text(path.read_text().replace("beta==2.0", "beta==1.5"))
     got = _ci_lock(root, index, "--check")
     assert got.returncode == 1 and "-beta==1.5" in got.stdout and "+beta==2.0" in got.stdout
@@ -106,7 +106,7 @@ def test_unresolvable_is_one_line_and_exit_2(tmp_path):
     got = _ci_lock(root, index)
     assert got.returncode == 2, got.stderr
     assert got.stderr.startswith("error: uv pip compile for Python 3.11 failed") and "Traceback" not in got.stderr
-    assert not constraints.lock_path(root, "3.11").exists()
+    assert not constraints.constraints_path(root, "3.11").exists()
 
 
 @pytest.mark.parametrize(("args", "says"), [
@@ -120,12 +120,12 @@ def test_bad_input_exit_2(tmp_path, args, says):
 
 
 def test_sessions_install_with_the_lock_unless_told_not_to(tmp_path):
-    assert constraints.lock_disabled(["--no-lock"], {}) and constraints.lock_disabled([], {constraints.NO_LOCK_ENV: "1"})
-    assert not constraints.lock_disabled(["--gpus", "8"], {constraints.NO_LOCK_ENV: "0"})
-    assert constraints.strip_lock_flag(["--no-lock", "--gpus", "8"]) == ["--gpus", "8"]
+    assert constraints.constraints_disabled(["--no-lock"], {}) and constraints.constraints_disabled([], {constraints.NO_LOCK_ENV: "1"})
+    assert not constraints.constraints_disabled(["--gpus", "8"], {constraints.NO_LOCK_ENV: "0"})
+    assert constraints.strip_no_lock_flag(["--no-lock", "--gpus", "8"]) == ["--gpus", "8"]
     assert constraints.constraint_args(REPO, "3.11", disabled=False) == ["-c", str(REPO / "constraints" / "py3.11.txt")]
     assert constraints.constraint_args(tmp_path, "3.12", disabled=True) == []
-    with pytest.raises(constraints.LockMissing, match=r"no lock for Python 3\.12 .*python -m ci lock --python 3\.12"):
+    with pytest.raises(constraints.ConstraintsMissing, match=r"no constraints file for Python 3\.12 .*python -m ci lock --python 3\.12"):
         constraints.constraint_args(tmp_path, "3.12", disabled=False)
 
 
@@ -161,7 +161,7 @@ def noxfile():
 
 def test_the_noxfile_installs_every_profile_held_to_the_lock(noxfile, monkeypatch):
     monkeypatch.delenv(constraints.NO_LOCK_ENV, raising=False)
-    held = ("-c", str(constraints.lock_path(REPO, "{}.{}".format(*sys.version_info[:2]))))
+    held = ("-c", str(constraints.constraints_path(REPO, "{}.{}".format(*sys.version_info[:2]))))
     session = _Session(["--gpus", "8"])
     noxfile._install(session, "e2e", "gpu-host")
     *profile_calls, own = session.calls
@@ -185,7 +185,7 @@ def test_the_repository_locks_pin_every_requirement_of_every_profile(python):
 
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     pinned = {line.split("==")[0].lower().replace("_", "-"): line.split("==")[1]
-              for line in constraints.pins(constraints.lock_path(REPO, python).read_text())}
+              for line in constraints.pins(constraints.constraints_path(REPO, python).read_text())}
     for profile in names(pyproject):  # dependency groups (the sessions' profiles) and extras
         for req in requirements(pyproject, profile):
             name = req.split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip().lower().replace("_", "-")
