@@ -283,8 +283,8 @@ def test_the_adopters_history_session_records_a_job_and_the_monitor_reads_it(
     assert (repo / ".ci-cache/monitor.md").is_file()
 
 
-# "ci/registry/repo_suites.py" as its own path, not the tail of ".slime-ci/suites.py".
-TOOLKIT_REGISTRY = re.compile(r"(?<![\w.-])ci/suites\.py")
+# The toolkit's own registry file, named where only the adopter's belongs.
+TOOLKIT_REGISTRY = re.compile(r"ci/registry/repo_suites\.py")
 
 
 def test_messages_name_the_adopters_registry(adopted, toolkit: Path, repo: Path, tmp_path: Path) -> None:

@@ -95,7 +95,7 @@ def test_labels_compare_case_insensitively_as_actions_does() -> None:
 
 def test_registry_mistakes_are_reported_as_fixable_errors() -> None:
     unlabelled = Suite(name="gpu_x", tier="gpu", purpose="p", profile="e2e")
-    with pytest.raises(UsageError, match=r"no label.*ci/suites\.py"):
+    with pytest.raises(UsageError, match=r"no label.*ci/registry/repo_suites\.py"):
         job_for(unlabelled)
     with pytest.raises(UsageError, match="shards"):
         job_for(Suite(name="s", tier="gpu", purpose="p", profile="e2e", label="run-ci-s",

@@ -366,7 +366,7 @@ def test_check_from_a_subdirectory_finds_the_checkout(tmp_path: Path) -> None:
     (tmp_path / "adopted" / ".slime-ci").mkdir(parents=True)  # where `slime-ci adopt` writes it
     (tmp_path / "adopted" / ".slime-ci" / "suites.py").write_text("")
     assert find_root(tmp_path / "adopted") == tmp_path / "adopted"
-    with pytest.raises(UsageError, match=r"no \.slime-ci/suites\.py or ci/suites\.py in / or above"):
+    with pytest.raises(UsageError, match=r"no \.slime-ci/suites\.py or ci/registry/repo_suites\.py in / or above"):
         find_root(Path("/"))
 
 
