@@ -13,7 +13,13 @@ from ci.registry.model import (
     AUTO_QUARANTINE_RATE,
     CPU_TIER,
     FRAMEWORK_IMAGE,
+    GPU_RUNNER_LABELS,
     GPU_TIER,
+    JOB_MINUTES,
+    MONITOR_COMMAND,
+    MONITOR_PURPOSE,
+    MONITOR_REPORT,
+    MONITOR_SESSION,
     TEST_IMAGE,
     Check,
     Entry,
@@ -27,7 +33,8 @@ from ci.registry.model import (
 )
 
 __all__ = [
-    "AUTO_QUARANTINE_MIN_RUNS", "AUTO_QUARANTINE_RATE", "CPU_TIER", "FRAMEWORK_IMAGE", "GPU_TIER",
+    "AUTO_QUARANTINE_MIN_RUNS", "AUTO_QUARANTINE_RATE", "CPU_TIER", "FRAMEWORK_IMAGE", "GPU_RUNNER_LABELS",
+    "GPU_TIER", "JOB_MINUTES", "MONITOR_COMMAND", "MONITOR_PURPOSE", "MONITOR_REPORT", "MONITOR_SESSION",
     "TEST_IMAGE", "Check", "Entry", "Isolation", "MetricGate", "Profile", "Registry", "Smoke",
     "SmokeRun", "Suite", "Tier", "load_registry",
 ]

@@ -154,7 +154,7 @@ def test_each_target_says_its_score_when_it_finishes():
 def test_pick_by_source_and_unknown_names():
     assert mutation.pick(MUTATION_TARGETS, []) == list(MUTATION_TARGETS)
     assert [t.source for t in mutation.pick(MUTATION_TARGETS, ["slime/rollout/rm_hub/"])] == ["slime/rollout/rm_hub"]
-    with pytest.raises(UsageError, match=r"not a mutation target: ci/nope\.py; known: ci/plan\.py"):
+    with pytest.raises(UsageError, match=r"not a mutation target: ci/nope\.py; known: ci/select/entries\.py"):
         mutation.pick(MUTATION_TARGETS, ["ci/nope.py"])
 
 
