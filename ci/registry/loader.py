@@ -118,7 +118,8 @@ def read_registry(path: Path) -> Registry | None:
 def registry_name(path: Path) -> str:
     """How messages name a registry file: its place in a checkout (.slime-ci/suites.py or
     ci/registry/repo_suites.py), else the path as given."""
-    return next((rel for rel in REGISTRY_PATHS if path.parts[-2:] == tuple(rel.split("/"))), str(path))
+    return next((rel for rel in REGISTRY_PATHS
+                 if path.parts[-len(rel.split("/")):] == tuple(rel.split("/"))), str(path))
 
 
 def registry_path(root: Path) -> Path | None:

@@ -17,7 +17,7 @@ from _ci import REPO, run_ci
 
 from ci.errors import UsageError
 from ci.registry import Entry, Suite, load_registry, repo_suites
-from ci.registry.loader import ADOPTED_REGISTRY, REGISTRY, read_registry, registry_path
+from ci.registry.loader import ADOPTED_REGISTRY, REGISTRY, read_registry, registry_name, registry_path
 
 NUM_GPUS = 0
 
@@ -89,6 +89,12 @@ def test_this_checkouts_registry_is_the_imported_module():
     assert registry_path(REPO) == REPO / REGISTRY
     registry = load_registry(REPO)
     assert registry.suites is repo_suites.SUITES and registry.sessions is repo_suites.SESSIONS
+
+
+def test_messages_name_a_registry_by_its_place_in_the_checkout(tmp_path: Path):
+    assert registry_name(tmp_path / "repo" / REGISTRY) == "ci/registry/repo_suites.py"
+    assert registry_name(tmp_path / "repo" / ADOPTED_REGISTRY) == ".slime-ci/suites.py"
+    assert registry_name(tmp_path / "elsewhere" / "repo_suites.py") == str(tmp_path / "elsewhere" / "repo_suites.py")
 
 
 def test_a_registry_that_fails_to_execute_is_one_line(tmp_path: Path):
