@@ -107,8 +107,8 @@ def test_the_readme_session_table_lists_the_registry(sessions):
 def test_a_stale_readme_table_fails_the_drift_check(tmp_path):
     from _ci import run_ci
 
-    (tmp_path / "ci").mkdir()
-    (tmp_path / "ci" / "suites.py").write_text(
+    (tmp_path / "ci" / "registry").mkdir(parents=True)
+    (tmp_path / "ci" / "registry" / "repo_suites.py").write_text(
         "from ci.suites import Entry, Suite\n"
         "SUITES = (Suite(name='nightly', tier='gpu', purpose='Nightly soak', profile='e2e',\n"
         "                label='run-ci-nightly', entries=(Entry(path='tests/e2e/t.py'),)),)\n")
