@@ -297,7 +297,7 @@ def _report(body: Body, job_ids: dict[str, str], reg: Registry) -> list[str]:
         "self-hosted runners (the template ran them when a fork PR carried the label)",
         "docker flags kept: GPU entries run with container=\"framework\" (--privileged, host network "
         "and IPC, seccomp off); give an entry container=\"minimal\" where it needs none of them "
-        "(README, Security)",
+        "(docs/security.md of slime-ci)",
         "concurrency: one group per job and PR instead of one per workflow (see ci/github/workflow.py)",
         f"new job: {CHECK_JOB} (`nox -s {CHECK_SESSION}`: the workflow and U are current with the registry)",
         "new: every suite job records its run (`nox -s history -- record`, also after a failure) and "

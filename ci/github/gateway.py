@@ -31,7 +31,7 @@ RUN_FILE_WORKFLOW = "run-ci-file.yml"
 # workflow's own GITHUB_TOKEN caused (its guard against loops), so the label alone would run
 # nothing now. The label stays for the record and for the PR's later pushes, which run the
 # labelled job as usual. (An App token would make the label start the run itself, at the cost
-# of a private key in the repository's secrets; README, comment commands.)
+# of a private key in the repository's secrets; docs/workflow.md, comment commands.)
 LABEL_STARTS_NOTHING = ("a label added with the workflow's GITHUB_TOKEN starts no workflow run, "
                         "so the suite is dispatched now; the label runs it again on later pushes")
 

@@ -483,7 +483,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--event", choices=[*get_args(EventName), COMMENT_EVENT],
                         default="pull_request", help="what triggered the run (default: pull_request)")
-    comment = parser.add_argument_group("issue_comment (a PR comment command, see README)")
+    comment = parser.add_argument_group("issue_comment (a PR comment command, see docs/workflow.md)")
     comment.add_argument("--comment", metavar="BODY", default=None, help="the comment's text")
     comment.add_argument("--actor", default=None, help="the commenter's login")
     comment.add_argument("--association", default=None,

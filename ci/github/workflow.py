@@ -124,7 +124,7 @@ def concurrency_group(job: Job) -> Folded:
 # jobs that open the store name, and only the steps that open it get (the session and the
 # record step; nothing else sees it). `deployment: false`: the environment's secrets without a
 # deployment record on the PR's timeline for every GPU job. Protection rules still apply: a
-# required reviewer there would hold every GPU job until approved (README). Without the secret
+# required reviewer there would hold every GPU job until approved (docs/history.md). Without the secret
 # they fall back to the cached SQLite file; the scheduled monitor reads it too (a check with
 # `history_store`).
 CACHED_FILES = f"{DURATIONS_FILE}\n{HISTORY_FILE}\n"
@@ -418,7 +418,7 @@ def _where(job: Job) -> str:
 def session_table(jobs: Sequence[Job], extra: Sequence[tuple[str, str, str]] = ()) -> str:
     """The README's table of sessions: CPU jobs first, then GPU ones, each in table order."""
     rows = ["| session | tier | in GitHub Actions | what it runs |", "|---|---|---|---|"]
-    # The stability job runs a session listed already (README: "When CI runs").
+    # The stability job runs a session listed already (docs/workflow.md, "Schedules").
     for job in sorted((j for j in jobs if not j.infinite), key=lambda j: j.self_hosted):
         rows.append(f"| `{job.session}` | {'GPU' if job.self_hosted else 'CPU'} | {_where(job)} | "
                     f"{job.purpose} |")

@@ -86,7 +86,7 @@ def resolve(suite: Suite, files: Mapping[str, TestFile], *, registry: str = REGI
     if not entries:
         raise NothingRegistered(
             f"nothing registered for {suite.name}: add entries to {registry} "
-            f"(see README, 'Add a test')"
+            f"(see docs/adding-tests.md of slime-ci)"
         )
     planned = []
     for entry in entries:

@@ -122,11 +122,11 @@ def test_a_stale_readme_table_fails_the_drift_check(tmp_path):
     assert check.returncode == 1 and "README.md" in check.stderr
 
 
-def test_the_readme_closing_lines_read_as_the_runner_writes_them():
+def test_the_documented_closing_lines_read_as_the_runner_writes_them():
     from ci.results import Result, closing
     from ci.select.entries import ResolvedEntry
 
-    text = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    text = " ".join((REPO / "docs" / "running.md").read_text(encoding="utf-8").split())
     done = re.search(r"a closing line such as `(cpu_unit: [^`]+)`", text)
     stopped = re.search(r"`(cpu_unit: interrupted; [^`]+)`", text)
     assert done and stopped

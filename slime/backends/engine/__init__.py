@@ -51,7 +51,7 @@ body, 413 body too large, 503 too many connections)
   `n` (1), `ignore_eos` (false), `skip_special_tokens` (true), `no_stop_trim` (false),
   `sampling_seed` (SGLang's name; default: drawn from the engine's seed in arrival order);
   accepted with no effect and refused keys: `api.ACCEPTED`, `api.REFUSED`, `api.TOP_REFUSED`
-  (README "The rollout engine"). Unknown keys are rejected (400), not ignored.
+  (docs/framework/engine.md). Unknown keys are rejected (400), not ignored.
   Answer per prompt (a list for a batch): `{"text", "output_ids", "meta_info": {"id",
   "finish_reason": {"type": "stop", "matched": id} | {"type": "length", "length": n},
   "prompt_tokens", "completion_tokens", "cached_tokens": 0, "weight_version", "e2e_latency",

@@ -156,7 +156,7 @@ def test_help_names_every_value_and_group(capsys: pytest.CaptureFixture[str]) ->
                   "--paths-from FILE", "--comment BODY", "--only FILE", "--team-org ORG",
                   "--event {pull_request,push,workflow_dispatch,schedule,issue_comment}",
                   "--action {opened,synchronize,reopened,labeled}",
-                  "\nissue_comment (a PR comment command, see README):\n",
+                  "\nissue_comment (a PR comment command, see docs/workflow.md):\n",
                   "\nworkflow_dispatch of run-ci-file.yml (resolve before PR code runs):\n",
                   # The examples keep their lines (a raw description formatter).
                   "\nexamples:\n  python -m ci plan --event pull_request --labels run-ci-megatron,run-ci-ckpt\n"):

@@ -120,7 +120,7 @@ def test_resolve_of_an_empty_suite_is_nothing_registered():
     with pytest.raises(NothingRegistered) as err:
         resolve(empty, {})
     assert str(err.value) == ("nothing registered for ckpt: add entries to ci/registry/repo_suites.py "
-                              "(see README, 'Add a test')")
+                              "(see docs/adding-tests.md of slime-ci)")
     assert err.value.exit_code == EXIT_NOTHING
 
 

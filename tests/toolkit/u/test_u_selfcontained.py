@@ -1,7 +1,7 @@
 """`U` needs nothing of the toolkit, its generated copies stay in sync, and it behaves as slime's.
 
 Each difference from the original helpers that a script can notice is either gone (tested
-here) or listed in README "Adopting" (tested where it is implemented).
+here) or listed in docs/adopting.md, "U" (tested where it is implemented).
 """
 
 import ast
