@@ -75,8 +75,8 @@ def test_workflows_check_catches_drift_in_a_copy(tmp_path):
     assert done.returncode == 1
     assert f"{U_DIR}/proc_utils.py" in done.stderr and "-EDITED_BY_HAND = True" in done.stdout
     # A change of the source reaches the copy on the next write.
-    (root / "ci" / "ports.py").write_text((root / "ci" / "ports.py").read_text().replace(
-        "PORT_BLOCK = 200", "PORT_BLOCK = 240"))
+    source = root / GENERATED["port_utils.py"]
+    source.write_text(source.read_text().replace("PORT_BLOCK = 200", "PORT_BLOCK = 240"))
     subprocess.run(run, cwd=root, env=env, capture_output=True, check=True, timeout=120)
     assert "PORT_BLOCK = 240" in (root / U_DIR / "port_utils.py").read_text()
     assert generated(root) == {p: (root / p).read_text() for p in generated(root)}
