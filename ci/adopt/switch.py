@@ -6,7 +6,7 @@ runner labels, cache mounts, secrets), then writes:
 
   .slime-ci/suites.py      the registry (never a `ci/` folder: it would shadow the toolkit)
   noxfile.py               sessions from that registry through the toolkit (ci.adopt.sessions)
-  slime/utils/external_utils/{command_utils,ray_head,proc_utils,port_utils}.py   U
+  slime/utils/external_utils/   U: every file ci.registry.u_files.U_FILES lists
   .github/workflows/pr-test.yml, .github/actionlint.yaml   generated from the registry
 
 and retires the template's generator (removed; the template keeps a banner). It ends with

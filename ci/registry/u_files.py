@@ -1,11 +1,13 @@
 """`U`'s files: slime's e2e helpers and the stdlib-only process and port code beside them.
 
-`U` (slime/utils/external_utils/command_utils.py, with ray_head.py) runs inside test
-entries, in an adopter's image, where this toolkit is not installed; so it imports nothing
-from `ci`. The process-group and port code it needs has one source, `ci/proc.py` and
-`ci/gpu/ports.py`; `proc_utils.py` and `port_utils.py` beside U are generated copies, written
-and checked by `python -m ci workflows` (`--check` fails on drift, so `lint` catches it).
-The wheel carries all four as package data (`ci._u`), and `slime-ci adopt` writes them.
+`U` (slime/utils/external_utils/command_utils.py, the facade scripts import, with its
+private modules `_<concern>.py` and ray_head.py) runs inside test entries, in an adopter's
+image, where this toolkit is not installed; so it imports nothing from `ci`. The
+process-group and port code it needs has one source, `ci/proc.py` and `ci/gpu/ports.py`;
+`proc_utils.py` and `port_utils.py` beside U are generated copies, written and checked by
+`python -m ci workflows` (`--check` fails on drift, so `lint` catches it). `U_FILES` is
+the one list of them all: the wheel carries them as package data (`ci._u`), and
+`slime-ci adopt` writes them.
 """
 
 from __future__ import annotations
@@ -13,9 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 
 U_DIR = "slime/utils/external_utils"
+FACADE = "command_utils.py"  # what scripts import as `U`; it re-exports the modules below
+# U's code, one private module per concern; tests/toolkit/u holds this list to the folder.
+U_MODULES: tuple[str, ...] = ("_env.py", "_hardware.py", "_dirs.py", "_shell.py", "_train.py",
+                              "_convert.py", "_hub.py", "_wandb.py", "_cli.py")
+RAY_HEAD = "ray_head.py"
 # Generated file beside U -> its source in the toolkit.
 GENERATED: dict[str, str] = {"proc_utils.py": "ci/proc.py", "port_utils.py": "ci/gpu/ports.py"}
-U_FILES: tuple[str, ...] = ("command_utils.py", "ray_head.py", *GENERATED)
+U_FILES: tuple[str, ...] = (FACADE, *U_MODULES, RAY_HEAD, *GENERATED)
 _COMMAND = "python -m ci workflows"
 
 
@@ -37,7 +44,7 @@ def generated(root: Path) -> dict[str, str]:
 
 
 def packaged() -> dict[str, str]:
-    """U's four files as this toolkit ships them: file name -> text.
+    """U's files (`U_FILES`) as this toolkit ships them: file name -> text.
 
     From the wheel's `ci/_u/`; from the checkout's U directory when the toolkit runs
     from a source tree (an editable install, PYTHONPATH).

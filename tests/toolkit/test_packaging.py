@@ -14,6 +14,8 @@ import pytest
 from _ci import REPO
 from _wheel import add_to_path, build_wheel, fresh_venv
 
+from ci.registry.u_files import U_FILES
+
 NUM_GPUS = 0
 
 pytestmark = pytest.mark.slow  # one wheel build and one venv for the module: ~10 s
@@ -53,9 +55,20 @@ def test_the_wheel_holds_the_toolkit_and_nothing_named_slime(wheel: Path) -> Non
     assert {p for p in packages if f"{p}/__init__.py" in names} == packages
     # U travels as package data, for `slime-ci adopt` to write into an adopting repository.
     u = {n.removeprefix("ci/_u/") for n in names if n.startswith("ci/_u/")}
-    assert {"command_utils.py", "ray_head.py", "proc_utils.py", "port_utils.py"} <= u, u
+    assert set(U_FILES) <= u, set(U_FILES) - u
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "slime-ci = ci.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+def test_u_in_the_wheel_imports_through_its_relative_imports(python: Path, tmp_path: Path) -> None:
+    # Relative imports inside U: as `ci._u` too it loads its own siblings, never a `slime`
+    # (the venv has none; an absolute `slime.utils...` import would fail here).
+    code = ("import sys; sys.modules['slime'] = None; import ci._u.command_utils as U; "
+            "print(U.execute_train.__module__, U.exec_command.__module__, U.private_head.__module__)")
+    done = subprocess.run([str(python), "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin"}, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ci._u._train", "ci._u._shell", "ci._u.ray_head"]
 
 
 def _whose(python: Path, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

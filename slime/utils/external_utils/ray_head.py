@@ -30,9 +30,9 @@ from pathlib import Path
 
 # Stdlib-only copies of the toolkit's port and process-group code, generated beside this
 # file (ci/registry/u_files.py): U runs where the toolkit is not installed.
-from slime.utils.external_utils.port_utils import PORT_BLOCK
-from slime.utils.external_utils.proc_utils import Guard, process_guard, signal_group, stop_group
-from slime.utils.external_utils.proc_utils import start as start_group
+from .port_utils import PORT_BLOCK
+from .proc_utils import Guard, process_guard, signal_group, stop_group
+from .proc_utils import start as start_group
 
 PORT_BLOCK_SIZE = PORT_BLOCK  # the runner reserves blocks of this size (SLIME_CI_PORT_BASE)
 OWNER_VAR = "SLIME_CI_RAY_OWNER"

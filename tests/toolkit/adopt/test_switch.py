@@ -21,6 +21,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _wheel import add_to_path, build_wheel, fresh_venv
 
+from ci.registry.u_files import U_DIR, U_FILES
+
 NUM_GPUS = 0
 
 pytestmark = pytest.mark.slow  # one wheel build, one venv, several CLI runs: ~30 s
@@ -174,6 +176,8 @@ def test_adopt_writes_everything_and_reports(adopted, repo: Path) -> None:
     for rel in (".slime-ci/suites.py", "noxfile.py", ".github/workflows/pr-test.yml",
                 "slime/utils/external_utils/command_utils.py", "slime/utils/external_utils/proc_utils.py"):
         assert f"adopt: wrote {rel}" in out, rel
+    for name in U_FILES:  # all of U: its e2e scripts import the facade, which needs the rest
+        assert f"adopt: wrote {U_DIR}/{name}" in out, name
     assert not (repo / "ci").exists()  # never a ci/ package in their tree
     assert not (repo / ".github/workflows/generate_github_workflows.py").exists()
     assert (repo / ".github/workflows/pr-test.yml.j2").read_text().startswith("{# Retired by")

@@ -18,9 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: t
 from _ci import REPO
 
 import slime.utils.external_utils.command_utils as U
-from ci.registry.u_files import GENERATED, U_DIR, U_FILES, banner, generated, packaged
+from ci.registry.u_files import GENERATED, U_DIR, U_FILES, U_MODULES, banner, generated, packaged
 
 NUM_GPUS = 0
+# What U imports only inside the helpers that need it: the original's torch, ray and
+# huggingface_hub, and psutil, with which the private Ray head finds its processes.
+DEFERRED = {"torch", "ray", "huggingface_hub", "psutil"}
 
 
 def _imported(path: Path) -> set[str]:
@@ -40,10 +43,54 @@ def test_nothing_under_slime_imports_the_toolkit():
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
+def _u_imports(path: Path) -> tuple[set[str], set[str], set[str]]:
+    """(top-level packages imported at module level, those imported inside a block, siblings)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top: set[str] = set()
+    deferred: set[str] = set()
+    siblings: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            assert node.level == 1, f"{path.name}: import from {'.' * node.level}: U is one folder"
+            siblings |= {node.module} if node.module else {a.name for a in node.names}
+            continue
+        if isinstance(node, ast.Import):
+            names = {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = {node.module.split(".")[0]}
+        else:
+            continue
+        (top if node in tree.body else deferred).update(names)
+    return top, deferred, siblings
+
+
+def test_each_file_of_u_imports_only_the_stdlib_and_its_siblings():
+    # Siblings relatively (so U also loads as the wheel's `ci._u`), never through `slime`
+    # or `ci`; a third-party package only inside the helper that needs it.
+    stems = {Path(name).stem for name in U_FILES}
+    found = {}
+    for name in U_FILES:
+        top, deferred, siblings = _u_imports(REPO / U_DIR / name)
+        found[name] = (sorted(top - sys.stdlib_module_names),
+                       sorted(deferred - sys.stdlib_module_names - DEFERRED), sorted(siblings - stems))
+    assert {k: v for k, v in found.items() if v != ([], [], [])} == {}
+
+
+def test_the_list_of_us_modules_is_the_folder():
+    # A new `_<concern>.py` that U_MODULES lacks would be missing from the wheel and adopt.
+    modules = [p.name for p in (REPO / U_DIR).glob("_*.py") if not p.name.startswith("__")]
+    assert sorted(U_MODULES) == sorted(modules)
+
+
 def test_u_imports_with_no_toolkit_anywhere(tmp_path):
-    # A copy of just the checkout's slime/ (as an adopter's image has its own slime), `ci`
-    # made unimportable: U and the private head helper import from any directory.
-    shutil.copytree(REPO / "slime", tmp_path / "slime", ignore=shutil.ignore_patterns("__pycache__"))
+    # U's files alone, in an adopter's slime of empty packages, `ci` made unimportable: U
+    # and the private head helper import from any directory, so U_FILES is all they need.
+    package = tmp_path / U_DIR
+    package.mkdir(parents=True)
+    for folder in ("slime", "slime/utils", U_DIR):
+        (tmp_path / folder / "__init__.py").write_text("")
+    for name in U_FILES:
+        shutil.copy(REPO / U_DIR / name, package / name)
     (tmp_path / "tests" / "ci").mkdir(parents=True)  # slime's tests/ci/ folder, no __init__.py
     code = ("import sys; sys.modules['ci'] = None; "
             "from slime.utils.external_utils import command_utils as U, ray_head; "
@@ -75,8 +122,8 @@ def test_workflows_check_catches_drift_in_a_copy(tmp_path):
     assert done.returncode == 1
     assert f"{U_DIR}/proc_utils.py" in done.stderr and "-EDITED_BY_HAND = True" in done.stdout
     # A change of the source reaches the copy on the next write.
-    (root / "ci" / "gpu" / "ports.py").write_text((root / "ci" / "gpu" / "ports.py").read_text().replace(
-        "PORT_BLOCK = 200", "PORT_BLOCK = 240"))
+    source = root / GENERATED["port_utils.py"]
+    source.write_text(source.read_text().replace("PORT_BLOCK = 200", "PORT_BLOCK = 240"))
     subprocess.run(run, cwd=root, env=env, capture_output=True, check=True, timeout=120)
     assert "PORT_BLOCK = 240" in (root / U_DIR / "port_utils.py").read_text()
     assert generated(root) == {p: (root / p).read_text() for p in generated(root)}
