@@ -1,10 +1,14 @@
-"""The run command's use of the history, in a few calls: begin, gates, quarantine, finish.
+"""The history's observers of a run: the recorder, the metric gates, the quarantine.
 
-Kept apart from `ci.run.command` so the session only calls it at the start and the end of a run.
+`HistoryRecorder` reads the history once as the run begins (estimates and failure-first
+order for selection) and records the run as it ends; `MetricGates` and `Quarantine`
+judge the results against what it read. They observe the run through
+`ci.history.run_observer`, registered in `ci.run.pipeline`.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -14,6 +18,7 @@ from ci.errors import StoreError
 from ci.history import metric_gates as gate_rules
 from ci.history.record import Before, hardware_kind, new_uid, read_before, run_context, write_after
 from ci.history.rows import build_run
+from ci.history.run_observer import FirstOrder, Hints, Judgement, RunEnd, RunObserver, RunStart
 from ci.history.store import open_store
 from ci.registry.loader import REGISTRY, registry_name, registry_path
 from ci.registry.model import Entry, Suite
@@ -147,3 +152,81 @@ def finish(run: HistoryRun, results: Sequence[Result], exit_code: int, *, root: 
                        metrics={r.entry.id: r.metrics for r in results})
     return write_after(run.url, record, root=root, durations=durations, warn=warn, note=note,
                        known_error=run.before.error)
+
+
+def first_order(start: RunStart, run: HistoryRun) -> FirstOrder | None:
+    """What runs first (`--order`): on a branch, what failed on it before, then what its
+    diff changes or affects; None: longest first."""
+    if start.order == "longest" or (start.order == "auto" and not run.on_feature_branch):
+        return None
+    changed = changed_tests(start.root, start.base,
+                            warn=lambda m: print(f"note: {m}", file=sys.stderr))
+    return FirstOrder(failed=run.before.failed_here, changed=changed)
+
+
+class HistoryRecorder(RunObserver):
+    """Reads the history before selection and records the run once it is reported (as the
+    gates judged it, never as the quarantine shows it); the gates and the quarantine
+    judge by what it read."""
+
+    def __init__(self) -> None:
+        self._begun: tuple[RunStart, HistoryRun] | None = None
+
+    @property
+    def run(self) -> HistoryRun:
+        """This run's view of the history (read in `begin`)."""
+        return self._started()[1]
+
+    def _started(self) -> tuple[RunStart, HistoryRun]:
+        if self._begun is None:
+            raise RuntimeError("the history is read when the run begins; begin() was not called")
+        return self._begun
+
+    def begin(self, start: RunStart) -> Hints:
+        run = begin(start.history_url, suite=start.suite, root=start.root, env=start.env,
+                    emulated=start.emulated, warn=_warning(start))
+        self._begun = (start, run)
+        return Hints(estimates=run.before.estimates, first=first_order(start, run))
+
+    def run_ended(self, end: RunEnd) -> None:
+        start, run = self._started()
+        finish(run, end.judgement.results, end.exit_code, root=start.root, backend=end.backend,
+               durations=start.measured, warn=_warning(start), note=start.log.line)
+
+
+class MetricGates(RunObserver):
+    """Gated e2e entries that passed fail when a metric strays from its history."""
+
+    def __init__(self, history: HistoryRecorder) -> None:
+        self._history = history
+        self._note: Warn = print
+
+    def begin(self, start: RunStart) -> Hints:
+        self._note = start.log.line
+        return Hints()
+
+    def judge(self, judgement: Judgement) -> Judgement:
+        results, misdeclared = apply_gates(self._history.run, judgement.results, note=self._note)
+        return judgement.amended(results, misdeclared=misdeclared)
+
+
+class Quarantine(RunObserver):
+    """Quarantined entries are shown as such and fail nothing, unless --include-quarantined."""
+
+    def __init__(self, history: HistoryRecorder) -> None:
+        self._history = history
+        self._gates_again = False
+
+    def begin(self, start: RunStart) -> Hints:
+        self._gates_again = start.include_quarantined
+        return Hints()
+
+    def judge(self, judgement: Judgement) -> Judgement:
+        if self._gates_again:
+            return judgement
+        return judgement.shown_as(apply_quarantine(judgement.shown,
+                                                   quarantine_reasons(self._history.run)))
+
+
+def _warning(start: RunStart) -> Warn:
+    return lambda m: start.log.line(f"warning: {m}")

@@ -8,7 +8,7 @@ of its own: the attempt directory layout (`AttemptLayout`), core slots (`CoreSlo
 GPU leases (`GpuQueue`), the retry, lost-node and flaky policy (`RetryPolicy`),
 progress and heartbeat lines (`Progress`) and the Actions annotations of a failure
 (`annotate`). Signals reach the run through `ci.interrupts`; outcomes are judged by
-`ci.results`.
+`ci.results`; the run's observer hears of each attempt as it ends.
 
 Why one process group per file: import-time stubs in one test file must never
 leak into another, and a timeout must kill everything the file started — the
@@ -39,6 +39,7 @@ from ci.errors import CIError, WaitTimeout
 from ci.gpu.allocator import Abandoned
 from ci.gpu.ports import PORT_FLOOR
 from ci.history.rows import read_metrics
+from ci.history.run_observer import AttemptEnded, RunObserver
 from ci.interrupts import Interrupts
 from ci.log import Log
 from ci.proc import Groups
@@ -294,9 +295,10 @@ class GpuQueue:
 class Runner:
     """Runs entries in parallel on `jobs` workers; GPU entries hold their GPUs while they run."""
 
-    def __init__(self, cfg: RunConfig, log: Log) -> None:
+    def __init__(self, cfg: RunConfig, log: Log, observer: RunObserver | None = None) -> None:
         self.cfg = cfg
         self.log = log
+        self.observer = observer  # told as each attempt ends (`ci.history.run_observer`)
         self.groups = Groups()
         self.heartbeat = 30.0  # seconds between "still running" lines on long runs
         self.progress = Progress(log, jobs=cfg.jobs, estimates=cfg.estimates)
@@ -382,9 +384,13 @@ class Runner:
         earlier: list[Result] = []
         lost = 0
         while True:
+            attempt_no = len(earlier) + 1
             with self._cores.hold(entry.cores, self.groups.stopping):
-                result = self._attempt(entry, index, len(earlier) + 1)
-            again = self.policy.again(result, len(earlier) + 1, lost)
+                result = self._attempt(entry, index, attempt_no)
+            again = self.policy.again(result, attempt_no, lost)
+            if self.observer is not None:
+                self.observer.attempt_ended(AttemptEnded(result=result, attempt=attempt_no,
+                                                         retried=bool(again)))
             if not again:
                 return self.policy.final(result, earlier)
             earlier.append(result)

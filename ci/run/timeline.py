@@ -3,6 +3,8 @@
 Pure builders: `build()` turns results into a `Timeline`; `html()` renders it as one
 self-contained page (inline SVG and CSS, nothing fetched, so it opens from a CI
 artifact or an air-gapped box); `mermaid()` renders a `gantt` chart for the step summary.
+`TimelinePage` observes a run (`ci.history.run_observer`) and, when entries took GPUs,
+writes the page into the run's directory as the run ends.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
+from ci.history.run_observer import Hints, RunEnd, RunObserver, RunStart
 from ci.results import gpu_row
 
 if TYPE_CHECKING:
@@ -374,3 +377,29 @@ def mermaid(tl: Timeline) -> str:
 def summary_markdown(tl: Timeline, path: str) -> str:
     """The step-summary block: the chart and where the full page is."""
     return f"#### GPU timeline\n\n```mermaid\n{mermaid(tl)}```\n\nFull timeline: `{path}`\n"
+
+
+class TimelinePage(RunObserver):
+    """A GPU run's timeline: the page in its directory, a chart in the step summary, and
+    one line saying where the page is."""
+
+    def __init__(self) -> None:
+        self._start: RunStart | None = None
+
+    def begin(self, start: RunStart) -> Hints:
+        self._start = start
+        return Hints()
+
+    def run_ended(self, end: RunEnd) -> None:
+        if not end.gpu_run:
+            return
+        if self._start is None:
+            raise RuntimeError("the timeline is told the suite as the run begins; begin() was not called")
+        log = self._start.log
+        tl = build(end.judgement.results, title=f"{self._start.suite.name}: GPU timeline",
+                   gpu_rows=end.gpu_rows)
+        end.work_dir.mkdir(parents=True, exist_ok=True)
+        page = end.work_dir / "timeline.html"
+        page.write_text(html(tl), encoding="utf-8")
+        log.summary(summary_markdown(tl, str(page)))
+        log.line(f"timeline: {page}")
