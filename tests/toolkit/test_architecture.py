@@ -137,7 +137,7 @@ def upward_imports(packages: dict[str, set[str]], layers: Mapping[str, int]) -> 
 
 def test_ci_has_no_import_cycle():
     graph = import_graph(REPO)
-    assert "ci.run.command" in graph and "ci.run.runner" in graph["ci.run.command"]
+    assert "ci.run.pipeline" in graph and "ci.run.runner" in graph["ci.run.pipeline"]
     cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle or ())
 
@@ -249,6 +249,9 @@ TESTED_ELSEWHERE: dict[str, tuple[str, str, str]] = {
     "ci/history/stats.py": ("history/test_record.py", "ci.history.stats", "p90 and failure-first order"),
     "ci/history/queries.py": ("history/test_observer.py", '"history"', "python -m ci history, on real runs"),
     "ci/run/report.py": ("run/test_runner.py", "junit", "the table and JUnit of real runs"),
+    "ci/run/options.py": ("run/test_pipeline.py", "parse(", "the parsed options every stage takes"),
+    "ci/history/run_observer.py": ("run/test_pipeline.py", "attempt_ended", "the observer interface, by a "
+                                   "recording observer through the pipeline"),
     "ci/github/yaml_writer.py": ("github/test_workflow.py", "yaml", "the generated workflows, parsed back"),
     "ci/github/comment_reply.py": ("github/test_comment_commands.py", "issue_comment", "plan --event issue_comment"),
     "ci/github/teams.py": ("github/test_comment_commands.py", "ci.github.teams", "team access policies"),
