@@ -51,6 +51,8 @@ class RunRecord:
     started_at: float
     ended_at: float
     exit_code: int
+    trusted: bool = True  # False: a pull request's code ran (see ci/history/schema.py)
+    pr: int | None = None
     attempts: tuple[AttemptRecord, ...] = ()
     metrics: tuple[MetricPoint, ...] = ()
 

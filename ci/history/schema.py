@@ -17,6 +17,9 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    inspect,
+    text,
+    true,
 )
 
 metadata = MetaData()
@@ -47,6 +50,11 @@ runs = Table(
     Column("started_at", Float, nullable=False),
     Column("ended_at", Float, nullable=False),
     Column("exit_code", Integer, nullable=False),
+    # False for a run of a pull request's code (recorded by the trusted ingest job from the
+    # PR's spool): it is shown and judged, but never a baseline for gates, quarantine or the
+    # monitor. `pr` is the pull request's number where there is one.
+    Column("trusted", Boolean, nullable=False, server_default=true()),
+    Column("pr", Integer, nullable=True),
     Index("runs_by_suite", "suite", "hardware", "started_at"),
     Index("runs_by_branch", "branch", "started_at"),
 )
@@ -90,8 +98,20 @@ def _v1(conn: Connection) -> None:
         table.create(conn, checkfirst=True)
 
 
+def _v2(conn: Connection) -> None:
+    # Stores made at version 2 already have both columns (`runs` is created from the table
+    # above); only older stores gain them. Rows from before are trusted: until version 2
+    # only the default branch's jobs held the store's credential.
+    present = {c["name"] for c in inspect(conn).get_columns("runs")}
+    if "trusted" not in present:
+        conn.execute(text("ALTER TABLE runs ADD COLUMN trusted BOOLEAN NOT NULL DEFAULT TRUE"))
+    if "pr" not in present:
+        conn.execute(text("ALTER TABLE runs ADD COLUMN pr INTEGER"))
+
+
 # (version, what it does, the step). Append only: a store at version N runs N+1… in order.
 MIGRATIONS: tuple[tuple[int, str, Callable[[Connection], None]], ...] = (
     (1, "runs, entry attempts and e2e metric series", _v1),
+    (2, "runs say whether they ran trusted code (`trusted`) and for which pull request (`pr`)", _v2),
 )
 LATEST = MIGRATIONS[-1][0]

@@ -32,7 +32,7 @@ _SQLITE_WAIT_S = 60.0
 
 # The columns of a run row, as RunRecord names them.
 _RUN_FIELDS = ("uid", "suite", "commit", "branch", "event", "host", "runner", "backend", "hardware",
-               "started_at", "ended_at", "exit_code")
+               "started_at", "ended_at", "exit_code", "trusted", "pr")
 
 
 def default_url(root: Path) -> str:
@@ -117,6 +117,8 @@ class AttemptRow:
     seconds: float
     reason: str
     num_gpus: int
+    trusted: bool = True
+    pr: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,8 +248,9 @@ class HistoryStore:
 
     def attempts(self, *, suite: str | None = None, hardware: str | None = None,
                  branch: str | None = None, entries: Iterable[str] | None = None,
-                 last_runs: int = 500) -> list[AttemptRow]:
-        """Attempts of the newest `last_runs` matching runs, oldest first."""
+                 last_runs: int = 500, trusted_only: bool = False) -> list[AttemptRow]:
+        """Attempts of the newest `last_runs` matching runs, oldest first; `trusted_only` leaves
+        out runs of pull requests' code (never a baseline)."""
         from sqlalchemy import select
         from sqlalchemy.exc import SQLAlchemyError
 
@@ -261,8 +264,11 @@ class HistoryStore:
             newest = newest.where(r.c.hardware == hardware)
         if branch is not None:
             newest = newest.where(r.c.branch == branch)
+        if trusted_only:
+            newest = newest.where(r.c.trusted.is_(True))
         query = (select(r.c.uid, r.c.suite, r.c.commit, r.c.branch, r.c.event, r.c.hardware,
-                        r.c.started_at, a.c.entry_id, a.c.path, a.c.attempt, a.c.final, a.c.outcome,
+                        r.c.started_at, r.c.trusted, r.c.pr, a.c.entry_id, a.c.path, a.c.attempt,
+                        a.c.final, a.c.outcome,
                         a.c.seconds, a.c.reason, a.c.num_gpus)
                  .join(a, a.c.run_id == r.c.id)
                  .where(r.c.id.in_(newest.scalar_subquery()))
@@ -275,7 +281,8 @@ class HistoryStore:
                                    event=x.event, hardware=x.hardware, started_at=x.started_at,
                                    entry_id=x.entry_id, path=x.path, attempt=x.attempt,
                                    final=bool(x.final), outcome=x.outcome, seconds=x.seconds,
-                                   reason=x.reason, num_gpus=x.num_gpus)
+                                   reason=x.reason, num_gpus=x.num_gpus,
+                                   trusted=bool(x.trusted), pr=x.pr)
                         for x in conn.execute(query)]
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
@@ -289,14 +296,14 @@ class HistoryStore:
         from ci.history import schema
 
         r, a, m = schema.runs, schema.attempts, schema.metrics
-        trusted = (select(r.c.id).join(a, a.c.run_id == r.c.id)
-                   .where(a.c.entry_id == entry_id, a.c.final.is_(True), a.c.outcome == "passed",
-                          r.c.hardware == hardware, r.c.uid != exclude_uid)
-                   .order_by(r.c.started_at.desc(), r.c.id.desc()).limit(last_runs))
+        baseline = (select(r.c.id).join(a, a.c.run_id == r.c.id)
+                    .where(a.c.entry_id == entry_id, a.c.final.is_(True), a.c.outcome == "passed",
+                           r.c.hardware == hardware, r.c.uid != exclude_uid, r.c.trusted.is_(True))
+                    .order_by(r.c.started_at.desc(), r.c.id.desc()).limit(last_runs))
         query = (select(r.c.uid, r.c.started_at, m.c.step, m.c.name, m.c.value)
                  .join(m, m.c.run_id == r.c.id)
                  .where(m.c.entry_id == entry_id, m.c.name.in_(list(names)),
-                        r.c.id.in_(trusted.scalar_subquery()))
+                        r.c.id.in_(baseline.scalar_subquery()))
                  .order_by(r.c.started_at, m.c.step))
         try:
             with self.engine.connect() as conn:

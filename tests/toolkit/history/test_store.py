@@ -104,8 +104,49 @@ def test_a_newer_schema_is_refused_and_left_alone(store_url):
         from ci.history import schema
         with store.engine.begin() as conn:
             conn.execute(schema.meta.update().values(value="99"))
-    with pytest.raises(StoreError, match=r"schema version 99, newer than this slime-ci knows \(1\)"):
+    with pytest.raises(StoreError, match=r"schema version 99, newer than this slime-ci knows \(2\)"):
         open_store(store_url)
+
+
+def _version_1_store(url):
+    """A store as version 1 of the schema left it: `runs` without `trusted` and `pr`, one run."""
+    from sqlalchemy import text
+
+    from ci.history import schema
+
+    with open_store(url) as store, store.engine.begin() as conn:
+        conn.execute(text("ALTER TABLE runs DROP COLUMN trusted"))
+        conn.execute(text("ALTER TABLE runs DROP COLUMN pr"))
+        conn.execute(schema.meta.update().values(value="1"))
+        conn.execute(text("INSERT INTO runs (uid, suite, \"commit\", branch, event, host, runner, backend, "
+                          "hardware, started_at, ended_at, exit_code) VALUES ('old', 's', 'c', 'main', "
+                          "'push', 'h', 'r', 'local', 'emulated', 1.0, 2.0, 0)"))
+
+
+def test_a_version_1_store_gains_trust_and_its_runs_stay_trusted(store_url):
+    _version_1_store(store_url)
+    with open_store(store_url) as store:
+        assert store.version == 2
+        pr_run = RunRecord(**{**_run("pr-run", started=5).__dict__, "trusted": False, "pr": 17})
+        assert store.record(pr_run)
+        runs = {r.uid: r for r in store.runs()}
+        assert (runs["old"].trusted, runs["old"].pr) == (True, None)
+        assert (runs["pr-run"].trusted, runs["pr-run"].pr) == (False, 17)
+    with open_store(store_url) as again:  # migrating twice changes nothing
+        assert again.version == 2 and again.counts()["runs"] == 2
+
+
+def test_runs_of_pull_request_code_are_never_a_baseline(store_url):
+    with open_store(store_url) as store:
+        store.record(_run("trusted", started=1))
+        untrusted = _run("from-a-pr", started=2)
+        store.record(RunRecord(**{**untrusted.__dict__, "uid": "from-a-pr", "trusted": False, "pr": 3}))
+        every = {r.run_uid for r in store.attempts()}
+        baseline = {r.run_uid for r in store.attempts(trusted_only=True)}
+        assert every == {"trusted", "from-a-pr"} and baseline == {"trusted"}
+        assert {r.pr for r in store.attempts() if not r.trusted} == {3}
+        series = store.metric_series("tests/test_0.py", hardware="emulated", names=["reward"])
+        assert {m.run_uid for m in series} == {"trusted"}, "a PR's metrics must not move a baseline"
 
 
 def test_malformed_and_unsupported_urls_are_usage_errors(tmp_path):
@@ -149,7 +190,7 @@ def test_sqlite_file_is_a_real_sqlite_database(tmp_path):
     with open_store(url) as store:
         store.record(_run("x"))
     with sqlite3.connect(tmp_path / "h.sqlite") as conn:
-        assert conn.execute("select value from slime_ci_meta").fetchone() == ("1",)
+        assert conn.execute("select value from slime_ci_meta").fetchone() == ("2",)
         assert conn.execute("select count(*) from attempts").fetchone() == (2,)
 
 
