@@ -9,7 +9,7 @@ the PyTorch CPU index (SLIME_CI_TORCH_INDEX) and keep PyPI for the rest.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 PROJECT_NAME = "slime-ci"
@@ -74,9 +74,34 @@ def split_torch(reqs: list[str]) -> tuple[list[str], list[str]]:
     return torch, [r for r in reqs if name(r) != "torch"]
 
 
-def torch_install_args(torch_reqs: list[str], env: Mapping[str, str]) -> list[str]:
-    """pip arguments that install torch, from SLIME_CI_TORCH_INDEX when it is set."""
+def torch_install_args(torch_reqs: list[str], env: Mapping[str, str], *,
+                       find_links: Sequence[str] = ()) -> list[str]:
+    """Installer arguments that install torch, from SLIME_CI_TORCH_INDEX when it is set.
+
+    `find_links` are the folders pip is configured to look in (`pip_find_links`), passed on
+    to an installer that does not read pip's configuration (uv): a machine that provides
+    the CPU build of the pin that way gives it to both installers.
+    """
     if not torch_reqs:
         return []
     index = env.get(TORCH_INDEX_ENV, "").strip()
-    return [*torch_reqs, *(["--index-url", index] if index else [])]
+    links = [arg for link in find_links for arg in ("--find-links", link)]
+    return [*torch_reqs, *(["--index-url", index] if index else []), *links]
+
+
+def pip_find_links(config_list: str) -> list[str]:
+    """The find-links of pip's configuration, from the output of `pip config list`.
+
+    Every source pip reads counts (its configuration files, PIP_FIND_LINKS as `:env:`), in
+    the order pip lists them; a value may hold several, separated by white space.
+    """
+    links: list[str] = []
+    for line in config_list.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep or key.strip().rpartition(".")[2] != "find-links":
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        links += [link for link in value.split() if link not in links]
+    return links
