@@ -144,7 +144,8 @@ def _smoke_session(smoke: Smoke) -> None:
         for run in smoke.runs:
             session.run("python", "-m", "ci", "run", "--suite", run.suite, "--emulate-gpus",
                         "--gpus", str(smoke.gpus), "--retries", str(smoke.retries),
-                        *(("--only", run.only) if run.only else ()), *_posargs(session))
+                        *(arg for pattern in run.patterns for arg in ("--only", pattern)),
+                        *_posargs(session))
 
     _register(run_smoke, smoke.name, f"{smoke.purpose}.", smoke.tags)
 

@@ -101,7 +101,8 @@ def session_job(session: Check | Smoke, style: Style, suites: Sequence[Suite]) -
             raise UsageError(f"session {session.name} runs suite {unknown[0]!r}, which the registry "
                              f"lacks: name one of {', '.join(sorted(known))} in {style.registry}")
         return Job(id=session.name, session=session.name, tier="cpu", purpose=session.purpose,
-                   runs_on=style.hosted_runner, minutes=session.minutes, kind="smoke")
+                   runs_on=style.hosted_runner, minutes=session.minutes, kind="smoke",
+                   crons=_crons(style, session.cadences), scheduled_only=bool(session.cadences))
     if session.every_event == bool(session.cadences):
         raise UsageError(f"session {session.name}: set every_event=True or cadences=(...) in "
                          f"{style.registry}, not both (or neither, for a session no CI job runs)")
@@ -195,7 +196,7 @@ def table(suites: Sequence[Suite] = SUITES, style: Style | None = None,
     own = [session_job(x, style, suites) for x in sessions if runs_in_ci(x)] if style.own_jobs else []
     extra: tuple[Job, ...] = tuple(j for j in own if not j.scheduled_only)
     stability = stability_job(suites, style)
-    scheduled = [c for x in sessions if isinstance(x, Check) and runs_in_ci(x) for c in x.cadences] \
+    scheduled = [c for x in sessions if runs_in_ci(x) for c in x.cadences] \
         if style.own_jobs else []
     monitor = monitor_job(style)
     check_schedules(style.schedules, suites,

@@ -159,10 +159,17 @@ class Check:
 
 @dataclass(frozen=True, kw_only=True)
 class SmokeRun:
-    """What a smoke session runs of one GPU suite: all of it, or the entries `only` matches."""
+    """What a smoke session runs of one GPU suite: all of it, or the entries `only` matches
+    (one pattern or several: `python -m ci run --only`, glob or substring)."""
 
     suite: str
-    only: str | None = None
+    only: str | tuple[str, ...] | None = None
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        if self.only is None:
+            return ()
+        return (self.only,) if isinstance(self.only, str) else tuple(self.only)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,6 +188,9 @@ class Smoke:
     # FLAKY in the summary table and the JUnit file, never as a plain pass.
     retries: int = 1
     tags: tuple[str, ...] = ("cpu", "ci")
+    # Empty: a CI job on every pull request, push to main and dispatch; else on these
+    # scheduled cadences only (ci/registry/cadences.py), like a Check's.
+    cadences: tuple[str, ...] = ()
     minutes: int = JOB_MINUTES["cpu"]
 
 

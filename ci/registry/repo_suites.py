@@ -188,6 +188,21 @@ SUITES: tuple[Suite, ...] = (
 )
 
 
+# What gpu_smoke runs on every push (the rest of each suite runs in gpu_smoke_nightly).
+_SMOKE_ON_PUSH: tuple[SmokeRun, ...] = (
+    SmokeRun(suite="megatron", only=("tests/e2e/test_rl_grpo_colocated.py", "tests/e2e/test_rl_async.py",
+                                     "tests/e2e/test_rl_fanout_filter.py", "tests/e2e/test_rl_refit_disk.py")),
+    # Of ckpt's five optimizer-location combinations, the one that crosses devices on both
+    # save and load.
+    SmokeRun(suite="ckpt", only="gpu --load-optimizer cpu"),
+    SmokeRun(suite="sglang_config", only=("tests/test_sglang_config.py", "tests/e2e/test_sglang_single_node.py",
+                                          "tests/e2e/test_sglang_disjoint_groups.py")),
+)
+_GPU_ENTRIES = {"megatron": MEGATRON_ENTRIES, "precision": PRECISION_ENTRIES, "ckpt": CKPT_ENTRIES,
+                "sglang_config": SGLANG_CONFIG_ENTRIES}
+_SMOKE_ON_PUSH_NAMES = tuple(f"{len(run.patterns)} of {len(_GPU_ENTRIES[run.suite])} {run.suite}"
+                             for run in _SMOKE_ON_PUSH)
+
 SESSIONS: tuple[Check | Smoke, ...] = (
     Check(name="lint", every_event=True, profiles=("lint",),
           purpose="Generated workflow is current and passes zizmor and the schemas; ruff everywhere, "
@@ -200,12 +215,21 @@ SESSIONS: tuple[Check | Smoke, ...] = (
                      "runners/docker-compose.yml"),
                     ("ruff", "check", "."),
                     ("mypy",))),
-    # Of ckpt's five optimizer-location combinations the one that crosses devices on both save
-    # and load runs here; the label job runs all five.
+    # On every push, the GPU tier on emulated GPUs is a stated subset, one entry per path the
+    # GPU matrix has (colocated GRPO with KL, asynchronous, 8-GPU fan-out, disk refit; the
+    # cross-device checkpoint; one engine, then disjoint engine groups) and the YAML checks;
+    # gpu_smoke_nightly runs every entry of the four suites every night, and their label jobs
+    # run them on GPUs. Each moved entry's planted breaks still run in `plants` (nightly).
     Smoke(name="gpu_smoke", profiles=("e2e", "gpu-host"),
-          purpose="The GPU tier without GPUs: megatron, precision, one ckpt entry, sglang_config (emulated)",
-          runs=(SmokeRun(suite="megatron"), SmokeRun(suite="precision"),
-                SmokeRun(suite="ckpt", only="gpu --load-optimizer cpu"), SmokeRun(suite="sglang_config"))),
+          purpose="The GPU tier without GPUs, on every push: " + ", ".join(_SMOKE_ON_PUSH_NAMES)
+                  + " entries (emulated); precision and the rest nightly (gpu_smoke_nightly)",
+          runs=_SMOKE_ON_PUSH),
+    Smoke(name="gpu_smoke_nightly", profiles=("e2e", "gpu-host"), tags=("cpu", "nightly"),
+          cadences=("nightly",), minutes=90,
+          purpose="Every entry of megatron, precision, ckpt and sglang_config on emulated GPUs, nightly "
+                  "(gpu_smoke runs a subset on every push)",
+          runs=(SmokeRun(suite="megatron"), SmokeRun(suite="precision"), SmokeRun(suite="ckpt"),
+                SmokeRun(suite="sglang_config"))),
     Check(name="history", profiles=("history",), tags=(), posargs=True,
           purpose="The run history: show, flaky, monitor; in CI each job's last step records its run "
                   "(`-- record`)",

@@ -63,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--package", action="append", default=[], metavar="NAME",
                    help="a package entries must import from this checkout (repeatable; default: "
                         "every top-level package directory of the root)")
-    p.add_argument("--only", metavar="PATTERN", help="only entries whose id matches (glob or substring)")
+    p.add_argument("--only", metavar="PATTERN", action="append", default=[],
+                   help="only entries whose id matches (glob or substring; an entry's whole id "
+                        "takes that entry alone); repeat for several")
     p.add_argument("--shard", metavar="I/K", help="run shard I of K (balanced by measured durations)")
     p.add_argument("--timeout", type=float, help="seconds per entry (default: the registry's)")
     p.add_argument("--retries", type=int, default=0, help="re-run a failed entry up to N times; "

@@ -24,7 +24,7 @@ class RunArgs:
     jobs: int | None = None
     dry_run: bool = False
     package: tuple[str, ...] = ()
-    only: str | None = None
+    only: tuple[str, ...] = ()  # an entry is kept when it matches any of them
     shard: str | None = None
     timeout: float | None = None
     retries: int = 0
@@ -52,7 +52,7 @@ class RunArgs:
     def from_namespace(cls, ns: argparse.Namespace, **resolved: object) -> RunArgs:
         """The parsed namespace as typed fields; `resolved` overrides what parse() resolved."""
         values = {f: getattr(ns, f) for f in cls.__dataclass_fields__ if hasattr(ns, f)}
-        values.update(paths=tuple(ns.paths), package=tuple(ns.package))
+        values.update(paths=tuple(ns.paths), package=tuple(ns.package), only=tuple(ns.only))
         values.update(resolved)
         return cls(**values)
 

@@ -124,16 +124,24 @@ def select_paths(entries: Sequence[ResolvedEntry], paths: Iterable[str], *,
     return [e for e in entries if any(e.path == w or _under(e.path, w) for w in wanted)]
 
 
-def select_only(entries: Sequence[ResolvedEntry], pattern: str) -> list[ResolvedEntry]:
-    """Keep entries whose id matches a glob, or contains `pattern` as a substring."""
-    chosen = [
-        e for e in entries
-        if fnmatch.fnmatchcase(e.id, pattern) or fnmatch.fnmatchcase(e.path, pattern) or pattern in e.id
-    ]
-    if not chosen:
-        raise UsageError(f"--only {pattern!r} matches no entry; entries: "
-                         + ", ".join(e.id for e in entries[:12]))
-    return chosen
+def select_only(entries: Sequence[ResolvedEntry], patterns: str | Sequence[str]) -> list[ResolvedEntry]:
+    """Keep entries whose id matches a glob, or contains a pattern as a substring, for any of
+    `patterns`. A pattern that is an entry's whole id takes that entry alone (not the entries
+    of the same file with more arguments). Each pattern must match something: a stale one is
+    a mistake, not a no-op."""
+    wanted = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+    ids = {e.id for e in entries}
+
+    def matches(e: ResolvedEntry, pattern: str) -> bool:
+        if pattern in ids:
+            return e.id == pattern
+        return fnmatch.fnmatchcase(e.id, pattern) or fnmatch.fnmatchcase(e.path, pattern) or pattern in e.id
+
+    for pattern in wanted:
+        if not any(matches(e, pattern) for e in entries):
+            raise UsageError(f"--only {pattern!r} matches no entry; entries: "
+                             + ", ".join(e.id for e in entries[:12]))
+    return [e for e in entries if any(matches(e, p) for p in wanted)]
 
 
 # A shard list is built for every K: a K of a billion was a MemoryError. No CI splits a

@@ -59,7 +59,8 @@ def test_sessions_that_are_not_suites_come_from_the_registry(sessions):
 
     found, module = sessions
     registry = load_registry(REPO)
-    assert {"lint", "gpu_smoke", "history", "monitor", "mutation", "plants", "lock_check"} == NOT_SUITES
+    assert {"lint", "gpu_smoke", "gpu_smoke_nightly", "history", "monitor", "mutation", "plants",
+            "lock_check"} == NOT_SUITES
     assert not hasattr(module, "SMOKE") and not hasattr(module, "BEFORE")  # no logic left there
     suites = set(registry.names())
     for session in registry.sessions:
@@ -71,6 +72,40 @@ def test_sessions_that_are_not_suites_come_from_the_registry(sessions):
             assert {r.suite for r in session.runs} <= suites
     # What the toolkit suite's session runs before its tests is the suite's own data.
     assert registry["toolkit"].before == (("python", "-m", "ci", "audit"),)
+
+
+def test_no_gpu_entry_left_the_gate_without_a_cadence_that_runs_it(sessions):
+    """gpu_smoke runs a subset on every push; whatever it leaves out must run, emulated, in a
+    scheduled smoke, and the README table (from the registry) says where."""
+    from ci.registry import Smoke
+    from ci.select.discover import discover
+    from ci.select.entries import resolve, select_only
+
+    found, _ = sessions
+    registry = load_registry(REPO)
+    smokes = [s for s in registry.sessions if isinstance(s, Smoke)]
+    on_push = [s for s in smokes if not s.cadences]
+    assert [s.name for s in on_push] == ["gpu_smoke"] and "ci" in found["gpu_smoke"].tags
+    tested = discover(REPO)
+
+    def taken(smoke: Smoke) -> set[str]:
+        ids: set[str] = set()
+        for run in smoke.runs:
+            entries = resolve(registry[run.suite], tested, registry=registry.name)
+            ids |= {e.id for e in (select_only(entries, run.patterns) if run.patterns else entries)}
+        return ids
+
+    gate = taken(on_push[0])
+    scheduled = set().union(*(taken(s) for s in smokes if s.cadences))
+    suites = {run.suite for s in smokes for run in s.runs}
+    every = {e.id for name in suites for e in resolve(registry[name], tested, registry=registry.name)}
+    assert gate and gate < every, "the per-push smoke is a proper subset"
+    assert every - gate <= scheduled, f"dropped silently: {sorted(every - gate - scheduled)}"
+    for smoke in smokes:
+        if smoke.cadences:
+            assert "ci" not in found[smoke.name].tags and set(smoke.cadences) <= set(found[smoke.name].tags)
+    readme = (REPO / "README.md").read_text()
+    assert "| `gpu_smoke_nightly` | CPU | nightly schedule |" in readme
 
 
 def test_every_suite_profile_is_a_profile():

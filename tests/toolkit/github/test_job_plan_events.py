@@ -64,7 +64,7 @@ ROWS: list[tuple[str, list[str], set[str]]] = [
      ["--labels", "run-ci-changed", "--paths", "tests/test_gae.py"], CPU | {"changed"}),
     ("nightly cron", ["--event", "schedule", "--cron", NIGHTLY], {"sglang_config", "megatron",
                                                                    "precision", "ckpt",
-                                                                   "plants", "mutation"}),
+                                                                   "plants", "mutation", "gpu_smoke_nightly"}),
     ("weekly cron", ["--event", "schedule", "--cron", WEEKLY],
      {"sglang_config", "megatron", "precision", "ckpt", "image", "megatron_stability", "lock_check"}),
     ("monitor cron", ["--event", "schedule", "--cron", MONITOR], {"monitor"}),

@@ -134,6 +134,7 @@ class _Session:
 
     def __init__(self, posargs):
         self.posargs, self.python, self.calls = list(posargs), None, []
+        self.venv_backend = "venv"
 
     def install(self, *args):
         self.calls.append(args)

@@ -216,6 +216,18 @@ def test_select_only_glob_matches_the_path_even_when_the_id_has_arguments():
                                                                       "tests/e2e/x.py --mode 2"]
 
 
+def test_an_exact_id_takes_that_entry_alone_and_patterns_add_up():
+    entries = [pe("tests/e2e/y.py"), pe("tests/e2e/y.py --cpu-capability default"), pe("tests/e2e/z.py")]
+    # The file's plain entry, not its variant with more arguments (which a substring would take).
+    assert [e.id for e in select_only(entries, "tests/e2e/y.py")] == ["tests/e2e/y.py"]
+    assert [e.id for e in select_only(entries, "e2e/y")] == ["tests/e2e/y.py",
+                                                            "tests/e2e/y.py --cpu-capability default"]
+    assert [e.id for e in select_only(entries, ["tests/e2e/z.py", "tests/e2e/y.py"])] == [
+        "tests/e2e/y.py", "tests/e2e/z.py"]  # in the suite's order, each once
+    with pytest.raises(UsageError, match="--only 'gone' matches no entry"):
+        select_only(entries, ["tests/e2e/z.py", "gone"])  # a stale pattern among good ones
+
+
 def test_select_only_matching_nothing_lists_entries():
     with pytest.raises(UsageError) as err:
         select_only(ENTRIES, "nope")
