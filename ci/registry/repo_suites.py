@@ -191,11 +191,13 @@ SUITES: tuple[Suite, ...] = (
 # What gpu_smoke runs on every push (the rest of each suite runs in gpu_smoke_nightly).
 _SMOKE_ON_PUSH: tuple[SmokeRun, ...] = (
     SmokeRun(suite="megatron", only=("tests/e2e/test_rl_grpo_colocated.py", "tests/e2e/test_rl_async.py",
-                                     "tests/e2e/test_rl_fanout_filter.py", "tests/e2e/test_rl_refit_disk.py")),
+                                     "tests/e2e/test_rl_fanout_filter.py",
+                                     "tests/e2e/test_rl_refit_disk.py")),
     # Of ckpt's five optimizer-location combinations, the one that crosses devices on both
     # save and load.
     SmokeRun(suite="ckpt", only="gpu --load-optimizer cpu"),
-    SmokeRun(suite="sglang_config", only=("tests/test_sglang_config.py", "tests/e2e/test_sglang_single_node.py",
+    SmokeRun(suite="sglang_config", only=("tests/test_sglang_config.py",
+                                          "tests/e2e/test_sglang_single_node.py",
                                           "tests/e2e/test_sglang_disjoint_groups.py")),
 )
 _GPU_ENTRIES = {"megatron": MEGATRON_ENTRIES, "precision": PRECISION_ENTRIES, "ckpt": CKPT_ENTRIES,
