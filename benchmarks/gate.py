@@ -11,6 +11,7 @@ JUnit files of the last repetition, the slowest files and tests of each suite.
 
     python benchmarks/gate.py                          # nox -t ci once (about 25 minutes)
     python benchmarks/gate.py -s cpu_unit --repeat 3   # a cold `nox -s cpu_unit`, three times
+    python benchmarks/gate.py --ci-run                 # bash .ci/run, as CI runs it (as root)
     python benchmarks/gate.py --budget 25 --top 20 --keep
 
 Run nothing beside it: on two cores any other work lands in the figures. Exit status: 0
@@ -81,7 +82,10 @@ def _run_once(args: argparse.Namespace, workdir: Path, number: int) -> Repetitio
     env = dict(os.environ)
     env["UV_CACHE_DIR"] = str(workdir / f"uv-cache-{number}")  # as on a fresh machine
     env.pop("VIRTUAL_ENV", None)
-    command = ["nox", *(["-s", *args.session] if args.session else ["-t", args.tag])]
+    if args.ci_run:
+        command = ["bash", ".ci/run"]  # what CI runs: its installs and services, then nox -t ci
+    else:
+        command = ["nox", "-s", *args.session] if args.session else ["nox", "-t", args.tag]
     print(f"gate: run {number + 1}/{args.repeat}: {' '.join(command)} in {clone}", flush=True)
     rep = Repetition()
     current: Session | None = None
@@ -142,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-s", "--session", action="append", default=[],
                    help="a session to run (repeatable); default: the sessions tagged --tag")
     p.add_argument("-t", "--tag", default="ci", help="the nox tag to run (default: ci)")
+    p.add_argument("--ci-run", action="store_true",
+                   help="run the clone's `bash .ci/run` (CI's own entry point: installs, services, "
+                        "nox -t ci) instead of nox")
     p.add_argument("--repeat", type=int, default=1, help="fresh clones to run one after another (default 1)")
     p.add_argument("--budget", type=float, default=None,
                    help="minutes the run may take (default: 25 for -t ci, 3 for one session)")
@@ -154,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("nox") is None:
         print("gate: nox is not on PATH: python3 -m pip install nox uv", file=sys.stderr)
         return 2
+    if args.ci_run and args.session:
+        p.error("--ci-run runs what .ci/run runs; leave out -s")
     budget = args.budget if args.budget is not None else (25.0 if not args.session else 3.0)
     workdir = Path(tempfile.mkdtemp(prefix="slime-ci-gate-"))
     load = os.getloadavg()
