@@ -14,6 +14,10 @@ from ci.errors import UsageError
 
 # Where a checkout keeps measured durations (relative to its root); CI caches this file.
 DURATIONS_FILE = ".ci-cache/durations.json"
+# Committed seconds per entry (what a maintainer copied from a measured run's store): the
+# run order of a fresh clone, whose store is empty, so that its longest files start first
+# instead of in name order. Measured seconds, where there are any, always win.
+BASELINE_FILES = (".slime-ci/durations.json", "tests/durations.json")
 # Ours holds a few dozen bytes per entry; anything far bigger was not written by a run and
 # is not read (a cache restored from elsewhere, a file someone put there).
 MAX_BYTES = 16 * 1024 * 1024
@@ -66,3 +70,11 @@ class DurationStore:
                 tmp.unlink()
             raise UsageError(f"cannot write the durations store {self.path} ({exc.strerror}); "
                              "remove what is in the way or pass --durations FILE") from None
+
+
+def baseline(root: Path) -> dict[str, float]:
+    """The committed durations of a checkout (BASELINE_FILES, the first that exists), or none."""
+    for rel in BASELINE_FILES:
+        if (root / rel).is_file():
+            return DurationStore(root / rel).load()
+    return {}

@@ -22,6 +22,7 @@ from ci.backends import BackendOptions, checkout, select_backend
 from ci.backends.base import AttemptPaths, Lease
 from ci.backends.prefork import BASE_PRELOAD, Policy
 from ci.durations import DURATIONS_FILE, DurationStore
+from ci.durations import baseline as baseline_durations
 from ci.errors import UsageError
 from ci.gpu.allocator import check_files, nvml_gpu_count
 from ci.gpu.ports import claimed_floor
@@ -82,10 +83,12 @@ def select(opts: Options, hints: Hints, *, measured: Mapping[str, float]) -> Sel
     `hints.first` (entries that failed on this branch, test files its diff changes or
     affects): those run first, in that order, then the rest longest first. Without it,
     files that take several cores first (`selection.widest_first`). Durations: the
-    history's estimates where it has them, else what `measured` holds.
+    history's estimates where it has them, else what `measured` holds, else the checkout's
+    committed baseline (`ci.durations.BASELINE_FILES`).
     """
     args, suite = opts.args, opts.suite
-    durations = {**measured, **hints.estimates}
+    # Committed seconds order a fresh clone's first run; what was measured here overrides them.
+    durations = {**baseline_durations(opts.root), **measured, **hints.estimates}
     if suite.dynamic:
         from ci.select.changed import changed_entries
 

@@ -149,6 +149,20 @@ def test_select_takes_the_suite_narrows_it_and_orders_by_durations_and_hints(rep
     assert [e.id for e in only.entries] == [FLAKY_ID]
 
 
+def test_a_fresh_clone_orders_by_the_committed_durations_until_it_measures(repo):
+    opts = _opts(repo)
+    assert [e.id for e in pipeline.select(opts, Hints(), measured={}).entries] == sorted([OK, FLAKY_ID])
+    (repo / "tests" / "durations.json").write_text(json.dumps({OK: 40.0, FLAKY_ID: 2.0}))
+    committed = pipeline.select(opts, Hints(), measured={})
+    assert [e.id for e in committed.entries] == [OK, FLAKY_ID], "the committed seconds order a fresh clone"
+    measured = pipeline.select(opts, Hints(), measured={FLAKY_ID: 90.0})
+    assert [e.id for e in measured.entries] == [FLAKY_ID, OK], "what was measured here wins"
+    (repo / ".slime-ci").mkdir()
+    (repo / ".slime-ci" / "durations.json").write_text(json.dumps({FLAKY_ID: 50.0, OK: 1.0}))
+    adopted = pipeline.select(opts, Hints(), measured={})
+    assert [e.id for e in adopted.entries] == [FLAKY_ID, OK], "an adopter's .slime-ci/durations.json comes first"
+
+
 def test_select_of_paths_outside_the_suite_is_one_usage_error(repo):
     with pytest.raises(UsageError, match="not a test of unit"):
         pipeline.select(_opts(repo, "tests/e2e/test_step.py"), Hints(), measured={})
