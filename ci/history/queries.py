@@ -63,6 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--keep-in", type=Path, metavar="DIR",
                      help=f"then copy {HISTORY_FILE} and {DURATIONS_FILE} into DIR "
                           "(a sharded job's own cache)")
+    rec.add_argument("--export", type=Path, metavar="DIR",
+                     help="also write this job's runs to DIR as JSON files, marked untrusted, for "
+                          "the trusted ingest job (a job that runs PR code holds no store credential)")
+    ing = sub.add_parser("ingest", parents=[common],
+                         help="the trusted ingest job: record the runs another workflow run exported "
+                              "(DIR: its downloaded artifacts), trust and PR taken from its event")
+    ing.add_argument("dir", type=Path, help="the downloaded artifacts: */<uid>.json")
+    ing.add_argument("--event-file", type=Path, required=True,
+                     help="the workflow_run event payload ($GITHUB_EVENT_PATH)")
     merge = sub.add_parser("merge", parents=[common],
                            help="merge DIR/*/history.sqlite and DIR/*/durations.json (a sharded job's "
                                 "caches) into this checkout's store and durations")
@@ -134,8 +143,10 @@ def _job_step(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
         suite = load_registry(root).get(args.suite or "")
         if not args.suite:
             raise UsageError("record needs --suite NAME (the job's session)")
-        record_job(root, url, suite=args.suite, needs_gpus=bool(suite and suite.needs_gpus),
-                   status=args.status, env=os.environ, warn=_warn, note=log.line)
+        uids = record_job(root, url, suite=args.suite, needs_gpus=bool(suite and suite.needs_gpus),
+                          status=args.status, env=os.environ, warn=_warn, note=log.line)
+        if args.export is not None:
+            _export(root, url, uids, args.export, log)
         if args.keep_in is not None:
             args.keep_in.mkdir(parents=True, exist_ok=True)
             for rel in (HISTORY_FILE, DURATIONS_FILE):
@@ -158,6 +169,35 @@ def _job_step(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
     return EXIT_OK
 
 
+def _export(root: Path, url: str, uids: list[str], folder: Path, log: Log) -> None:
+    from ci.history.ingest import export
+
+    folder = folder if folder.is_absolute() else root / folder
+    try:
+        with open_store(url) as store:
+            written = export(store, uids, folder, _warn)
+    except (StoreError, OSError) as exc:
+        _warn(f"history: nothing exported ({exc})")
+        return
+    log.line(f"history: exported {written} run(s) to {folder} for the ingest job")
+
+
+def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
+    """`ingest DIR --event-file F`: validate every exported run, then record them all."""
+    from ci.history.ingest import ONE_FILE_WORKFLOW, collect, ingest, read_event, trigger
+
+    source = trigger(read_event(args.event_file), run_file=ONE_FILE_WORKFLOW)
+    folder = args.dir if args.dir.is_absolute() else root / args.dir
+    runs = collect(folder, trigger=source)
+    if not runs:
+        log.line(f"ingest: {source.describe()} exported no run; nothing to do")
+        return EXIT_OK
+    with open_store(url) as store:
+        added = ingest(store, runs, trigger=source)
+    log.line(f"ingest: {source.describe()}: {len(runs)} run(s), {added} new, in {describe(url)}")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     root = args.root.resolve()
@@ -169,6 +209,8 @@ def main(argv: Sequence[str]) -> int:
     log = Log.from_env()
     if args.command in ("record", "merge"):
         return _job_step(args, root, url, log)
+    if args.command == "ingest":
+        return _ingest(args, root, url, log)
     if getattr(args, "unreachable_ok", False):
         return _soft_monitor(args, root, url, log)
     return _read(args, root, url, log)
@@ -195,7 +237,10 @@ def _read(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
             added = import_durations(store, durations, hardware=args.hardware_kind)
             print(f"imported {len(durations)} durations" if added else "already imported (or none)")
             return EXIT_OK
-        rows = store.attempts(suite=args.suite, hardware=args.hardware, last_runs=5000)
+        # `show` lists every run; flake rates and the monitor's streaks judge trusted runs only
+        # (a pull request's runs could otherwise fake passes or failures on main).
+        rows = store.attempts(suite=args.suite, hardware=args.hardware, last_runs=5000,
+                              trusted_only=args.command != "show")
         if args.command == "show":
             counts = store.counts()
             if args.json:
@@ -206,7 +251,8 @@ def _read(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
                 runs = list({r.run_uid: r for r in rows}.values())[-10:]
                 for r in runs:
                     print(f"  {_when(r.started_at)}  {r.suite}  {r.branch or '-'}  {r.commit[:10] or '-'}  "
-                          f"{r.hardware}  {r.event}")
+                          f"{r.hardware}  {r.event}"
+                          + ("" if r.trusted else f"  untrusted (PR #{r.pr})" if r.pr else "  untrusted"))
             return EXIT_OK
         if args.command == "flaky":
             rates = sorted(flakiness(rows, window=args.window).values(),

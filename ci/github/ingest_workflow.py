@@ -1,0 +1,91 @@
+"""The history ingest workflow: the one job that holds the shared store's secret for GPU runs.
+
+GPU jobs, and every job that checks out a pull request's code, never hold SLIME_CI_HISTORY_URL:
+they export their runs as an artifact (`history-*`, ci/github/workflow.py). This workflow runs
+when one of the test workflows completes (`workflow_run`): GitHub runs it from the default
+branch, whatever branch the finished run tested, so its code and its `ci-history` environment
+(deployment branches: the default branch only) are out of a pull request's reach. It checks
+out the default branch, downloads the artifacts as data, never runs anything from them, and
+`history ingest` validates each record strictly and records it with the trust and PR number
+GitHub's event payload states (ci/history/ingest.py).
+"""
+
+from __future__ import annotations
+
+from ci.github.yaml_writer import (
+    CHECKOUT,
+    DOWNLOAD_ARTIFACT,
+    SETUP_PYTHON,
+    UPLOAD_ARTIFACT,
+    Flow,
+    Node,
+    Note,
+    _banner,
+    _expr,
+    _uses,
+    to_yaml,
+)
+from ci.history.ingest import ARTIFACT_PREFIX, EXPORT_DIR
+from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_SECRET, HISTORY_SESSION
+from ci.registry.job_timeouts import LINT_MINUTES
+from ci.registry.workflow_style import Style
+
+INGEST_PATH = ".github/workflows/history-ingest.yml"
+DOWNLOADED = "$RUNNER_TEMP/history"
+
+
+def upload_history(name: str) -> dict[str, Node]:
+    """The step of a job that runs PR code or runs on a GPU host: hand its exported runs
+    (`history record --export`) to this workflow, also after a failure."""
+    return {"name": "Upload this job's runs for the history ingest", "if": "always()",
+            "uses": _uses(UPLOAD_ARTIFACT),
+            "with": {"name": name, "path": EXPORT_DIR,
+                     "if-no-files-found": Note("ignore", "history off, or nothing recorded"),
+                     "retention-days": Note(7, "the ingest job reads it within minutes")}}
+
+
+def ingest(style: Style, watched: tuple[str, ...]) -> dict[str, Node]:
+    """The `workflow_run` workflow that records the watched workflows' exported runs."""
+    job: dict[str, Node] = {
+        "name": "record the finished run's history (default branch's code only)",
+        "runs-on": style.hosted_runner[0],
+        "permissions": {"actions": Note("read", "download the finished run's artifacts")},
+        "environment": {"name": HISTORY_ENVIRONMENT,
+                        "deployment": Note(False, f"its secret {HISTORY_SECRET}, without a deployment")},
+        "concurrency": {"group": f"history-ingest-{_expr('github.event.workflow_run.id')}",
+                        "cancel-in-progress": False},
+        "timeout-minutes": LINT_MINUTES,
+        "steps": [
+            {"name": "Check out the default branch (the ingest's code, never the run's)",
+             "uses": _uses(CHECKOUT),
+             "with": {"ref": _expr("github.event.repository.default_branch"),
+                      "persist-credentials": False}},
+            {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
+            {"name": "Install nox", "run": style.install},
+            {"name": "Download the run's exported runs (data, never executed)",
+             "uses": _uses(DOWNLOAD_ARTIFACT),
+             "with": {"pattern": f"{ARTIFACT_PREFIX}*",
+                      "path": _expr("runner.temp") + "/history",
+                      "run-id": _expr("github.event.workflow_run.id"),
+                      "github-token": _expr("github.token")}},
+            {"name": "Validate and record them, trust and PR from the event",
+             "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")},
+             "run": f'nox -s {HISTORY_SESSION} -- ingest "{DOWNLOADED}" --event-file "$GITHUB_EVENT_PATH"'},
+        ],
+    }
+    return {
+        "name": f"{style.title} history ingest",
+        "on": {"workflow_run": Note(
+            {"workflows": Flow(watched), "types": Flow(("completed",))},
+            "zizmor: ignore[dangerous-triggers] checks out only the default branch; the "
+            "artifacts are data, validated before anything is recorded")},
+        "permissions": {},
+        "jobs": {"ingest": job},
+    }
+
+
+def ingest_files(style: Style, watched: tuple[str, ...]) -> dict[str, str]:
+    """The ingest workflow, or nothing when no job exports its runs."""
+    if not watched:
+        return {}
+    return {INGEST_PATH: to_yaml(ingest(style, watched), spaced=2, header=_banner(style.source))}
