@@ -44,7 +44,7 @@ MAX_METRICS = 200_000
 # The events whose runs on the default branch of this repository ran reviewed code.
 TRUSTED_EVENTS = frozenset({"push", "schedule", "workflow_dispatch"})
 # run-ci-file.yml names each run after its pull request (`run-name`); the number is read back here.
-RUN_NAME_PR = re.compile(r" for PR #([1-9][0-9]{0,9})")
+RUN_NAME_PR = re.compile(r" for PR #([1-9][0-9]{0,9})\Z")
 _UID = re.compile(r"[0-9a-f]{32}")
 _INT64 = 1 << 63
 Warn = Callable[[str], None]
@@ -97,8 +97,9 @@ def trigger(payload: Any, *, run_file: str) -> Trigger:
     own = head_repo is not None and head_repo == repo.get("full_name")
     pr: int | None = None
     if Path(workflow).name == run_file:
-        found = RUN_NAME_PR.findall(str(run.get("display_title", "")))
-        if len(found) != 1:
+        title = str(run.get("display_title", ""))
+        found = RUN_NAME_PR.findall(title)
+        if len(found) != 1 or title.count("for PR #") != 1:
             raise UsageError(f"{where}: a {run_file} run whose name states no single PR "
                              f"({str(run.get('display_title', ''))[:80]!r}); nothing ingested")
         return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=False, pr=int(found[0]))

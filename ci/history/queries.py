@@ -186,12 +186,12 @@ def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
     """`ingest DIR --event-file F`: validate every exported run, then record them all."""
     from ci.history.ingest import ONE_FILE_WORKFLOW, collect, ingest, read_event, trigger
 
-    source = trigger(read_event(args.event_file), run_file=ONE_FILE_WORKFLOW)
     folder = args.dir if args.dir.is_absolute() else root / args.dir
-    runs = collect(folder, trigger=source)
-    if not runs:
-        log.line(f"ingest: {source.describe()} exported no run; nothing to do")
+    if not folder.is_dir() or not any(folder.iterdir()):  # most runs have no GPU job
+        log.line(f"ingest: no exported run in {folder}; nothing to do")
         return EXIT_OK
+    source = trigger(read_event(args.event_file), run_file=ONE_FILE_WORKFLOW)
+    runs = collect(folder, trigger=source)
     with open_store(url) as store:
         added = ingest(store, runs, trigger=source)
     log.line(f"ingest: {source.describe()}: {len(runs)} run(s), {added} new, in {describe(url)}")
