@@ -194,9 +194,10 @@ def parse_record(text: str, *, trigger: Trigger) -> RunRecord:
         per_entry[m["entry_id"]] = per_entry.get(m["entry_id"], 0) + 1
         if per_entry[m["entry_id"]] > MAX_POINTS_PER_ENTRY:
             raise ValueError(f"more than {MAX_POINTS_PER_ENTRY} metric points for one entry")
+    # Whose run it was is the event's word: trust, pull request and event never come from the file.
     return RunRecord(
-        **{k: data[k] for k in _RUN if k not in ("attempts", "metrics", "trusted", "pr")},
-        trusted=trigger.trusted, pr=trigger.pr,
+        **{k: data[k] for k in _RUN if k not in ("attempts", "metrics", "trusted", "pr", "event")},
+        trusted=trigger.trusted, pr=trigger.pr, event=trigger.event,
         attempts=tuple(AttemptRecord(**{**a, "seconds": float(a["seconds"])}) for a in data["attempts"]),
         metrics=tuple(MetricPoint(entry_id=m["entry_id"], step=m["step"], name=m["name"],
                                   value=float(m["value"])) for m in data["metrics"]))
@@ -242,10 +243,9 @@ def collect(folder: Path, *, trigger: Trigger) -> list[RunRecord]:
     return out
 
 
-def ingest(store: HistoryStore, runs: Sequence[RunRecord], *, trigger: Trigger) -> int:
-    """Record the runs under the trigger's trust, PR and event; how many were new."""
-    return sum(store.record(replace(r, trusted=trigger.trusted, pr=trigger.pr, event=trigger.event))
-               for r in runs)
+def ingest(store: HistoryStore, runs: Sequence[RunRecord]) -> int:
+    """Record the runs `collect` checked; how many were new."""
+    return sum(store.record(r) for r in runs)
 
 
 def read_event(path: Path) -> Any:

@@ -193,7 +193,7 @@ def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
     source = trigger(read_event(args.event_file), run_file=ONE_FILE_WORKFLOW)
     runs = collect(folder, trigger=source)
     with open_store(url) as store:
-        added = ingest(store, runs, trigger=source)
+        added = ingest(store, runs)
     log.line(f"ingest: {source.describe()}: {len(runs)} run(s), {added} new, in {describe(url)}")
     return EXIT_OK
 

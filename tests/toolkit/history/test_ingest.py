@@ -113,6 +113,7 @@ def test_a_valid_record_takes_the_events_trust_and_pr() -> None:
         (False, 12, UID, 3.5, 0.5)
     main = Trigger(run_id=1, workflow="w", event="schedule", trusted=True, pr=None)
     assert parse_record(json.dumps(_record()), trigger=main).trusted is True
+    assert parse_record(json.dumps(_record()), trigger=main).event == "schedule"
 
 
 def _attempt(**over: Any) -> list[dict[str, Any]]:
