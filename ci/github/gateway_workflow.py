@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from ci.github.comment_commands import POLICY_PATH
 from ci.github.gateway import RUN_FILE_WORKFLOW
-from ci.github.ingest_workflow import upload_history
+from ci.github.ingest_workflow import restore_snapshot, upload_history
 from ci.github.job_plan import WORKFLOW_NAME, Job
 from ci.github.teams import TEAMS_SECRET
 from ci.github.yaml_writer import (
@@ -236,6 +236,7 @@ def run_file(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
              "with": {"ref": _expr("inputs.sha"), "persist-credentials": False}},
             {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
             {"name": "Install nox", "run": style.install},
+            *([restore_snapshot()] if gpu_job else []),
             {"name": "nox -s <suite> -- --only <file>", "env": env, "run": Script((
                 'if [ -n "$ONLY" ]; then nox -s "$SUITE" -- --only "$ONLY"; else nox -s "$SUITE"; fi',))},
         ]

@@ -8,11 +8,19 @@ branch, whatever branch the finished run tested, so its code and its `ci-history
 out the default branch, downloads the artifacts as data, never runs anything from them, and
 `history ingest` validates each record strictly and records it with the trust and PR number
 GitHub's event payload states (ci/history/ingest.py).
+
+After a trusted run (a push, schedule or manual run of the default branch) it writes the store's
+trusted runs to a SQLite file and saves it in the Actions cache, in the default branch's scope:
+GPU jobs restore it as their history file, so estimates, quarantine and metric gates keep a
+trusted baseline without a credential. A pull request can save caches only in its own scope,
+which no other branch reads.
 """
 
 from __future__ import annotations
 
 from ci.github.yaml_writer import (
+    CACHE_RESTORE,
+    CACHE_SAVE,
     CHECKOUT,
     DOWNLOAD_ARTIFACT,
     SETUP_PYTHON,
@@ -25,13 +33,14 @@ from ci.github.yaml_writer import (
     _uses,
     to_yaml,
 )
-from ci.history.ingest import ARTIFACT_PREFIX, EXPORT_DIR
-from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_SECRET, HISTORY_SESSION
+from ci.history.ingest import ARTIFACT_PREFIX, EXPORT_DIR, SNAPSHOT_KEY
+from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_FILE, HISTORY_SECRET, HISTORY_SESSION
 from ci.registry.job_timeouts import LINT_MINUTES
 from ci.registry.workflow_style import Style
 
 INGEST_PATH = ".github/workflows/history-ingest.yml"
 DOWNLOADED = "$RUNNER_TEMP/history"
+_FRESH = "steps.ingest.outputs.trusted != '0'"  # trusted runs were added
 
 
 def upload_history(name: str) -> dict[str, Node]:
@@ -42,6 +51,15 @@ def upload_history(name: str) -> dict[str, Node]:
             "with": {"name": name, "path": EXPORT_DIR,
                      "if-no-files-found": Note("ignore", "history off, or nothing recorded"),
                      "retention-days": Note(7, "the ingest job reads it within minutes")}}
+
+
+def restore_snapshot() -> dict[str, Node]:
+    """The step of a GPU job that restores the ingest job's trusted snapshot as its history file."""
+    return {"name": "Restore the trusted history (the ingest job's snapshot)",
+            "uses": _uses(CACHE_RESTORE),
+            "with": {"path": HISTORY_FILE,
+                     "key": SNAPSHOT_KEY + _expr("github.run_id"),
+                     "restore-keys": SNAPSHOT_KEY}}
 
 
 def ingest(style: Style, watched: tuple[str, ...]) -> dict[str, Node]:
@@ -68,9 +86,16 @@ def ingest(style: Style, watched: tuple[str, ...]) -> dict[str, Node]:
                       "path": _expr("runner.temp") + "/history",
                       "run-id": _expr("github.event.workflow_run.id"),
                       "github-token": _expr("github.token")}},
-            {"name": "Validate and record them, trust and PR from the event",
+            {"name": "Validate and record them, trust and PR from the event", "id": "ingest",
              "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")},
              "run": f'nox -s {HISTORY_SESSION} -- ingest "{DOWNLOADED}" --event-file "$GITHUB_EVENT_PATH"'},
+            {"name": "Snapshot the trusted runs for the GPU jobs (after a trusted run only)",
+             "if": f"{_FRESH}",
+             "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")},
+             "run": f"nox -s {HISTORY_SESSION} -- snapshot {HISTORY_FILE}"},
+            {"name": "Save it where GPU jobs restore it", "if": f"{_FRESH}", "uses": _uses(CACHE_SAVE),
+             "with": {"path": HISTORY_FILE,
+                      "key": SNAPSHOT_KEY + _expr("github.run_id") + "-" + _expr("github.run_attempt")}},
         ],
     }
     return {

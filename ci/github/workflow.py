@@ -19,7 +19,7 @@ from pathlib import Path
 from ci.args import Parser, existing_dir
 from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
-from ci.github.ingest_workflow import ingest_files, upload_history
+from ci.github.ingest_workflow import ingest_files, restore_snapshot, upload_history
 from ci.github.job_plan import (
     BASE_BRANCH,
     PLAN_JOB,
@@ -129,9 +129,11 @@ def concurrency_group(job: Job) -> Folded:
 # their runs (`record --export`) as an artifact, `history-<job>`; the ingest workflow
 # (ci/github/ingest_workflow.py: `workflow_run`, the default branch's code only) validates it and
 # records it in the shared store, trusted only for a push, schedule or manual run of the default
-# branch. The only job in this file that names the environment is the scheduled monitor (a check
-# with `history_store`, on a hosted runner, never on a PR), and only its session step gets the
-# secret. `deployment: false`: the environment's secrets without a deployment record.
+# branch. After such a run it saves the store's trusted runs in the Actions cache, and GPU jobs
+# restore that snapshot as their history file (their baselines, no credential). The only job in
+# this file that names the environment is the scheduled monitor (a check with `history_store`,
+# on a hosted runner, never on a PR), and only its session step gets the secret.
+# `deployment: false`: the environment's secrets without a deployment record.
 CACHED_FILES = f"{DURATIONS_FILE}\n{HISTORY_FILE}\n"
 SHARDS_DIR = ".ci-cache/shards"
 
@@ -247,8 +249,10 @@ def _steps(job: Job, style: Style) -> list[Node]:
     ]
     if records_durations(job):
         steps += _restore_durations(job)
-        if job.shards > 1 and records_history(job, style):
-            steps.append(_merge_shards(job))
+    if exports_history(job):  # the trusted baseline, over whatever the job's own cache held
+        steps.append(restore_snapshot())
+    if records_durations(job) and job.shards > 1 and records_history(job, style):
+        steps.append(_merge_shards(job))
     env: dict[str, Node] = {}
     if records_durations(job):
         env.update(style.suite_env)

@@ -31,6 +31,10 @@ from ci.history.store import HistoryStore
 from ci.results import MetricPoint
 
 EXPORT_DIR = ".ci-cache/history-export"
+# What the ingest job hands back to GPU jobs: the trusted runs, as a SQLite file in the Actions
+# cache (the default branch's scope, which every PR and dispatch run may read and none write).
+SNAPSHOT_KEY = "slime-ci-history-trusted-"
+SNAPSHOT_RUNS = 300  # per suite and hardware: what a run reads before it plans (record.read_before)
 # The comment commands' one-file workflow (ci.github.gateway.RUN_FILE_WORKFLOW, which cannot be
 # imported from this layer; a test holds the two equal): every run of it checks out a PR's head.
 ONE_FILE_WORKFLOW = "run-ci-file.yml"
@@ -273,3 +277,31 @@ def export(store: HistoryStore, uids: Sequence[str], folder: Path, warn: Warn) -
     for uid in sorted(wanted):
         warn(f"history: run {uid[:8]} is not in this job's store; not exported")
     return written
+
+
+def snapshot(store: HistoryStore, out: Path, *, last_runs: int = SNAPSHOT_RUNS) -> int:
+    """The newest `last_runs` trusted runs of each suite and hardware, as a fresh SQLite file.
+
+    GPU jobs hold no credential to the shared store; they read their baselines (estimates,
+    quarantine, metric gates) from this copy, and record into it before they export.
+    """
+    from ci.history.store import open_store
+
+    kept: dict[tuple[str, str], list[RunRecord]] = {}
+    for run in store.runs():  # oldest first
+        if run.trusted:
+            kept.setdefault((run.suite, run.hardware), []).append(run)
+    runs = sorted((r for group in kept.values() for r in group[-last_runs:]),
+                  key=lambda r: r.started_at)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        with open_store(f"sqlite:///{tmp}") as copy:
+            for run in runs:
+                copy.record(run)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return len(runs)
+

@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("dir", type=Path, help="the downloaded artifacts: */<uid>.json")
     ing.add_argument("--event-file", type=Path, required=True,
                      help="the workflow_run event payload ($GITHUB_EVENT_PATH)")
+    snap = sub.add_parser("snapshot", parents=[common],
+                          help="write the store's trusted runs to a fresh SQLite file (the ingest job "
+                               "hands it to GPU jobs through the Actions cache)")
+    snap.add_argument("out", type=Path, help="the SQLite file to write (replaced)")
+    snap.add_argument("--last-runs", type=int, default=300,
+                      help="newest trusted runs kept per suite and hardware (default: 300)")
     merge = sub.add_parser("merge", parents=[common],
                            help="merge DIR/*/history.sqlite and DIR/*/durations.json (a sharded job's "
                                 "caches) into this checkout's store and durations")
@@ -187,14 +193,32 @@ def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
     from ci.history.ingest import ONE_FILE_WORKFLOW, collect, ingest, read_event, trigger
 
     folder = args.dir if args.dir.is_absolute() else root / args.dir
+    # The step output `trusted`: how many trusted runs were added; the ingest job refreshes the
+    # GPU jobs' snapshot only after one.
     if not folder.is_dir() or not any(folder.iterdir()):  # most runs have no GPU job
         log.line(f"ingest: no exported run in {folder}; nothing to do")
+        log.output("trusted", "0")
         return EXIT_OK
     source = trigger(read_event(args.event_file), run_file=ONE_FILE_WORKFLOW)
     runs = collect(folder, trigger=source)
     with open_store(url) as store:
         added = ingest(store, runs)
     log.line(f"ingest: {source.describe()}: {len(runs)} run(s), {added} new, in {describe(url)}")
+    log.output("trusted", str(added if source.trusted else 0))
+    return EXIT_OK
+
+
+def _snapshot(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
+    from ci.history.ingest import snapshot
+
+    if args.last_runs < 1:
+        raise UsageError("--last-runs must be at least 1")
+    out = args.out if args.out.is_absolute() else root / args.out
+    if out.resolve() == Path(url.split(":///", 1)[-1]).resolve():
+        raise UsageError(f"snapshot {out}: that is the store it reads; name another file")
+    with open_store(url) as store:
+        kept = snapshot(store, out, last_runs=args.last_runs)
+    log.line(f"history: {kept} trusted run(s) of {describe(url)} written to {out}")
     return EXIT_OK
 
 
@@ -211,6 +235,8 @@ def main(argv: Sequence[str]) -> int:
         return _job_step(args, root, url, log)
     if args.command == "ingest":
         return _ingest(args, root, url, log)
+    if args.command == "snapshot":
+        return _snapshot(args, root, url, log)
     if getattr(args, "unreachable_ok", False):
         return _soft_monitor(args, root, url, log)
     return _read(args, root, url, log)

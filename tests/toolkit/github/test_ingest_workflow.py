@@ -47,9 +47,21 @@ def test_it_watches_both_test_workflows_by_their_names_and_reads_what_they_uploa
     # Nothing from the artifact runs: the steps that run are the install and the ingest.
     assert [s["run"] for s in steps if "run" in s][1] == (
         'nox -s history -- ingest "$RUNNER_TEMP/history" --event-file "$GITHUB_EVENT_PATH"')
-    # The secret only in the ingest step's environment.
-    assert [s for s in steps if "secrets." in json.dumps(s)] == [record]
-    assert record["env"] == {"SLIME_CI_HISTORY_URL": "${{ secrets.SLIME_CI_HISTORY_URL }}"}
+    # The secret only in the environment of the steps that open the store.
+    snap, save = steps[5:]
+    assert [s for s in steps if "secrets." in json.dumps(s)] == [record, snap]
+    for step in (record, snap):
+        assert step["env"] == {"SLIME_CI_HISTORY_URL": "${{ secrets.SLIME_CI_HISTORY_URL }}"}
+    # After a trusted run only, the trusted runs go where every GPU job restores them from.
+    assert record["id"] == "ingest" and snap["if"] == save["if"] == "steps.ingest.outputs.trusted != '0'"
+    assert snap["run"] == "nox -s history -- snapshot .ci-cache/history.sqlite"
+    assert save["uses"].startswith("actions/cache/save@")
+    assert save["with"]["path"] == ".ci-cache/history.sqlite"
+    restores = {json.dumps(s["with"]) for p in (WORKFLOW_PATH, RUN_FILE_PATH)
+                for j in yaml.safe_load(files[p])["jobs"].values() for s in j["steps"]
+                if s.get("name") == "Restore the trusted history (the ingest job's snapshot)"}
+    (restore,) = [json.loads(r) for r in restores]
+    assert save["with"]["key"].startswith(restore["restore-keys"]) and restore["path"] == save["with"]["path"]
 
 
 def test_no_ingest_workflow_without_gpu_jobs_and_no_one_file_watch_without_comments() -> None:

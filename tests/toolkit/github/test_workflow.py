@@ -152,7 +152,8 @@ def test_sharded_suite_becomes_a_matrix_passing_shard_through_the_environment() 
 
 def _cache_steps(job: dict[str, Any]) -> tuple[int, dict[str, Any], int, dict[str, Any]]:
     steps = job["steps"]
-    (restore,) = [i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache/restore@")]
+    (restore,) = [i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache/restore@")
+                  and s["with"]["key"].startswith("slime-ci-durations-")]
     (save,) = [i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache/save@")]
     return restore, steps[restore], save, steps[save]
 
@@ -207,13 +208,21 @@ def test_every_suite_job_records_its_run_last_even_when_it_failed() -> None:
         assert "SLIME_CI_HISTORY_URL" not in session.get("env", {}), job.id
         steps = jobs[job.id]["steps"]
         uploads = [s for s in steps if s.get("name") == "Upload this job's runs for the history ingest"]
+        snapshot = [s for s in steps if s.get("name") == "Restore the trusted history (the ingest job's snapshot)"]
         if job.self_hosted:  # right after the record step, also after a failure
             (upload,) = uploads
+            # Before the session, over the job's own cache: the trusted baseline it reads.
+            (restore,) = snapshot
+            assert steps.index(restore) < steps.index(session) and all(
+                steps.index(s) < steps.index(restore) for s in steps if s.get("name", "").startswith("Restore measured"))
+            assert restore["with"] == {"path": ".ci-cache/history.sqlite",
+                                       "key": "slime-ci-history-trusted-${{ github.run_id }}",
+                                       "restore-keys": "slime-ci-history-trusted-"}
             assert steps.index(upload) == steps.index(step) + 1 and upload["if"] == "always()"
             assert upload["with"]["name"] == f"history-{job.id}"
             assert upload["with"]["path"] == ".ci-cache/history-export"
         else:
-            assert not uploads, job.id
+            assert not uploads and not snapshot, job.id
 
 
 def test_a_sharded_job_keeps_one_cache_per_shard_and_merges_all_before_it_plans() -> None:
@@ -272,9 +281,9 @@ def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> No
     # checkout and setup-python everywhere; cache restore and save in every job but lint.
     # The weekly stability job keeps no durations (its runs repeat until a bound); the plan
     # job checks out and sets up Python; a check with a report uploads it.
-    # A GPU suite job uploads its runs for the history ingest.
+    # A GPU suite job restores the ingest job's trusted snapshot and uploads its runs for it.
     assert len(uses) == sum((2 if j.kind == "check" or j.infinite else 4) + bool(j.report)
-                            + (j.self_hosted and j.kind != "check") for j in table()) + 2
+                            + 2 * (j.self_hosted and j.kind != "check") for j in table()) + 2
     for ref, rest in uses:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40}", ref), ref
         assert re.fullmatch(r"  # v\d+\.\d+\.\d+", rest), rest

@@ -228,8 +228,17 @@ def _ingest(artifacts: Path, event: dict[str, Any], url: str, tmp_path: Path):  
     path = tmp_path / "event.json"
     path.write_text(json.dumps(event))
     env = {k: "" for k in os.environ if k.startswith("GITHUB_")}
+    env["GITHUB_OUTPUT"] = str(tmp_path / "outputs")
     return run_ci("history", "ingest", str(artifacts), "--event-file", str(path), "--history", url,
                   "--root", str(tmp_path), env={**env, "SLIME_CI_HISTORY_URL": ""})
+
+
+def _outputs(tmp_path: Path) -> list[str]:
+    """The step outputs the last ingest wrote (`trusted`: how many trusted runs it added)."""
+    path = tmp_path / "outputs"
+    lines = path.read_text().splitlines()
+    path.unlink()
+    return lines
 
 
 def test_a_pr_jobs_export_is_ingested_untrusted_with_its_pr(tmp_path: Path, shared_url: str,
@@ -240,6 +249,7 @@ def test_a_pr_jobs_export_is_ingested_untrusted_with_its_pr(tmp_path: Path, shar
     done = _ingest(artifacts, _event(prs=(12,)), shared_url, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 run(s), 1 new" in done.stdout and "untrusted, PR #12" in done.stdout
+    assert _outputs(tmp_path) == ["trusted=0"]  # no new baseline: the snapshot stays as it is
     again = _ingest(artifacts, _event(prs=(12,)), shared_url, tmp_path)  # a re-run of the ingest
     assert again.returncode == 0 and "1 run(s), 0 new" in again.stdout
     with open_store(shared_url) as store:
@@ -271,8 +281,31 @@ def test_a_main_run_is_ingested_trusted(tmp_path: Path) -> None:
     done = _ingest(tmp_path / "downloaded", _event(event="schedule", branch="main", prs=()),
                    f"sqlite:///{db}", tmp_path)
     assert done.returncode == 0, done.stderr
+    assert _outputs(tmp_path) == ["trusted=1"]  # the ingest job refreshes the GPU jobs' snapshot
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT trusted, pr, event FROM runs").fetchall() == [(1, None, "schedule")]
+
+
+def test_the_snapshot_holds_the_newest_trusted_runs_only(tmp_path: Path) -> None:
+    from ci.history.rows import RunRecord
+
+    url = f"sqlite:///{tmp_path / 'shared.sqlite'}"
+    with open_store(url) as store:
+        for n in range(1, 6):  # 1..3 trusted, 4..5 from a PR
+            store.record(RunRecord(uid=f"{n:032x}", suite="megatron", hardware="cuda", started_at=float(n),
+                                   ended_at=float(n), exit_code=0, trusted=n <= 3, pr=None if n <= 3 else 9))
+    out = tmp_path / "gpu-job" / ".ci-cache" / "history.sqlite"
+    done = run_ci("history", "snapshot", str(out), "--last-runs", "2", "--history", url,
+                  "--root", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "2 trusted run(s)" in done.stdout
+    with sqlite3.connect(out) as conn:
+        assert conn.execute("SELECT uid, trusted FROM runs ORDER BY started_at").fetchall() == [
+            (f"{2:032x}", 1), (f"{3:032x}", 1)]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["history.sqlite"]  # no temporary left
+    same = run_ci("history", "snapshot", str(tmp_path / "shared.sqlite"), "--history", url,
+                  "--root", str(tmp_path))
+    assert same.returncode == 2 and "that is the store it reads" in same.stderr
 
 
 if __name__ == "__main__":
