@@ -142,6 +142,38 @@ def test_no_job_that_checks_out_pr_code_holds_an_environment_or_a_secret() -> No
                        ("ci-comment.yml", "decide", "ci-comment")}
 
 
+def on_gpu_hosts(folder: Path) -> list[str]:
+    """Jobs on self-hosted runners that name an environment or read a secret."""
+    wrong = []
+    for path in sorted(folder.glob("*.yml")):
+        for job_id, job in yaml.safe_load(path.read_text(encoding="utf-8"))["jobs"].items():
+            if "self-hosted" in json.dumps(job.get("runs-on", "")) and (
+                    "environment" in job or "secrets." in json.dumps(job)):
+                wrong.append(f"{path.name}: {job_id}")
+    return wrong
+
+
+def test_no_job_on_a_gpu_host_holds_a_secret_not_even_mains(tmp_path: Path) -> None:
+    # A job there is root on the host and can read its neighbours (docs/security.md), so the
+    # scheduled runs of main hold no secret either.
+    assert on_gpu_hosts(WORKFLOWS) == []
+    old = "      (github.event_name == 'schedule' && (github.event.schedule == '41 3 * * 6'))\n"
+    folder = _plant(tmp_path, "pr-test.yml", old, old + "    environment: ci-history\n")
+    assert on_gpu_hosts(folder) == ["pr-test.yml: megatron_stability"]
+    assert violations(folder)[0] == []  # not PR code: only this rule catches it
+
+
+def test_the_security_page_says_what_the_docker_socket_gives_a_job() -> None:
+    compose = yaml.safe_load((REPO / "runners" / "docker-compose.yml").read_text(encoding="utf-8"))
+    mounts = compose["services"]["runner"]["volumes"]
+    page = " ".join((REPO / "docs" / "security.md").read_text(encoding="utf-8").split())
+    if any(m.startswith("/var/run/docker.sock:") for m in mounts):
+        # The host's socket: the page must say plainly what that gives every job.
+        for claim in ("it is root on the GPU host", "`docker inspect` every container",
+                      "mount the model and dataset caches read-write", "A socket proxy does not close this"):
+            assert claim in page, claim
+
+
 def _plant(tmp_path: Path, name: str, old: str, new: str) -> Path:
     folder = tmp_path / "workflows"
     shutil.copytree(WORKFLOWS, folder)
