@@ -80,7 +80,10 @@ def ingest(style: Style, watched: tuple[str, ...]) -> dict[str, Node]:
                       "persist-credentials": False}},
             {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
             {"name": "Install nox", "run": style.install},
+            # Most finished runs (a PR's CPU jobs) exported nothing, and a pattern that matches
+            # no artifact fails the download: the ingest then says in one line there was none.
             {"name": "Download the run's exported runs (data, never executed)",
+             "continue-on-error": True,
              "uses": _uses(DOWNLOAD_ARTIFACT),
              "with": {"pattern": f"{ARTIFACT_PREFIX}*",
                       "path": _expr("runner.temp") + "/history",
