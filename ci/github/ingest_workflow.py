@@ -4,10 +4,11 @@ GPU jobs, and every job that checks out a pull request's code, never hold SLIME_
 they export their runs as an artifact (`history-*`, ci/github/workflow.py). This workflow runs
 when one of the test workflows completes (`workflow_run`): GitHub runs it from the default
 branch, whatever branch the finished run tested, so its code and its `ci-history` environment
-(deployment branches: the default branch only) are out of a pull request's reach. It checks
-out the default branch, downloads the artifacts as data, never runs anything from them, and
-`history ingest` validates each record strictly and records it with the trust and PR number
-GitHub's event payload states (ci/history/ingest.py).
+(give it the deployment branches "the default branch only", docs/security.md) are out of a
+pull request's reach. It checks out the default branch and fetches the artifacts' zip files
+as data (never unpacked, never run); `history ingest` reads them in memory, validates each
+record strictly and records it with the trust and PR number GitHub's event payload states
+(ci/history/ingest.py).
 
 After a trusted run (a push, schedule or manual run of the default branch) it writes the store's
 trusted runs to a SQLite file and saves it in the Actions cache, in the default branch's scope:
@@ -22,12 +23,12 @@ from ci.github.yaml_writer import (
     CACHE_RESTORE,
     CACHE_SAVE,
     CHECKOUT,
-    DOWNLOAD_ARTIFACT,
     SETUP_PYTHON,
     UPLOAD_ARTIFACT,
     Flow,
     Node,
     Note,
+    Script,
     _banner,
     _expr,
     _uses,
@@ -41,6 +42,15 @@ from ci.registry.workflow_style import Style
 INGEST_PATH = ".github/workflows/history-ingest.yml"
 DOWNLOADED = "$RUNNER_TEMP/history"
 _FRESH = "steps.ingest.outputs.trusted != '0'"  # trusted runs were added
+_FETCH = Script((
+    f'mkdir -p "{DOWNLOADED}"',
+    'gh api --paginate "repos/$REPO/actions/runs/$RUN/artifacts" \\',
+    "  --jq '.artifacts[] | select(.name | startswith(\"" + ARTIFACT_PREFIX + "\"))"
+    " | select(.expired | not) | .id' |",
+    "while read -r id; do",
+    f'  gh api "repos/$REPO/actions/artifacts/$id/zip" > "{DOWNLOADED}/$id.zip"',
+    "done",
+))
 
 
 def upload_history(name: str) -> dict[str, Node]:
@@ -80,15 +90,12 @@ def ingest(style: Style, watched: tuple[str, ...]) -> dict[str, Node]:
                       "persist-credentials": False}},
             {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
             {"name": "Install nox", "run": style.install},
-            # Most finished runs (a PR's CPU jobs) exported nothing, and a pattern that matches
-            # no artifact fails the download: the ingest then says in one line there was none.
-            {"name": "Download the run's exported runs (data, never executed)",
-             "continue-on-error": True,
-             "uses": _uses(DOWNLOAD_ARTIFACT),
-             "with": {"pattern": f"{ARTIFACT_PREFIX}*",
-                      "path": _expr("runner.temp") + "/history",
-                      "run-id": _expr("github.event.workflow_run.id"),
-                      "github-token": _expr("github.token")}},
+            # The artifacts' zip files as the API serves them, never unpacked: `history ingest`
+            # reads their members in memory. Most finished runs (a PR's CPU jobs) export none.
+            {"name": "Fetch the run's exported runs (zip files, never unpacked or executed)",
+             "env": {"GH_TOKEN": _expr("github.token"), "REPO": _expr("github.repository"),
+                     "RUN": _expr("github.event.workflow_run.id")},
+             "run": _FETCH},
             {"name": "Validate and record them, trust and PR from the event", "id": "ingest",
              "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")},
              "run": f'nox -s {HISTORY_SESSION} -- ingest "{DOWNLOADED}" --event-file "$GITHUB_EVENT_PATH"'},

@@ -24,7 +24,6 @@ SETUP_PYTHON = ("actions/setup-python", "e797f83bcb11b83ae66e0230d6156d7c80228e7
 CACHE_RESTORE = ("actions/cache/restore", "27d5ce7f107fe9357f9df03efb73ab90386fccae", "v5.0.5")
 CACHE_SAVE = ("actions/cache/save", "27d5ce7f107fe9357f9df03efb73ab90386fccae", "v5.0.5")
 UPLOAD_ARTIFACT = ("actions/upload-artifact", "330a01c490aca151604b8cf639adc76d48f6c5d4", "v5.0.0")
-DOWNLOAD_ARTIFACT = ("actions/download-artifact", "634f93cb2916e3fdff6788551b99b062d0335ce0", "v5.0.0")
 # --- a small deterministic YAML writer ---------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -207,41 +207,86 @@ def parse_record(text: str, *, trigger: Trigger) -> RunRecord:
                                   value=float(m["value"])) for m in data["metrics"]))
 
 
+class _Budget:
+    """The bounds on what one workflow run hands over: files, bytes a file, bytes in all."""
+
+    def __init__(self) -> None:
+        self.files = 0
+        self.total = 0
+
+    def take(self, label: str, size: int) -> None:
+        self.files += 1
+        self.total += size
+        if self.files > MAX_FILES:
+            raise UsageError(f"ingest: more than {MAX_FILES} files; nothing ingested")
+        if size > MAX_FILE_BYTES or self.total > MAX_TOTAL_BYTES:
+            raise UsageError(f"ingest: {label} takes the artifacts past {MAX_FILE_BYTES >> 20} MiB a "
+                             f"file or {MAX_TOTAL_BYTES >> 20} MiB in all; nothing ingested")
+
+
+def _zip_members(path: Path, label: str, budget: _Budget) -> list[tuple[str, bytes]]:
+    """The records in an artifact's zip, read in memory: never unpacked, so no member's name
+    can place a file anywhere; each member's size is bounded as it is read, whatever the
+    archive's header says."""
+    import zipfile
+
+    out = []
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                where = f"{label}:{info.filename[:80]}"
+                if info.is_dir():
+                    continue
+                stem, dot, ext = info.filename.rpartition(".")
+                if not (_UID.fullmatch(stem) and dot and ext == "json"):
+                    raise UsageError(f"ingest: {where} is not an exported run (<uid>.json); "
+                                     "nothing ingested")
+                with archive.open(info) as fh:
+                    data = fh.read(MAX_FILE_BYTES + 1)  # what is really there, not what the header says
+                budget.take(where, len(data))
+                out.append((where, data))
+    except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError) as exc:
+        raise UsageError(f"ingest: {label} is not a readable zip ({str(exc)[:120]}); "
+                         "nothing ingested") from None
+    return out
+
+
 def collect(folder: Path, *, trigger: Trigger) -> list[RunRecord]:
-    """Every record under `folder` (one subfolder per artifact), all valid, or a UsageError."""
+    """Every record under `folder`, all valid, or a UsageError: the artifacts' zip files as the
+    API serves them (read in memory), or folders of `<uid>.json` files."""
     if not folder.is_dir():
         return []
-    files: list[Path] = []
-    total = 0
+    items: list[tuple[str, bytes]] = []
+    budget = _Budget()
     for dirpath, dirnames, filenames in os.walk(folder):  # never follows a link to a folder
+        dirnames.sort()
         for name in sorted(filenames):
             path = Path(dirpath) / name
             st = path.lstat()
-            rel = path.relative_to(folder)
+            rel = str(path.relative_to(folder))
             if not stat.S_ISREG(st.st_mode):
                 raise UsageError(f"ingest: {rel} is not a plain file; nothing ingested")
-            if not name.endswith(".json"):
-                raise UsageError(f"ingest: {rel} is not an exported run (*.json); nothing ingested")
-            total += st.st_size
-            files.append(path)
-            if len(files) > MAX_FILES:
-                raise UsageError(f"ingest: more than {MAX_FILES} files; nothing ingested")
-            if st.st_size > MAX_FILE_BYTES or total > MAX_TOTAL_BYTES:
-                raise UsageError(f"ingest: {rel} takes the artifacts past "
-                                 f"{MAX_FILE_BYTES >> 20} MiB a file or {MAX_TOTAL_BYTES >> 20} MiB "
-                                 "in all; nothing ingested")
-        dirnames.sort()
+            if name.endswith(".zip"):
+                if st.st_size > MAX_TOTAL_BYTES:
+                    raise UsageError(f"ingest: {rel} is larger than {MAX_TOTAL_BYTES >> 20} MiB; "
+                                     "nothing ingested")
+                items += _zip_members(path, rel, budget)
+            elif name.endswith(".json"):
+                budget.take(rel, st.st_size)
+                items.append((rel, path.read_bytes()))
+            else:
+                raise UsageError(f"ingest: {rel} is not an exported run (*.json) or an artifact "
+                                 "(*.zip); nothing ingested")
     out: list[RunRecord] = []
     seen: set[str] = set()
-    for path in files:
-        rel = path.relative_to(folder)
+    for label, data in items:
         try:
-            run = parse_record(path.read_bytes().decode("utf-8"), trigger=trigger)
+            run = parse_record(data.decode("utf-8"), trigger=trigger)
         except (ValueError, UnicodeDecodeError) as exc:
             reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-            raise UsageError(f"ingest: {rel}: {reason}; nothing ingested") from None
+            raise UsageError(f"ingest: {label}: {reason}; nothing ingested") from None
         if run.uid in seen:
-            raise UsageError(f"ingest: {rel}: run {run.uid} appears twice; nothing ingested")
+            raise UsageError(f"ingest: {label}: run {run.uid} appears twice; nothing ingested")
         seen.add(run.uid)
         out.append(run)
     return out

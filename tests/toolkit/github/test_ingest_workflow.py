@@ -32,20 +32,24 @@ def test_it_watches_both_test_workflows_by_their_names_and_reads_what_they_uploa
     assert job["permissions"] == {"actions": "read"}  # downloads artifacts; writes nothing to GitHub
     assert job["environment"] == {"name": "ci-history", "deployment": False}
     steps = job["steps"]
-    checkout, download, record = steps[0], steps[3], steps[4]
+    checkout, fetch, record = steps[0], steps[3], steps[4]
     assert checkout["with"] == {"ref": "${{ github.event.repository.default_branch }}",
                                 "persist-credentials": False}
-    assert download["uses"].startswith("actions/download-artifact@")
-    assert download["with"]["run-id"] == "${{ github.event.workflow_run.id }}"
-    # Every artifact a GPU job uploads matches the pattern it downloads.
-    prefix = download["with"]["pattern"].rstrip("*")
+    # The finished run's artifacts, fetched as zip files and never unpacked (ingest reads them).
+    assert fetch["env"]["RUN"] == "${{ github.event.workflow_run.id }}"
+    assert "unzip" not in fetch["run"] and not any("download-artifact" in s.get("uses", "") for s in steps)
+    assert '> "$RUNNER_TEMP/history/$id.zip"' in fetch["run"]
+    # Every artifact a GPU job uploads has the prefix it fetches.
+    prefix = "history-"
+    assert f'startswith("{prefix}")' in fetch["run"]
     uploaded = [s["with"]["name"] for p in (WORKFLOW_PATH, RUN_FILE_PATH)
                 for j in yaml.safe_load(files[p])["jobs"].values() for s in j["steps"]
                 if s.get("name") == "Upload this job's runs for the history ingest"]
     assert len(uploaded) == sum(exports_history(j) for j in table()) + 1 and all(
         u.startswith(prefix) for u in uploaded)
-    # Nothing from the artifact runs: the steps that run are the install and the ingest.
-    assert [s["run"] for s in steps if "run" in s][1] == (
+    # Nothing from the artifact runs: the steps that run are the install, the fetch, the
+    # ingest and the snapshot, all from the default branch's checkout.
+    assert [s["run"] for s in steps if "run" in s][2] == (
         'nox -s history -- ingest "$RUNNER_TEMP/history" --event-file "$GITHUB_EVENT_PATH"')
     # The secret only in the environment of the steps that open the store.
     snap, save = steps[5:]

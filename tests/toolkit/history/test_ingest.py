@@ -9,6 +9,7 @@ import json
 import os
 import sqlite3
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +185,36 @@ def test_the_artifacts_are_bounded_in_files_bytes_and_kind(tmp_path: Path) -> No
         assert why in str(caught.value), name
         assert "\n" not in str(caught.value)
     assert collect(tmp_path / "absent", trigger=PR12) == []  # the run uploaded nothing
+
+
+def _zip(path: Path, members: dict[str, bytes]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+def test_artifact_zips_are_read_in_memory_and_never_unpacked(tmp_path: Path) -> None:
+    ok = _zip(tmp_path / "ok" / "101.zip", {f"{UID}.json": json.dumps(_record()).encode()})
+    (run,) = collect(ok.parent, trigger=PR12)
+    assert (run.uid, run.pr, run.trusted) == (UID, 12, False)
+    assert sorted(p.name for p in ok.parent.iterdir()) == ["101.zip"]  # nothing unpacked
+    for name, members, why in (
+            ("slip", {f"../../{UID}.json": b"{}"}, "is not an exported run (<uid>.json)"),
+            ("script", {"noxfile.py": b"import os"}, "is not an exported run (<uid>.json)"),
+            # 9 MiB of zeros: a few KiB compressed, refused after reading at most 8 MiB + 1.
+            ("bomb", {f"{UID}.json": bytes(9 << 20)}, "MiB a file"),
+            ("bad", {f"{UID}.json": json.dumps(_record(pr=99)).encode()}, "claims PR #99")):
+        folder = _zip(tmp_path / name / "102.zip", members).parent
+        with pytest.raises(UsageError, match="nothing ingested") as caught:
+            collect(folder, trigger=PR12)
+        assert why in str(caught.value), name
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "103.zip").write_bytes(b"not a zip")
+    with pytest.raises(UsageError, match=r"103\.zip is not a readable zip"):
+        collect(tmp_path / "junk", trigger=PR12)
+    assert not (tmp_path / UID).exists() and not (tmp_path.parent / f"{UID}.json").exists()
 
 
 # --- end to end: a PR's GPU job exports, the ingest job records, baselines ignore it --------------
