@@ -274,9 +274,8 @@ def _outputs(tmp_path: Path) -> list[str]:
 
 def test_a_pr_jobs_export_is_ingested_untrusted_with_its_pr(tmp_path: Path, shared_url: str,
                                                             exported: Path) -> None:
-    artifacts = tmp_path / "downloaded"
-    (artifacts / "history-megatron").mkdir(parents=True)
-    (artifacts / "history-megatron" / exported.name).write_bytes(exported.read_bytes())
+    # As the ingest job fetches it: the artifact's zip, as the API serves it.
+    artifacts = _zip(tmp_path / "downloaded" / "4242.zip", {exported.name: exported.read_bytes()}).parent
     done = _ingest(artifacts, _event(prs=(12,)), shared_url, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 run(s), 1 new" in done.stdout and "untrusted, PR #12" in done.stdout
