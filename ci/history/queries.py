@@ -68,10 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "the trusted ingest job (a job that runs PR code holds no store credential)")
     ing = sub.add_parser("ingest", parents=[common],
                          help="the trusted ingest job: record the runs another workflow run exported "
-                              "(DIR: its downloaded artifacts), trust and PR taken from its event")
-    ing.add_argument("dir", type=Path, help="the downloaded artifacts: */<uid>.json")
+                              "(DIR: its artifacts), trust and PR taken from its event")
+    ing.add_argument("dir", type=Path,
+                     help="the artifacts' zip files as the API serves them (or folders of <uid>.json)")
     ing.add_argument("--event-file", type=Path, required=True,
                      help="the workflow_run event payload ($GITHUB_EVENT_PATH)")
+    ing.add_argument("--dry-run", action="store_true",
+                     help="validate and say what would be recorded; open no store, write nothing")
     snap = sub.add_parser("snapshot", parents=[common],
                           help="write the store's trusted runs to a fresh SQLite file (the ingest job "
                                "hands it to GPU jobs through the Actions cache)")
@@ -201,6 +204,10 @@ def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
         return EXIT_OK
     source = trigger(read_event(args.event_file), run_file=ONE_FILE_WORKFLOW)
     runs = collect(folder, trigger=source)
+    if args.dry_run:
+        log.line(f"ingest: {source.describe()}: {len(runs)} valid run(s) would be recorded "
+                 f"({', '.join(sorted({r.suite for r in runs})) or 'none'}); nothing written")
+        return EXIT_OK
     with open_store(url) as store:
         added = ingest(store, runs)
     log.line(f"ingest: {source.describe()}: {len(runs)} run(s), {added} new, in {describe(url)}")

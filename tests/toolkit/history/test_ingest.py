@@ -255,13 +255,14 @@ def shared_url(request, tmp_path):  # type: ignore[no-untyped-def]
     return normalise(fresh_database(request.getfixturevalue("pg_server")))
 
 
-def _ingest(artifacts: Path, event: dict[str, Any], url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+def _ingest(artifacts: Path, event: dict[str, Any], url: str, tmp_path: Path,  # type: ignore[no-untyped-def]
+            *extra: str):
     path = tmp_path / "event.json"
     path.write_text(json.dumps(event))
     env = {k: "" for k in os.environ if k.startswith("GITHUB_")}
     env["GITHUB_OUTPUT"] = str(tmp_path / "outputs")
     return run_ci("history", "ingest", str(artifacts), "--event-file", str(path), "--history", url,
-                  "--root", str(tmp_path), env={**env, "SLIME_CI_HISTORY_URL": ""})
+                  "--root", str(tmp_path), *extra, env={**env, "SLIME_CI_HISTORY_URL": ""})
 
 
 def _outputs(tmp_path: Path) -> list[str]:
@@ -308,6 +309,10 @@ def test_a_main_run_is_ingested_trusted(tmp_path: Path) -> None:
     artifacts.mkdir(parents=True)
     (artifacts / f"{UID}.json").write_text(json.dumps(_record()))
     db = tmp_path / "shared.sqlite"
+    looked = _ingest(tmp_path / "downloaded", _event(event="schedule", branch="main", prs=()),
+                     f"sqlite:///{db}", tmp_path, "--dry-run")
+    assert looked.returncode == 0 and "1 valid run(s) would be recorded (train)" in looked.stdout
+    assert not db.exists()
     done = _ingest(tmp_path / "downloaded", _event(event="schedule", branch="main", prs=()),
                    f"sqlite:///{db}", tmp_path)
     assert done.returncode == 0, done.stderr
