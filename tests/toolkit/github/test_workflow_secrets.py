@@ -205,6 +205,14 @@ def test_a_planted_secret_in_a_pr_job_fails(tmp_path: Path) -> None:
                      "secrets.SLIME_CI_HISTORY_URL"]
 
 
+def test_the_ingest_job_would_fail_it_if_it_checked_out_the_finished_runs_code(tmp_path: Path) -> None:
+    folder = _plant(tmp_path, "history-ingest.yml", 'ref: "${{ github.event.repository.default_branch }}"',
+                    'ref: "${{ github.event.workflow_run.head_sha }}"')
+    wrong, _ = violations(folder)
+    assert [w.split(" and ")[0] for w in wrong] == [
+        "history-ingest.yml: ingest checks out ${{ github.event.workflow_run.head_sha }}"] * 2
+
+
 @pytest.mark.parametrize(("condition", "runs_on_pr"), [
     ("(github.event_name == 'schedule' && (github.event.schedule == '23 * * * *'))", False),
     ("github.event_name == 'schedule' || github.event_name == 'pull_request'", True),
