@@ -12,7 +12,9 @@ permission it needs: `label` (pull-requests), `run` (actions: dispatch, re-run) 
 One-file workflow (`run-ci-file.yml`, `workflow_dispatch` on the default branch): resolves
 suite and file through the registry and checks that the PR's head is still the SHA it was
 given and not a fork, all before any PR code is checked out; then runs the suite's session
-on that SHA, on the suite's runner.
+on that SHA, on the suite's runner. That job runs PR code, so it holds no secret: a GPU run
+exports its runs as an artifact for the ingest workflow (ci/github/ingest_workflow.py), which
+reads the PR's number back from the run's name (`run-name`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 
 from ci.github.comment_commands import POLICY_PATH
 from ci.github.gateway import RUN_FILE_WORKFLOW
+from ci.github.ingest_workflow import restore_snapshot, upload_history
 from ci.github.job_plan import WORKFLOW_NAME, Job
 from ci.github.teams import TEAMS_SECRET
 from ci.github.yaml_writer import (
@@ -36,7 +39,8 @@ from ci.github.yaml_writer import (
     _uses,
     to_yaml,
 )
-from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_SECRET, HISTORY_SESSION
+from ci.history.ingest import ARTIFACT_PREFIX, EXPORT_DIR
+from ci.history.store import HISTORY_SESSION
 from ci.registry.job_timeouts import LINT_MINUTES, LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES
 from ci.registry.model import CPU_TIER, GPU_TIER
 from ci.registry.workflow_style import Style
@@ -210,13 +214,12 @@ def run_file(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
     cpu = max((j.minutes for j in jobs if not j.self_hosted and j.kind == "suite"), default=LINT_MINUTES)
     out: dict[str, Node] = {"resolve": resolve_job}
     for tier, runner, minutes in ((CPU_TIER, style.hosted_runner, cpu), (GPU_TIER, style.gpu_runner, gpu)):
-        # As in pr-test.yml, a GPU job records its run in the shared store (also when it failed).
+        # As in pr-test.yml, a GPU job records its run (also when it failed) in its own store and
+        # exports it for the ingest workflow: no job that checks out a PR's commit holds a secret.
         gpu_job = tier == GPU_TIER
-        history: dict[str, Node] = {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")} if gpu_job else {}
         env: dict[str, Node] = {"SUITE": _expr("inputs.suite"), "ONLY": _expr("inputs.only")}
         if gpu_job:
             env[LOCK_TIMEOUT_ENV] = str(LOCK_WAIT_MINUTES * 60)
-            env.update(history)
             env.update(style.gpu_env)
         runs_on: Node = (Note(Flow(runner), "zizmor: ignore[self-hosted-runner] resolve refused forks "
                                             "and any SHA but the PR's head")
@@ -228,21 +231,21 @@ def run_file(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
             "runs-on": runs_on,
             "permissions": {"contents": Note("read", "actions/checkout reads the PR's commit")},
         }
-        if gpu_job:
-            job["environment"] = {"name": HISTORY_ENVIRONMENT,
-                                  "deployment": Note(False, "its secrets, without a deployment")}
         steps: list[Node] = [
             {"name": "Check out the PR's exact head commit", "uses": _uses(CHECKOUT),
              "with": {"ref": _expr("inputs.sha"), "persist-credentials": False}},
             {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
             {"name": "Install nox", "run": style.install},
+            *([restore_snapshot()] if gpu_job else []),
             {"name": "nox -s <suite> -- --only <file>", "env": env, "run": Script((
                 'if [ -n "$ONLY" ]; then nox -s "$SUITE" -- --only "$ONLY"; else nox -s "$SUITE"; fi',))},
         ]
         if gpu_job:
             steps.append({"name": "Record the run in the history", "if": "always()",
-                          "env": {"STATUS": _expr("job.status"), "SUITE": _expr("inputs.suite"), **history},
-                          "run": f'nox -s {HISTORY_SESSION} -- record --suite "$SUITE" --status "$STATUS"'})
+                          "env": {"STATUS": _expr("job.status"), "SUITE": _expr("inputs.suite")},
+                          "run": f'nox -s {HISTORY_SESSION} -- record --suite "$SUITE" --status "$STATUS"'
+                                 f" --export {EXPORT_DIR}"})
+            steps.append(upload_history(f"{ARTIFACT_PREFIX}run-ci-file-{tier}"))
         out[f"run_{tier}"] = {
             **job,
             "concurrency": {"group": f"run-ci-file-{_expr('inputs.pr')}-{_expr('inputs.suite')}-"
@@ -251,13 +254,21 @@ def run_file(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
             "steps": steps,
         }
     return {
-        "name": f"{style.title} run one suite or file",
+        "name": run_file_name(style),
+        # The ingest workflow reads the PR's number back from here (ci/history/ingest.py).
+        "run-name": f"{style.title} run {_expr('inputs.suite')} {_expr('inputs.only')} "
+                    f"for PR #{_expr('inputs.pr')}",
         "on": {"workflow_dispatch": {"inputs": {
             name: {"description": text, "required": required, "type": "string"}
             for name, (text, required) in inputs.items()}}},
         "permissions": {},
         "jobs": out,
     }
+
+
+def run_file_name(style: Style) -> str:
+    """The one-file workflow's `name:` (the ingest workflow watches it by name)."""
+    return f"{style.title} run one suite or file"
 
 
 def comment_files(jobs: Sequence[Job], style: Style) -> dict[str, str]:

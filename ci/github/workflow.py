@@ -19,6 +19,7 @@ from pathlib import Path
 from ci.args import Parser, existing_dir
 from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
+from ci.github.ingest_workflow import ingest_files, restore_snapshot, upload_history
 from ci.github.job_plan import (
     BASE_BRANCH,
     PLAN_JOB,
@@ -48,6 +49,7 @@ from ci.github.yaml_writer import (  # the writer lives apart so ci/github/gatew
     _uses,
     to_yaml,
 )
+from ci.history.ingest import ARTIFACT_PREFIX, EXPORT_DIR
 from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_FILE, HISTORY_SECRET, HISTORY_SESSION
 from ci.registry.job_timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES, SETUP_MINUTES
 from ci.registry.loader import REGISTRY, REGISTRY_PATHS, Registry, load_registry, registry_path
@@ -119,14 +121,19 @@ def concurrency_group(job: Job) -> Folded:
 #
 # Every suite job's last step (`if: always()`) is `history record`: it writes runs the session
 # spooled, and records the job even when its session never got to (an install failed, the job
-# timed out or was cancelled). GPU jobs on self-hosted runners use a shared store instead of
-# the cache: SLIME_CI_HISTORY_URL is a secret of the `ci-history` environment, which only the
-# jobs that open the store name, and only the steps that open it get (the session and the
-# record step; nothing else sees it). `deployment: false`: the environment's secrets without a
-# deployment record on the PR's timeline for every GPU job. Protection rules still apply: a
-# required reviewer there would hold every GPU job until approved (docs/history.md). Without the secret
-# they fall back to the cached SQLite file; the scheduled monitor reads it too (a check with
-# `history_store`).
+# timed out or was cancelled).
+#
+# The shared store (SLIME_CI_HISTORY_URL, a secret of the `ci-history` environment) is held by
+# no job that runs a pull request's code, and by no job on a self-hosted runner (a PR's job there
+# is root on the host, docs/security.md). GPU jobs record in their own SQLite file and export
+# their runs (`record --export`) as an artifact, `history-<job>`; the ingest workflow
+# (ci/github/ingest_workflow.py: `workflow_run`, the default branch's code only) validates it and
+# records it in the shared store, trusted only for a push, schedule or manual run of the default
+# branch. After such a run it saves the store's trusted runs in the Actions cache, and GPU jobs
+# restore that snapshot as their history file (their baselines, no credential). The only job in
+# this file that names the environment is the scheduled monitor (a check with `history_store`,
+# on a hosted runner, never on a PR), and only its session step gets the secret.
+# `deployment: false`: the environment's secrets without a deployment record.
 CACHED_FILES = f"{DURATIONS_FILE}\n{HISTORY_FILE}\n"
 SHARDS_DIR = ".ci-cache/shards"
 
@@ -183,8 +190,18 @@ def records_history(job: Job, style: Style) -> bool:
 
 
 def uses_shared_history(job: Job) -> bool:
-    """Jobs that open the shared store: GPU jobs (they record) and the scheduled monitor."""
-    return job.self_hosted or job.history_store
+    """Jobs that open the shared store: the scheduled monitor only (never on a PR's code)."""
+    return job.history_store and job.scheduled_only and not job.self_hosted
+
+
+def exports_history(job: Job) -> bool:
+    """Jobs that hand their runs to the ingest job as an artifact: suite jobs on GPU runners."""
+    return job.self_hosted and job.kind != "check"
+
+
+def history_artifact(job: Job) -> str:
+    """The artifact a GPU job exports its runs in (one per shard); the ingest job reads `history-*`."""
+    return f"{ARTIFACT_PREFIX}{job.id}" + ("-" + _expr("matrix.shard") if job.shards > 1 else "")
 
 
 def _history_env(job: Job) -> dict[str, Node]:
@@ -195,7 +212,7 @@ def _history_env(job: Job) -> dict[str, Node]:
 
 def _environment(job: Job) -> dict[str, Node]:
     return {"name": HISTORY_ENVIRONMENT,
-            "deployment": Note(False, "its secrets, without a deployment on the PR's timeline")}
+            "deployment": Note(False, "its secret, without a deployment record")}
 
 
 def _upload_report(job: Job) -> dict[str, Node]:
@@ -215,6 +232,8 @@ def _record(job: Job) -> dict[str, Node]:
     if job.shards > 1:
         env["SHARD"] = _expr("matrix.shard")
         run += f' --keep-in "{SHARDS_DIR}/$SHARD"'
+    if exports_history(job):
+        run += f" --export {EXPORT_DIR}"
     return {"name": "Record the run in the history", "if": "always()", "env": env, "run": run}
 
 
@@ -230,8 +249,10 @@ def _steps(job: Job, style: Style) -> list[Node]:
     ]
     if records_durations(job):
         steps += _restore_durations(job)
-        if job.shards > 1 and records_history(job, style):
-            steps.append(_merge_shards(job))
+    if exports_history(job):  # the trusted baseline, over whatever the job's own cache held
+        steps.append(restore_snapshot())
+    if records_durations(job) and job.shards > 1 and records_history(job, style):
+        steps.append(_merge_shards(job))
     env: dict[str, Node] = {}
     if records_durations(job):
         env.update(style.suite_env)
@@ -243,7 +264,6 @@ def _steps(job: Job, style: Style) -> list[Node]:
                                                  _expr("inputs.infinite_run && '1' || '0'"))
         # The lock wait stays well inside the job's timeout-minutes (ci/registry/job_timeouts.py).
         env[LOCK_TIMEOUT_ENV] = str(LOCK_WAIT_MINUTES * 60)
-        env.update(_history_env(job))
         # No secrets here: a GPU host that reports to W&B sets WANDB_API_KEY in its
         # runners' environment (runners/README.md), so the workflow grants none. An adopting
         # repository whose old CI passed a secret keeps it (Style.gpu_env).
@@ -269,6 +289,8 @@ def _steps(job: Job, style: Style) -> list[Node]:
     steps.append(step)
     if records_history(job, style):
         steps.append(_record(job))
+        if exports_history(job):
+            steps.append(upload_history(history_artifact(job)))
     if records_durations(job):
         steps.append(_save_durations(job))
     if job.report:
@@ -391,10 +413,16 @@ def actionlint_config(jobs: Sequence[Job]) -> dict[str, Node]:
 def render(jobs: Sequence[Job], style: Style | None = None) -> dict[str, str]:
     """Every file the generator owns: repository-relative path -> text."""
     style = style or Style()
-    from ci.github.gateway_workflow import comment_files  # it renders with this module's writer
+    from ci.github.gateway_workflow import (
+        comment_files,  # it renders with this module's writer
+        run_file_name,
+    )
 
+    watched = ((style.title, *((run_file_name(style),) if style.comment_commands else ()))
+               if any(exports_history(j) for j in jobs) else ())
     return {
         **comment_files(jobs, style),
+        **ingest_files(style, watched),
         WORKFLOW_PATH: to_yaml(workflow(jobs, style), spaced=2, header=_banner(style.source)),
         ACTIONLINT_PATH: to_yaml(actionlint_config(jobs),
                                  header=_banner("the runner labels in ci/github/job_plan.py")),

@@ -72,13 +72,15 @@ def merge_durations(target: Path, sources: Sequence[Path]) -> int:
 
 
 def record_job(root: Path, url: str | None, *, suite: str, needs_gpus: bool, status: str,
-               env: Mapping[str, str], warn: Warn, note: Warn) -> None:
-    """The job's last step: write spooled records, and record a job whose session recorded nothing."""
+               env: Mapping[str, str], warn: Warn, note: Warn) -> list[str]:
+    """The job's last step: write spooled records, and record a job whose session recorded nothing.
+
+    Returns the uids of the runs this job recorded (its own, for `--export`)."""
     if status not in STATUSES:
         raise UsageError(f"--status {status!r}: expected one of {', '.join(STATUSES)} (job.status)")
     if url is None:
         note("history: off; nothing recorded")
-        return
+        return []
     try:
         with open_store(url) as store:
             replayed = replay(store, root, warn)
@@ -87,6 +89,7 @@ def record_job(root: Path, url: str | None, *, suite: str, needs_gpus: bool, sta
     except StoreError as exc:
         warn(f"history: spooled runs stay spooled ({exc})")
     seen = journal(root)
+    uids = [x["uid"] for x in seen if x.get("uid")]
     if seen:
         note(f"history: this job recorded {len(seen)} run(s): "
              + ", ".join(f"{x.get('suite', '?')} {x.get('uid', '')[:8]} ({x.get('where', '?')})"
@@ -104,4 +107,6 @@ def record_job(root: Path, url: str | None, *, suite: str, needs_gpus: bool, sta
                          hardware=hardware_kind(needs_gpus=needs_gpus, emulated=False, env=env),
                          started_at=now, ended_at=now, exit_code=_EXIT[status])
         write_after(url, stub, root=root, durations={}, warn=warn, note=note)
+        uids.append(stub.uid)
     (root / JOURNAL).unlink(missing_ok=True)
+    return uids

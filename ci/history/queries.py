@@ -63,6 +63,24 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--keep-in", type=Path, metavar="DIR",
                      help=f"then copy {HISTORY_FILE} and {DURATIONS_FILE} into DIR "
                           "(a sharded job's own cache)")
+    rec.add_argument("--export", type=Path, metavar="DIR",
+                     help="also write this job's runs to DIR as JSON files, marked untrusted, for "
+                          "the trusted ingest job (a job that runs PR code holds no store credential)")
+    ing = sub.add_parser("ingest", parents=[common],
+                         help="the trusted ingest job: record the runs another workflow run exported "
+                              "(DIR: its artifacts), trust and PR taken from its event")
+    ing.add_argument("dir", type=Path,
+                     help="the artifacts' zip files as the API serves them (or folders of <uid>.json)")
+    ing.add_argument("--event-file", type=Path, required=True,
+                     help="the workflow_run event payload ($GITHUB_EVENT_PATH)")
+    ing.add_argument("--dry-run", action="store_true",
+                     help="validate and say what would be recorded; open no store, write nothing")
+    snap = sub.add_parser("snapshot", parents=[common],
+                          help="write the store's trusted runs to a fresh SQLite file (the ingest job "
+                               "hands it to GPU jobs through the Actions cache)")
+    snap.add_argument("out", type=Path, help="the SQLite file to write (replaced)")
+    snap.add_argument("--last-runs", type=int, default=300,
+                      help="newest trusted runs kept per suite and hardware (default: 300)")
     merge = sub.add_parser("merge", parents=[common],
                            help="merge DIR/*/history.sqlite and DIR/*/durations.json (a sharded job's "
                                 "caches) into this checkout's store and durations")
@@ -134,8 +152,10 @@ def _job_step(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
         suite = load_registry(root).get(args.suite or "")
         if not args.suite:
             raise UsageError("record needs --suite NAME (the job's session)")
-        record_job(root, url, suite=args.suite, needs_gpus=bool(suite and suite.needs_gpus),
-                   status=args.status, env=os.environ, warn=_warn, note=log.line)
+        uids = record_job(root, url, suite=args.suite, needs_gpus=bool(suite and suite.needs_gpus),
+                          status=args.status, env=os.environ, warn=_warn, note=log.line)
+        if args.export is not None:
+            _export(root, url, uids, args.export, log)
         if args.keep_in is not None:
             args.keep_in.mkdir(parents=True, exist_ok=True)
             for rel in (HISTORY_FILE, DURATIONS_FILE):
@@ -158,6 +178,57 @@ def _job_step(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
     return EXIT_OK
 
 
+def _export(root: Path, url: str, uids: list[str], folder: Path, log: Log) -> None:
+    from ci.history.ingest import export
+
+    folder = folder if folder.is_absolute() else root / folder
+    try:
+        with open_store(url) as store:
+            written = export(store, uids, folder, _warn)
+    except (StoreError, OSError) as exc:
+        _warn(f"history: nothing exported ({exc})")
+        return
+    log.line(f"history: exported {written} run(s) to {folder} for the ingest job")
+
+
+def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
+    """`ingest DIR --event-file F`: validate every exported run, then record them all."""
+    from ci.history.ingest import ONE_FILE_WORKFLOW, collect, ingest, read_event, trigger
+
+    folder = args.dir if args.dir.is_absolute() else root / args.dir
+    # The step output `trusted`: how many trusted runs were added; the ingest job refreshes the
+    # GPU jobs' snapshot only after one.
+    if not folder.is_dir() or not any(folder.iterdir()):  # most runs have no GPU job
+        log.line(f"ingest: no exported run in {folder}; nothing to do")
+        log.output("trusted", "0")
+        return EXIT_OK
+    source = trigger(read_event(args.event_file), run_file=ONE_FILE_WORKFLOW)
+    runs = collect(folder, trigger=source)
+    if args.dry_run:
+        log.line(f"ingest: {source.describe()}: {len(runs)} valid run(s) would be recorded "
+                 f"({', '.join(sorted({r.suite for r in runs})) or 'none'}); nothing written")
+        return EXIT_OK
+    with open_store(url) as store:
+        added = ingest(store, runs)
+    log.line(f"ingest: {source.describe()}: {len(runs)} run(s), {added} new, in {describe(url)}")
+    log.output("trusted", str(added if source.trusted else 0))
+    return EXIT_OK
+
+
+def _snapshot(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
+    from ci.history.ingest import snapshot
+
+    if args.last_runs < 1:
+        raise UsageError("--last-runs must be at least 1")
+    out = args.out if args.out.is_absolute() else root / args.out
+    if out.resolve() == Path(url.split(":///", 1)[-1]).resolve():
+        raise UsageError(f"snapshot {out}: that is the store it reads; name another file")
+    with open_store(url) as store:
+        kept = snapshot(store, out, last_runs=args.last_runs)
+    log.line(f"history: {kept} trusted run(s) of {describe(url)} written to {out}")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     root = args.root.resolve()
@@ -169,6 +240,10 @@ def main(argv: Sequence[str]) -> int:
     log = Log.from_env()
     if args.command in ("record", "merge"):
         return _job_step(args, root, url, log)
+    if args.command == "ingest":
+        return _ingest(args, root, url, log)
+    if args.command == "snapshot":
+        return _snapshot(args, root, url, log)
     if getattr(args, "unreachable_ok", False):
         return _soft_monitor(args, root, url, log)
     return _read(args, root, url, log)
@@ -195,7 +270,10 @@ def _read(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
             added = import_durations(store, durations, hardware=args.hardware_kind)
             print(f"imported {len(durations)} durations" if added else "already imported (or none)")
             return EXIT_OK
-        rows = store.attempts(suite=args.suite, hardware=args.hardware, last_runs=5000)
+        # `show` lists every run; flake rates and the monitor's streaks judge trusted runs only
+        # (a pull request's runs could otherwise fake passes or failures on main).
+        rows = store.attempts(suite=args.suite, hardware=args.hardware, last_runs=5000,
+                              trusted_only=args.command != "show")
         if args.command == "show":
             counts = store.counts()
             if args.json:
@@ -206,7 +284,8 @@ def _read(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
                 runs = list({r.run_uid: r for r in rows}.values())[-10:]
                 for r in runs:
                     print(f"  {_when(r.started_at)}  {r.suite}  {r.branch or '-'}  {r.commit[:10] or '-'}  "
-                          f"{r.hardware}  {r.event}")
+                          f"{r.hardware}  {r.event}"
+                          + ("" if r.trusted else f"  untrusted (PR #{r.pr})" if r.pr else "  untrusted"))
             return EXIT_OK
         if args.command == "flaky":
             rates = sorted(flakiness(rows, window=args.window).values(),

@@ -82,19 +82,26 @@ class Before:
 
 def read_before(url: str | None, *, suite: str, hardware: str, branch: str,
                 quarantine_rate: float | None, min_runs: int, warn: Warn) -> Before:
-    """Estimates (same hardware), failures on this branch and flake quarantine; {} when unreachable."""
+    """Estimates (same hardware), failures on this branch and flake quarantine; {} when unreachable.
+
+    Estimates and quarantine read trusted runs only: a pull request's runs never lift or
+    impose a quarantine, nor skew the plan. A branch's own failures come from its own runs,
+    trusted or not (they only move those entries to the front).
+    """
     if url is None:
         return Before()
     try:
         with open_store(url) as store:
-            rows = store.attempts(suite=suite, hardware=hardware, last_runs=300)
+            rows = store.attempts(suite=suite, hardware=hardware, last_runs=300, trusted_only=True)
+            mine = (store.attempts(suite=suite, hardware=hardware, branch=branch, last_runs=50)
+                    if branch else [])
     except StoreError as exc:
         warn(f"history: unavailable ({exc}); planning from durations.json")
         return Before(error=str(exc))
     auto = (auto_quarantine(flakiness(rows), rate=quarantine_rate, min_runs=min_runs)
             if quarantine_rate is not None else {})
     return Before(estimates=estimates(rows),
-                  failed_here=frozenset(failed_on_branch(rows, branch)) if branch else frozenset(),
+                  failed_here=frozenset(failed_on_branch(mine, branch)) if branch else frozenset(),
                   quarantined=auto, available=True)
 
 

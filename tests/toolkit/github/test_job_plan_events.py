@@ -366,15 +366,20 @@ def test_the_gateway_never_checks_out_pr_code_and_scopes_its_permissions() -> No
         assert run["steps"][0]["with"]["ref"] == "${{ inputs.sha }}"
         session = next(s for s in run["steps"] if s["name"] == "nox -s <suite> -- --only <file>")
         assert 'nox -s "$SUITE" -- --only "$ONLY"' in session["run"]
-        # The GPU run records itself in the shared store, as pr-test's GPU jobs do; CPU keeps none.
+        # It runs the PR's commit: no environment, no secret. The GPU run records itself in its
+        # own store and uploads its runs for the ingest workflow, as pr-test's GPU jobs do.
         gpu = tier == "gpu"
-        assert (run.get("environment") == {"name": "ci-history", "deployment": False}) == gpu
-        assert ("SLIME_CI_HISTORY_URL" in session["env"]) == gpu
+        assert "environment" not in run and "secrets." not in json.dumps(run)
         if gpu:
-            assert run["steps"][-1]["if"] == "always()"
-            assert run["steps"][-1]["run"] == 'nox -s history -- record --suite "$SUITE" --status "$STATUS"'
+            record, upload = run["steps"][-2:]
+            assert record["if"] == upload["if"] == "always()"
+            assert record["run"] == ('nox -s history -- record --suite "$SUITE" --status "$STATUS"'
+                                     " --export .ci-cache/history-export")
+            assert upload["with"]["name"] == "history-run-ci-file-gpu"
         else:
             assert run["steps"][-1] is session
+    # The ingest workflow reads the PR's number back from the run's name.
+    assert one["run-name"] == "pr-test run ${{ inputs.suite }} ${{ inputs.only }} for PR #${{ inputs.pr }}"
 
 
 def test_a_registry_can_turn_comment_commands_off() -> None:

@@ -152,7 +152,8 @@ def test_sharded_suite_becomes_a_matrix_passing_shard_through_the_environment() 
 
 def _cache_steps(job: dict[str, Any]) -> tuple[int, dict[str, Any], int, dict[str, Any]]:
     steps = job["steps"]
-    (restore,) = [i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache/restore@")]
+    (restore,) = [i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache/restore@")
+                  and s["with"]["key"].startswith("slime-ci-durations-")]
     (save,) = [i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache/save@")]
     return restore, steps[restore], save, steps[save]
 
@@ -197,13 +198,31 @@ def test_every_suite_job_records_its_run_last_even_when_it_failed() -> None:
             continue
         step = _record_step(jobs[job.id])
         assert step["if"] == "always()"  # after a failure, a timeout or a cancel too
-        assert step["run"] == f'nox -s history -- record --suite {job.session} --status "$STATUS"'
+        # GPU jobs export their runs for the ingest workflow; hosted jobs keep the cached file.
+        export = " --export .ci-cache/history-export" if job.self_hosted else ""
+        assert step["run"] == f'nox -s history -- record --suite {job.session} --status "$STATUS"{export}'
         assert step["env"]["STATUS"] == "${{ job.status }}"
-        url = step["env"].get("SLIME_CI_HISTORY_URL")
-        # GPU jobs reach the shared store through the secret; hosted jobs keep the cached file.
-        assert (url == "${{ secrets.SLIME_CI_HISTORY_URL }}") == job.self_hosted, job.id
+        # No suite job reaches the shared store: neither the record step nor the session.
+        assert "SLIME_CI_HISTORY_URL" not in step["env"], job.id
         (session,) = [s for s in jobs[job.id]["steps"] if f"nox -s {job.session}" in s.get("run", "")]
-        assert session.get("env", {}).get("SLIME_CI_HISTORY_URL") == url, job.id
+        assert "SLIME_CI_HISTORY_URL" not in session.get("env", {}), job.id
+        steps = jobs[job.id]["steps"]
+        uploads = [s for s in steps if s.get("name") == "Upload this job's runs for the history ingest"]
+        snapshot = [s for s in steps if s.get("name") == "Restore the trusted history (the ingest job's snapshot)"]
+        if job.self_hosted:  # right after the record step, also after a failure
+            (upload,) = uploads
+            # Before the session, over the job's own cache: the trusted baseline it reads.
+            (restore,) = snapshot
+            assert steps.index(restore) < steps.index(session) and all(
+                steps.index(s) < steps.index(restore) for s in steps if s.get("name", "").startswith("Restore measured"))
+            assert restore["with"] == {"path": ".ci-cache/history.sqlite",
+                                       "key": "slime-ci-history-trusted-${{ github.run_id }}",
+                                       "restore-keys": "slime-ci-history-trusted-"}
+            assert steps.index(upload) == steps.index(step) + 1 and upload["if"] == "always()"
+            assert upload["with"]["name"] == f"history-{job.id}"
+            assert upload["with"]["path"] == ".ci-cache/history-export"
+        else:
+            assert not uploads and not snapshot, job.id
 
 
 def test_a_sharded_job_keeps_one_cache_per_shard_and_merges_all_before_it_plans() -> None:
@@ -239,9 +258,11 @@ def test_least_privilege_and_no_credentials_left_on_disk() -> None:
     # One secret, the history store's URL, only in the env of the steps that open the store.
     assert set(re.findall(r"secrets\.\w+", text)) == {"secrets.SLIME_CI_HISTORY_URL"}
     for job_id, job in wf["jobs"].items():
-        # Only the jobs that open the shared store name its environment, and no deployment.
+        # Only the scheduled monitor opens the shared store here (GPU jobs export their runs to
+        # the ingest workflow); it alone names the environment, and no deployment.
         opens = "secrets." in json.dumps(job)
-        assert opens == (job_id in {j.id for j in table() if j.self_hosted or j.history_store}), job_id
+        assert opens == (job_id in {j.id for j in table() if j.history_store and not j.self_hosted}), job_id
+        assert opens == (job_id == "monitor"), job_id
         assert job.get("environment") == ({"name": "ci-history", "deployment": False} if opens else None)
         for step in job["steps"]:
             if "secrets." in json.dumps(step):
@@ -260,8 +281,9 @@ def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> No
     # checkout and setup-python everywhere; cache restore and save in every job but lint.
     # The weekly stability job keeps no durations (its runs repeat until a bound); the plan
     # job checks out and sets up Python; a check with a report uploads it.
+    # A GPU suite job restores the ingest job's trusted snapshot and uploads its runs for it.
     assert len(uses) == sum((2 if j.kind == "check" or j.infinite else 4) + bool(j.report)
-                            for j in table()) + 2
+                            + 2 * (j.self_hosted and j.kind != "check") for j in table()) + 2
     for ref, rest in uses:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40}", ref), ref
         assert re.fullmatch(r"  # v\d+\.\d+\.\d+", rest), rest

@@ -1,0 +1,352 @@
+"""The trust boundary of the shared history: jobs that run PR code export, a trusted job ingests.
+
+No job that runs a pull request's code holds the shared store's URL. Such a job records its run
+in its own SQLite file and exports it (`history record --export DIR`: one JSON file per run,
+each marked untrusted) as an artifact. The ingest job (`history-ingest.yml`, on `workflow_run`,
+the default branch's code only) downloads those artifacts and records them with
+`history ingest DIR --event-file "$GITHUB_EVENT_PATH"`.
+
+The artifact was written by code nobody reviewed, so it is read as hostile: bounded in files
+and bytes, each record checked against a strict schema (exact keys, exact types, bounded
+strings and numbers), all or nothing. Its trust and its pull request come from GitHub's
+event payload, never from the artifact: a record that claims to be trusted, or to belong to
+another pull request, is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ci.errors import UsageError
+from ci.history.rows import MAX_POINTS_PER_ENTRY, AttemptRecord, RunRecord
+from ci.history.store import HistoryStore
+from ci.results import MetricPoint
+
+EXPORT_DIR = ".ci-cache/history-export"
+# What the ingest job hands back to GPU jobs: the trusted runs, as a SQLite file in the Actions
+# cache (the default branch's scope, which every PR and dispatch run may read and none write).
+SNAPSHOT_KEY = "slime-ci-history-trusted-"
+SNAPSHOT_RUNS = 300  # per suite and hardware: what a run reads before it plans (record.read_before)
+# The comment commands' one-file workflow (ci.github.gateway.RUN_FILE_WORKFLOW, which cannot be
+# imported from this layer; a test holds the two equal): every run of it checks out a PR's head.
+ONE_FILE_WORKFLOW = "run-ci-file.yml"
+ARTIFACT_PREFIX = "history-"
+# What one workflow run may hand to the ingest job.
+MAX_FILES = 256
+MAX_FILE_BYTES = 8 << 20
+MAX_TOTAL_BYTES = 32 << 20
+MAX_ATTEMPTS = 5_000
+MAX_METRICS = 200_000
+# The events whose runs on the default branch of this repository ran reviewed code.
+TRUSTED_EVENTS = frozenset({"push", "schedule", "workflow_dispatch"})
+# run-ci-file.yml names each run after its pull request (`run-name`); the number is read back here.
+RUN_NAME_PR = re.compile(r" for PR #([1-9][0-9]{0,9})\Z")
+_UID = re.compile(r"[0-9a-f]{32}")
+_INT64 = 1 << 63
+Warn = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trigger:
+    """The workflow run whose artifacts are ingested, as GitHub describes it."""
+
+    run_id: int
+    workflow: str  # its file, .github/workflows/<name>.yml
+    event: str
+    trusted: bool
+    pr: int | None
+
+    def describe(self) -> str:
+        trust = "trusted" if self.trusted else "untrusted" + (f", PR #{self.pr}" if self.pr else "")
+        return f"{self.workflow} run {self.run_id} ({self.event}, {trust})"
+
+
+def _field(data: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
+    value = data.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
+        raise UsageError(f"{where}: `{key}` is missing or not a {kind.__name__}")
+    return value
+
+
+def trigger(payload: Any, *, run_file: str) -> Trigger:
+    """Trust and pull request of the triggering run, from the `workflow_run` event payload.
+
+    Trusted: a push, schedule or manual run of this repository's default branch. Untrusted:
+    everything else; a pull_request run carries its PR's number, and a run of `run_file` (the
+    comment commands' one-file workflow, which checks out a PR's head) the number its
+    `run-name` states (the dispatch's `pr` input, checked against the PR by its resolve job).
+    """
+    where = "event file"
+    if not isinstance(payload, dict):
+        raise UsageError(f"{where}: not a JSON object; pass the workflow_run event ($GITHUB_EVENT_PATH)")
+    run = payload.get("workflow_run")
+    repo = payload.get("repository")
+    if not isinstance(run, dict) or not isinstance(repo, dict):
+        raise UsageError(f"{where}: no `workflow_run` and `repository`; pass the workflow_run event "
+                         "($GITHUB_EVENT_PATH)")
+    run_id = _field(run, "id", int, where)
+    workflow = _field(run, "path", str, where)
+    event = _field(run, "event", str, where)
+    head_branch = run.get("head_branch") or ""
+    head = run.get("head_repository")
+    head_repo = head.get("full_name") if isinstance(head, dict) else None
+    own = head_repo is not None and head_repo == repo.get("full_name")
+    pr: int | None = None
+    if Path(workflow).name == run_file:
+        title = str(run.get("display_title", ""))
+        found = RUN_NAME_PR.findall(title)
+        if len(found) != 1 or title.count("for PR #") != 1:
+            raise UsageError(f"{where}: a {run_file} run whose name states no single PR "
+                             f"({str(run.get('display_title', ''))[:80]!r}); nothing ingested")
+        return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=False, pr=int(found[0]))
+    if event in ("pull_request", "pull_request_target"):
+        numbers = [p.get("number") for p in run.get("pull_requests") or () if isinstance(p, dict)]
+        if len(numbers) == 1 and isinstance(numbers[0], int) and not isinstance(numbers[0], bool):
+            pr = numbers[0]
+        return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=False, pr=pr)
+    trusted = event in TRUSTED_EVENTS and own and head_branch == repo.get("default_branch")
+    return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=bool(trusted), pr=None)
+
+
+# --- the strict schema of an exported record --------------------------------------------------
+
+_STR, _INT, _FLOAT, _BOOL, _OPT_INT = "str", "int", "float", "bool", "int|null"
+# field: (kind, bound: the longest string, or the largest absolute number)
+_RUN: dict[str, tuple[str, float]] = {
+    "uid": (_STR, 32), "suite": (_STR, 128), "commit": (_STR, 64), "branch": (_STR, 256),
+    "event": (_STR, 64), "host": (_STR, 256), "runner": (_STR, 256), "backend": (_STR, 256),
+    "hardware": (_STR, 64), "started_at": (_FLOAT, 1e11), "ended_at": (_FLOAT, 1e11),
+    "exit_code": (_INT, 1 << 16), "trusted": (_BOOL, 0), "pr": (_OPT_INT, 1 << 31),
+    "attempts": ("list", MAX_ATTEMPTS), "metrics": ("list", MAX_METRICS),
+}
+_ATTEMPT: dict[str, tuple[str, float]] = {
+    "entry_id": (_STR, 1024), "path": (_STR, 1024), "attempt": (_INT, 1000), "final": (_BOOL, 0),
+    "outcome": (_STR, 32), "passed": (_INT, 1 << 31), "failed": (_INT, 1 << 31),
+    "skipped": (_INT, 1 << 31), "num_gpus": (_INT, 4096), "devices": (_STR, 256),
+    "node": (_STR, 256), "seconds": (_FLOAT, 1e8), "reason": (_STR, 500),
+}
+_METRIC: dict[str, tuple[str, float]] = {
+    "entry_id": (_STR, 1024), "step": (_INT, _INT64 - 1), "name": (_STR, 256), "value": (_FLOAT, math.inf),
+}
+
+
+def _check(obj: Any, schema: Mapping[str, tuple[str, float]], where: str) -> None:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where} is not an object")
+    if set(obj) != set(schema):
+        extra, missing = sorted(set(obj) - set(schema)), sorted(set(schema) - set(obj))
+        raise ValueError(f"{where} has keys it must not ({', '.join(extra) or '-'}) "
+                         f"or lacks keys it must have ({', '.join(missing) or '-'})")
+    for key, (kind, bound) in schema.items():
+        value = obj[key]
+        if kind == _STR:
+            ok = isinstance(value, str) and len(value) <= bound and "\x00" not in value
+        elif kind == _BOOL:
+            ok = isinstance(value, bool)
+        elif kind in (_INT, _OPT_INT):
+            ok = ((value is None and kind == _OPT_INT)
+                  or (isinstance(value, int) and not isinstance(value, bool) and abs(value) <= bound))
+        elif kind == _FLOAT:
+            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and math.isfinite(value) and abs(value) <= bound)
+        else:
+            ok = isinstance(value, list) and len(value) <= bound
+        if not ok:
+            raise ValueError(f"{where}: `{key}` is not a valid {kind}"
+                             + (f" of at most {int(bound)}" if kind in (_STR, "list") else ""))
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("an object repeats a key")
+    return dict(pairs)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
+
+
+def parse_record(text: str, *, trigger: Trigger) -> RunRecord:
+    """One exported run, checked field by field; ValueError says what is wrong."""
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    _check(data, _RUN, "the run")
+    if not _UID.fullmatch(data["uid"]):
+        raise ValueError("the run: `uid` is not 32 hex digits")
+    if data["trusted"] is not False:
+        raise ValueError("the run claims to be trusted; only the ingest job decides that")
+    if data["pr"] is not None and data["pr"] != trigger.pr:
+        raise ValueError(f"the run claims PR #{data['pr']}, but {trigger.describe()} is "
+                         + (f"PR #{trigger.pr}'s" if trigger.pr else "no PR's"))
+    for i, a in enumerate(data["attempts"]):
+        _check(a, _ATTEMPT, f"attempt {i}")
+    for i, m in enumerate(data["metrics"]):
+        _check(m, _METRIC, f"metric point {i}")
+    per_entry: dict[str, int] = {}
+    for m in data["metrics"]:
+        per_entry[m["entry_id"]] = per_entry.get(m["entry_id"], 0) + 1
+        if per_entry[m["entry_id"]] > MAX_POINTS_PER_ENTRY:
+            raise ValueError(f"more than {MAX_POINTS_PER_ENTRY} metric points for one entry")
+    # Whose run it was is the event's word: trust, pull request and event never come from the file.
+    return RunRecord(
+        **{k: data[k] for k in _RUN if k not in ("attempts", "metrics", "trusted", "pr", "event")},
+        trusted=trigger.trusted, pr=trigger.pr, event=trigger.event,
+        attempts=tuple(AttemptRecord(**{**a, "seconds": float(a["seconds"])}) for a in data["attempts"]),
+        metrics=tuple(MetricPoint(entry_id=m["entry_id"], step=m["step"], name=m["name"],
+                                  value=float(m["value"])) for m in data["metrics"]))
+
+
+class _Budget:
+    """The bounds on what one workflow run hands over: files, bytes a file, bytes in all."""
+
+    def __init__(self) -> None:
+        self.files = 0
+        self.total = 0
+
+    def take(self, label: str, size: int) -> None:
+        self.files += 1
+        self.total += size
+        if self.files > MAX_FILES:
+            raise UsageError(f"ingest: more than {MAX_FILES} files; nothing ingested")
+        if size > MAX_FILE_BYTES or self.total > MAX_TOTAL_BYTES:
+            raise UsageError(f"ingest: {label} takes the artifacts past {MAX_FILE_BYTES >> 20} MiB a "
+                             f"file or {MAX_TOTAL_BYTES >> 20} MiB in all; nothing ingested")
+
+
+def _zip_members(path: Path, label: str, budget: _Budget) -> list[tuple[str, bytes]]:
+    """The records in an artifact's zip, read in memory: never unpacked, so no member's name
+    can place a file anywhere; each member's size is bounded as it is read, whatever the
+    archive's header says."""
+    import zipfile
+
+    out = []
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                where = f"{label}:{info.filename[:80]}"
+                if info.is_dir():
+                    continue
+                stem, dot, ext = info.filename.rpartition(".")
+                if not (_UID.fullmatch(stem) and dot and ext == "json"):
+                    raise UsageError(f"ingest: {where} is not an exported run (<uid>.json); "
+                                     "nothing ingested")
+                with archive.open(info) as fh:
+                    data = fh.read(MAX_FILE_BYTES + 1)  # what is really there, not what the header says
+                budget.take(where, len(data))
+                out.append((where, data))
+    except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError) as exc:
+        raise UsageError(f"ingest: {label} is not a readable zip ({str(exc)[:120]}); "
+                         "nothing ingested") from None
+    return out
+
+
+def collect(folder: Path, *, trigger: Trigger) -> list[RunRecord]:
+    """Every record under `folder`, all valid, or a UsageError: the artifacts' zip files as the
+    API serves them (read in memory), or folders of `<uid>.json` files."""
+    if not folder.is_dir():
+        return []
+    items: list[tuple[str, bytes]] = []
+    budget = _Budget()
+    for dirpath, dirnames, filenames in os.walk(folder):  # never follows a link to a folder
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            st = path.lstat()
+            rel = str(path.relative_to(folder))
+            if not stat.S_ISREG(st.st_mode):
+                raise UsageError(f"ingest: {rel} is not a plain file; nothing ingested")
+            if name.endswith(".zip"):
+                if st.st_size > MAX_TOTAL_BYTES:
+                    raise UsageError(f"ingest: {rel} is larger than {MAX_TOTAL_BYTES >> 20} MiB; "
+                                     "nothing ingested")
+                items += _zip_members(path, rel, budget)
+            elif name.endswith(".json"):
+                budget.take(rel, st.st_size)
+                items.append((rel, path.read_bytes()))
+            else:
+                raise UsageError(f"ingest: {rel} is not an exported run (*.json) or an artifact "
+                                 "(*.zip); nothing ingested")
+    out: list[RunRecord] = []
+    seen: set[str] = set()
+    for label, data in items:
+        try:
+            run = parse_record(data.decode("utf-8"), trigger=trigger)
+        except (ValueError, UnicodeDecodeError) as exc:
+            reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            raise UsageError(f"ingest: {label}: {reason}; nothing ingested") from None
+        if run.uid in seen:
+            raise UsageError(f"ingest: {label}: run {run.uid} appears twice; nothing ingested")
+        seen.add(run.uid)
+        out.append(run)
+    return out
+
+
+def ingest(store: HistoryStore, runs: Sequence[RunRecord]) -> int:
+    """Record the runs `collect` checked; how many were new."""
+    return sum(store.record(r) for r in runs)
+
+
+def read_event(path: Path) -> Any:
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise UsageError(f"--event-file {path}: larger than {MAX_FILE_BYTES >> 20} MiB")
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--event-file {path}: cannot read it as JSON ({str(exc).splitlines()[0]}); "
+                         "pass the workflow_run event ($GITHUB_EVENT_PATH)") from None
+
+
+def export(store: HistoryStore, uids: Sequence[str], folder: Path, warn: Warn) -> int:
+    """Write the job's own runs as JSON files for its artifact, each marked untrusted, no PR:
+    the job cannot vouch for itself; the ingest job sets both from the event."""
+    wanted = set(uids)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = 0
+    for run in store.runs():
+        if run.uid in wanted:
+            (folder / f"{run.uid}.json").write_text(replace(run, trusted=False, pr=None).to_json(),
+                                                    encoding="utf-8")
+            written += 1
+            wanted.discard(run.uid)
+    for uid in sorted(wanted):
+        warn(f"history: run {uid[:8]} is not in this job's store; not exported")
+    return written
+
+
+def snapshot(store: HistoryStore, out: Path, *, last_runs: int = SNAPSHOT_RUNS) -> int:
+    """The newest `last_runs` trusted runs of each suite and hardware, as a fresh SQLite file.
+
+    GPU jobs hold no credential to the shared store; they read their baselines (estimates,
+    quarantine, metric gates) from this copy, and record into it before they export.
+    """
+    from ci.history.store import open_store
+
+    kept: dict[tuple[str, str], list[RunRecord]] = {}
+    for run in store.runs():  # oldest first
+        if run.trusted:
+            kept.setdefault((run.suite, run.hardware), []).append(run)
+    runs = sorted((r for group in kept.values() for r in group[-last_runs:]),
+                  key=lambda r: r.started_at)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        with open_store(f"sqlite:///{tmp}") as copy:
+            for run in runs:
+                copy.record(run)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return len(runs)
+

@@ -1,0 +1,81 @@
+"""The history ingest workflow: on `workflow_run`, the default branch's code, the one holder of
+the store's secret for GPU runs, reading the artifacts the test workflows upload."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
+
+from ci.github.gateway_workflow import RUN_FILE_PATH
+from ci.github.ingest_workflow import INGEST_PATH
+from ci.github.job_plan import table
+from ci.github.workflow import WORKFLOW_PATH, exports_history, render
+from ci.registry.repo_suites import SUITES
+from ci.registry.workflow_style import Style
+
+NUM_GPUS = 0
+
+
+def test_it_watches_both_test_workflows_by_their_names_and_reads_what_they_upload() -> None:
+    files = render(table())
+    ingest = yaml.safe_load(files[INGEST_PATH])
+    names = [yaml.safe_load(files[p])["name"] for p in (WORKFLOW_PATH, RUN_FILE_PATH)]
+    assert ingest["on"] == {"workflow_run": {"workflows": names, "types": ["completed"]}}
+    assert ingest["permissions"] == {}
+    (job,) = ingest["jobs"].values()
+    assert job["permissions"] == {"actions": "read"}  # downloads artifacts; writes nothing to GitHub
+    assert job["environment"] == {"name": "ci-history", "deployment": False}
+    steps = job["steps"]
+    checkout, fetch, record = steps[0], steps[3], steps[4]
+    assert checkout["with"] == {"ref": "${{ github.event.repository.default_branch }}",
+                                "persist-credentials": False}
+    # The finished run's artifacts, fetched as zip files and never unpacked (ingest reads them).
+    assert fetch["env"]["RUN"] == "${{ github.event.workflow_run.id }}"
+    assert "unzip" not in fetch["run"] and not any("download-artifact" in s.get("uses", "") for s in steps)
+    assert '> "$RUNNER_TEMP/history/$id.zip"' in fetch["run"]
+    # Every artifact a GPU job uploads has the prefix it fetches.
+    prefix = "history-"
+    assert f'startswith("{prefix}")' in fetch["run"]
+    uploaded = [s["with"]["name"] for p in (WORKFLOW_PATH, RUN_FILE_PATH)
+                for j in yaml.safe_load(files[p])["jobs"].values() for s in j["steps"]
+                if s.get("name") == "Upload this job's runs for the history ingest"]
+    assert len(uploaded) == sum(exports_history(j) for j in table()) + 1 and all(
+        u.startswith(prefix) for u in uploaded)
+    # Nothing from the artifact runs: the steps that run are the install, the fetch, the
+    # ingest and the snapshot, all from the default branch's checkout.
+    assert [s["run"] for s in steps if "run" in s][2] == (
+        'nox -s history -- ingest "$RUNNER_TEMP/history" --event-file "$GITHUB_EVENT_PATH"')
+    # The secret only in the environment of the steps that open the store.
+    snap, save = steps[5:]
+    assert [s for s in steps if "secrets." in json.dumps(s)] == [record, snap]
+    for step in (record, snap):
+        assert step["env"] == {"SLIME_CI_HISTORY_URL": "${{ secrets.SLIME_CI_HISTORY_URL }}"}
+    # After a trusted run only, the trusted runs go where every GPU job restores them from.
+    assert record["id"] == "ingest" and snap["if"] == save["if"] == "steps.ingest.outputs.trusted != '0'"
+    assert snap["run"] == "nox -s history -- snapshot .ci-cache/history.sqlite"
+    assert save["uses"].startswith("actions/cache/save@")
+    assert save["with"]["path"] == ".ci-cache/history.sqlite"
+    restores = {json.dumps(s["with"]) for p in (WORKFLOW_PATH, RUN_FILE_PATH)
+                for j in yaml.safe_load(files[p])["jobs"].values() for s in j["steps"]
+                if s.get("name") == "Restore the trusted history (the ingest job's snapshot)"}
+    (restore,) = [json.loads(r) for r in restores]
+    assert save["with"]["key"].startswith(restore["restore-keys"]) and restore["path"] == save["with"]["path"]
+
+
+def test_no_ingest_workflow_without_gpu_jobs_and_no_one_file_watch_without_comments() -> None:
+    cpu = tuple(s for s in SUITES if s.tier == "cpu")
+    bare = Style(schedules={})
+    assert INGEST_PATH not in render(table(cpu, bare, sessions=()), bare)
+    quiet = Style(comment_commands=False)
+    ingest = yaml.safe_load(render(table(), quiet)[INGEST_PATH])
+    assert ingest["on"]["workflow_run"]["workflows"] == [quiet.title]
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
