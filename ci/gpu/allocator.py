@@ -68,6 +68,10 @@ FULL_CHECK = 0.2
 # bound on what wrong expectations can cost it (honest ones cost the head nothing).
 MAX_PASSES = 16
 NO_BACKFILL_ENV = "SLIME_CI_NO_BACKFILL"
+# Decisions within this many seconds of the event that prompted them are taken as of it
+# (see `decision_time`): about the hand-off latency of a busy host, and all a backfiller
+# may cost the head beyond what honest expectations promise.
+EVENT_WINDOW = 0.5
 
 _HEADER = 64
 # Largest holder record or ticket read: ours are a few hundred bytes; a bigger one was not
@@ -428,8 +432,18 @@ def _read_counters(fd: int) -> tuple[int, int]:
         return 0, 0
 
 
-def _write_counters(fd: int, ticket: int, gen: int) -> None:
-    os.pwrite(fd, f"v1 {ticket:020d} {gen:020d}\n".encode().ljust(_HEADER - 1) + b"\n", 0)
+def _read_event(fd: int) -> float | None:
+    """When the last event (a release, an arrival, a departure) happened; None: unknown."""
+    parts = os.pread(fd, _HEADER, 0).split()
+    try:
+        return float(parts[3])
+    except (IndexError, ValueError):
+        return None
+
+
+def _write_counters(fd: int, ticket: int, gen: int, event: float | None = None) -> None:
+    when = f" {event:.6f}" if event is not None else ""
+    os.pwrite(fd, f"v1 {ticket:020d} {gen:020d}{when}\n".encode().ljust(_HEADER - 1) + b"\n", 0)
 
 
 def _read_passes(fd: int) -> dict[int, int]:
@@ -454,9 +468,24 @@ def _write_passes(fd: int, passes: dict[int, int]) -> None:
     os.pwrite(fd, data, _HEADER)
 
 
-def _bump(fd: int) -> None:
+def _bump(fd: int, *, event: bool = True) -> None:
+    """Move the generation, waking the waiters; `event`: it happened now (a release, an
+    arrival, a departure), else it is the consequence of the last one (a start)."""
     ticket, gen = _read_counters(fd)
-    _write_counters(fd, ticket, gen + 1)
+    _write_counters(fd, ticket, gen + 1, time.time() if event else _read_event(fd))
+
+
+def decision_time(event: float | None, clock: float) -> float:
+    """The moment a decision is taken for: the event that prompted it, when recent.
+
+    Waiters woken by one release decide one after another, milliseconds apart; taken at the
+    clock, a waiter deciding after another that just started would see that one's expected
+    end as already nearer than its own, and lose every tie. Within EVENT_WINDOW seconds of
+    the event they all decide as of the event; a backfiller then ends at most that late.
+    """
+    if event is not None and 0 <= clock - event <= EVENT_WINDOW:
+        return event
+    return clock
 
 
 def _read_gen(fd: int) -> int:
@@ -694,14 +723,16 @@ def _try_take(pattern: str, req: Request, ticket: int, record: dict[str, object]
               now: float | None = None) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """Take the GPUs for `ticket` if fair; returns (devices, fds) or None. Queue lock held.
 
-    `now` (epoch seconds, default the clock) is when the decision is taken: the holder
+    `now` (epoch seconds, default `decision_time`) is when the decision is taken: the holder
     records say so, and expectations are measured from it.
     """
-    now = time.time() if now is None else now
-    free, ends = _probe(pattern, req.total_gpus, now)
-    tickets = [t for t in _live_tickets(pattern) if t.number <= ticket]
+    free: dict[int, int] = {}
+    mine: list[int] = []
     qfd = _open(queue_path(pattern))
     try:
+        now = decision_time(_read_event(qfd), time.time()) if now is None else now
+        free, ends = _probe(pattern, req.total_gpus, now)
+        tickets = [t for t in _live_tickets(pattern) if t.number <= ticket]
         passes = _read_passes(qfd)
         plan = schedule(tickets, sorted(free), ends, now, passes)
         mine = list(plan.starts.get(ticket, ()))
@@ -712,12 +743,15 @@ def _try_take(pattern: str, req: Request, ticket: int, record: dict[str, object]
             for w in passed:
                 passes[w] = passes.get(w, 0) + 1
             _write_passes(qfd, passes)
+    except BaseException:
+        mine = []  # nothing is taken: every probed GPU is let go
+        raise
     finally:
         os.close(qfd)
-    for gpu, fd in free.items():
-        if gpu not in mine:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        for gpu, fd in free.items():
+            if gpu not in mine:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
     if not mine:
         return None
     now_record = dict(record, since=now, passed=list(passed))
@@ -750,7 +784,7 @@ def _new_ticket(pattern: str, req: Request, record: dict[str, object]) -> tuple[
         else:
             raise UsageError(f"{directory}: a thousand ticket names in a row are taken; "
                              "empty the directory")
-        _write_counters(qfd, ticket, gen + 1)
+        _write_counters(qfd, ticket, gen + 1, time.time())
         # Created and locked under the queue lock, so nobody can see it unlocked and
         # mistake it for the ticket of a dead waiter.
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -834,7 +868,7 @@ def acquire(*, count: int | None = None, devices: Sequence[int] | None = None,
                     if got is not None:
                         _drop_ticket(tfd, tpath)
                         tfd = -1
-                        _bump(qfd)
+                        _bump(qfd, event=False)
                     last_gen = _read_gen(qfd)
                 if got is not None:
                     devs, fds = got

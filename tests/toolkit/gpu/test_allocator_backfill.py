@@ -363,3 +363,59 @@ def test_the_head_never_starts_later_than_under_strict_fifo(scenario):
         fifo = head_start(fifo_dir, holders, waiters, backfill=False)
         easy = head_start(bf_dir, holders, waiters, backfill=True)
     assert easy <= fifo, (easy, fifo)
+
+
+# ---------------------------------------------------------------- ties: the event's time
+
+
+def test_decisions_are_taken_as_of_a_recent_event_else_at_the_clock():
+    w = allocator.EVENT_WINDOW
+    assert allocator.decision_time(NOW, NOW + w) == NOW
+    assert allocator.decision_time(NOW, NOW + w + 0.01) == NOW + w + 0.01
+    assert allocator.decision_time(NOW + 1, NOW) == NOW  # a clock behind the event: the clock
+    assert allocator.decision_time(None, NOW) == NOW
+
+
+def _set_event(pattern: str, when: float) -> None:
+    with allocator._queue_locked(pattern) as qfd:
+        ticket, gen = allocator._read_counters(qfd)
+        allocator._write_counters(qfd, ticket, gen + 1, when)
+
+
+def test_a_waiter_deciding_just_after_a_start_ties_with_it(pattern, monkeypatch):
+    # Holders that started at the last event, expected for 10 s, and a queued 1-GPU job of
+    # 10 s deciding a moment later: as of the event it ends with them, so it backfills.
+    # (A wide window: a loaded machine may take a while between these lines.)
+    monkeypatch.setattr(allocator, "EVENT_WINDOW", 5.0)
+    event = round(time.time() - 0.2, 3)  # as the queue file writes it
+    req = allocator.make_request(count=1, total_gpus=8)
+    with held(pattern, range(4, 8), since=event, expect=10), queued(pattern, 8), \
+            queued(pattern, 1, expect=10) as small:
+        record = {"ticket": small, "expect": 10}
+        _set_event(pattern, event)
+        with allocator._queue_locked(pattern):
+            got = allocator._try_take(pattern, req, small, record)
+        assert got is not None and got[0] == (0,)
+        allocator.release(allocator.Lease(devices=got[0], fds=got[1], paths=(), pattern=pattern,
+                                          ticket=small))
+        holder = allocator.read_status(pattern, 8).gpus[0].holder
+        assert holder is None  # released
+        # Long after the event, the clock decides: it would end after them.
+        _set_event(pattern, time.time() - allocator.EVENT_WINDOW - 0.5)
+        with allocator._queue_locked(pattern):
+            assert allocator._try_take(pattern, req, small, record) is None
+
+
+def test_a_start_is_no_event_but_an_arrival_and_a_release_are(pattern):
+    with allocator._queue_locked(pattern) as qfd:
+        assert allocator._read_event(qfd) is None  # a new queue: no event yet
+    before = time.time()
+    with allocator.hold(count=1, total_gpus=8, lock_path_pattern=pattern, timeout=0):
+        with allocator._queue_locked(pattern) as qfd:
+            arrival = allocator._read_event(qfd)
+        since = allocator.read_status(pattern, 8).gpus[0].holder.since
+        assert arrival is not None and before <= arrival and since == pytest.approx(arrival,
+                                                                                     abs=1e-3)
+        time.sleep(0.01)
+    with allocator._queue_locked(pattern) as qfd:
+        assert allocator._read_event(qfd) > arrival  # the release
