@@ -29,7 +29,9 @@ Backfilling (EASY, as batch schedulers do it): the first waiter that cannot star
 head, gets a reservation: the earliest time enough GPUs free up, from the holders'
 expected ends (`since + expect` in their records). A later waiter that declared how long it
 expects to hold (`expect`) may borrow the GPUs the head has claimed if it is expected to end
-by that reservation, so the head never starts later than it would have. A holder with no
+by that reservation (give or take BACKFILL_SLACK, so that waiters woken by one release tie),
+so the head never starts later than it would have (beyond that slack). GPUs lent by the
+head count as free in its reservation, so backfillers never push it back. A holder with no
 expectation, or one past it (an overrun), counts as ending now: its GPUs may free up any
 moment, so nothing is lent against them. Each waiter can be passed by backfilling at most
 MAX_PASSES times (counts in the queue file after its header); a waiter that asked for strict
@@ -67,11 +69,12 @@ FULL_CHECK = 0.2
 # How often a waiter may be passed by backfilling before nobody may pass it any more: a
 # bound on what wrong expectations can cost it (honest ones cost the head nothing).
 MAX_PASSES = 16
+# A backfiller may be expected to end this long after the head's reservation: waiters woken
+# by one release decide one after another, milliseconds to a few hundred apart on a busy
+# host, and without it one deciding just after another started would lose every tie. It
+# is the most the head can start later than under strict FIFO (with honest expectations).
+BACKFILL_SLACK = 0.5
 NO_BACKFILL_ENV = "SLIME_CI_NO_BACKFILL"
-# Decisions within this many seconds of the event that prompted them are taken as of it
-# (see `decision_time`): about the hand-off latency of a busy host, and all a backfiller
-# may cost the head beyond what honest expectations promise.
-EVENT_WINDOW = 0.5
 
 _HEADER = 64
 # Largest holder record or ticket read: ours are a few hundred bytes; a bigger one was not
@@ -432,18 +435,8 @@ def _read_counters(fd: int) -> tuple[int, int]:
         return 0, 0
 
 
-def _read_event(fd: int) -> float | None:
-    """When the last event (a release, an arrival, a departure) happened; None: unknown."""
-    parts = os.pread(fd, _HEADER, 0).split()
-    try:
-        return float(parts[3])
-    except (IndexError, ValueError):
-        return None
-
-
-def _write_counters(fd: int, ticket: int, gen: int, event: float | None = None) -> None:
-    when = f" {event:.6f}" if event is not None else ""
-    os.pwrite(fd, f"v1 {ticket:020d} {gen:020d}{when}\n".encode().ljust(_HEADER - 1) + b"\n", 0)
+def _write_counters(fd: int, ticket: int, gen: int) -> None:
+    os.pwrite(fd, f"v1 {ticket:020d} {gen:020d}\n".encode().ljust(_HEADER - 1) + b"\n", 0)
 
 
 def _read_passes(fd: int) -> dict[int, int]:
@@ -468,24 +461,9 @@ def _write_passes(fd: int, passes: dict[int, int]) -> None:
     os.pwrite(fd, data, _HEADER)
 
 
-def _bump(fd: int, *, event: bool = True) -> None:
-    """Move the generation, waking the waiters; `event`: it happened now (a release, an
-    arrival, a departure), else it is the consequence of the last one (a start)."""
+def _bump(fd: int) -> None:
     ticket, gen = _read_counters(fd)
-    _write_counters(fd, ticket, gen + 1, time.time() if event else _read_event(fd))
-
-
-def decision_time(event: float | None, clock: float) -> float:
-    """The moment a decision is taken for: the event that prompted it, when recent.
-
-    Waiters woken by one release decide one after another, milliseconds apart; taken at the
-    clock, a waiter deciding after another that just started would see that one's expected
-    end as already nearer than its own, and lose every tie. Within EVENT_WINDOW seconds of
-    the event they all decide as of the event; a backfiller then ends at most that late.
-    """
-    if event is not None and 0 <= clock - event <= EVENT_WINDOW:
-        return event
-    return clock
+    _write_counters(fd, ticket, gen + 1)
 
 
 def _read_gen(fd: int) -> int:
@@ -650,16 +628,24 @@ def _reservation(ticket: _Ticket, ends: dict[int, float]) -> float:
 
 def schedule(tickets: Sequence[_Ticket], free: Sequence[int], ends: dict[int, float],
              now: float, passes: dict[int, int] | None = None, *,
+             lent: dict[int, tuple[int, ...]] | None = None, slack: float | None = None,
              max_passes: int = MAX_PASSES) -> Schedule:
     """Walk the queue in ticket order (EASY backfilling).
 
     `free`: GPUs nobody holds; `ends`: each held GPU's expected end (see `expected_end`).
     A waiter that fits in what earlier waiters left starts. The first that does not is the
     head: it claims the free GPUs it can use and gets a reservation. A later waiter with an
-    expectation that ends by the reservation, and that passes nobody passed `max_passes`
-    times already, may start on the head's claimed GPUs too; any other waits and claims.
+    expectation that ends by the reservation (give or take `slack`, default BACKFILL_SLACK),
+    and that passes nobody passed `max_passes` times already, may start on the head's
+    claimed GPUs too; any other waits and claims.
+
+    `lent`: per held GPU, the tickets its holder backfilled past. GPUs lent by the head count
+    as ending now in its reservation: a backfiller expected to end `slack` after it never
+    moves it, so `slack` is all the head can lose, however many backfill one after another.
     """
     passes = passes or {}
+    lent = lent or {}
+    slack = BACKFILL_SLACK if slack is None else slack
     est = dict(ends)
     est.update((g, now) for g in free)
     avail = sorted(free)
@@ -678,12 +664,15 @@ def schedule(tickets: Sequence[_Ticket], free: Sequence[int], ends: dict[int, fl
                 est.update((g, now + (t.expect or 0.0)) for g in mine)
             continue
         if head is None:
-            head, reservation = t, _reservation(t, est)
+            number = t.number
+            head = t
+            reservation = _reservation(t, {g: now if number in lent.get(g, ()) else end
+                                           for g, end in est.items()})
             lend, avail = mine, rest
             waiting.append(t.number)
             continue
         assert reservation is not None
-        if (t.backfill and t.expect is not None and now + t.expect <= reservation
+        if (t.backfill and t.expect is not None and now + t.expect <= reservation + slack
                 and all(passes.get(w, 0) < max_passes for w in waiting)):
             borrowed, _ = claim(t.count, t.devices, avail + lend)
             if len(borrowed) == t.size:
@@ -698,43 +687,46 @@ def schedule(tickets: Sequence[_Ticket], free: Sequence[int], ends: dict[int, fl
                     reservation=reservation)
 
 
-def _probe(pattern: str, total: int, now: float) -> tuple[dict[int, int], dict[int, float]]:
-    """Lock every free GPU (non-blocking): (gpu -> locked fd, held gpu -> expected end).
-
-    Queue lock held."""
+def _probe(pattern: str, total: int, now: float
+           ) -> tuple[dict[int, int], dict[int, float], dict[int, tuple[int, ...]]]:
+    """Lock every free GPU (non-blocking): (gpu -> locked fd, held gpu -> expected end,
+    held gpu -> tickets its holder backfilled past). Queue lock held."""
     free: dict[int, int] = {}
     ends: dict[int, float] = {}
+    lent: dict[int, tuple[int, ...]] = {}
     try:
         for gpu in range(total):
             fd = _open(gpu_path(pattern, gpu))
             if _try_lock(fd):
                 free[gpu] = fd
             else:
-                ends[gpu] = expected_end(_read_record_fd(fd), now)
+                record = _read_record_fd(fd)
                 os.close(fd)
+                ends[gpu] = expected_end(record, now)
+                lent[gpu] = _ints(record.get("passed"))
     except BaseException:
         for fd in free.values():
             os.close(fd)
         raise
-    return free, ends
+    return free, ends, lent
 
 
 def _try_take(pattern: str, req: Request, ticket: int, record: dict[str, object],
               now: float | None = None) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """Take the GPUs for `ticket` if fair; returns (devices, fds) or None. Queue lock held.
 
-    `now` (epoch seconds, default `decision_time`) is when the decision is taken: the holder
+    `now` (epoch seconds, default the clock) is when the decision is taken: the holder
     records say so, and expectations are measured from it.
     """
+    now = time.time() if now is None else now
     free: dict[int, int] = {}
     mine: list[int] = []
     qfd = _open(queue_path(pattern))
     try:
-        now = decision_time(_read_event(qfd), time.time()) if now is None else now
-        free, ends = _probe(pattern, req.total_gpus, now)
+        free, ends, lent = _probe(pattern, req.total_gpus, now)
         tickets = [t for t in _live_tickets(pattern) if t.number <= ticket]
         passes = _read_passes(qfd)
-        plan = schedule(tickets, sorted(free), ends, now, passes)
+        plan = schedule(tickets, sorted(free), ends, now, passes, lent=lent)
         mine = list(plan.starts.get(ticket, ()))
         passed = plan.passed.get(ticket, ())
         if mine and passed:
@@ -784,7 +776,7 @@ def _new_ticket(pattern: str, req: Request, record: dict[str, object]) -> tuple[
         else:
             raise UsageError(f"{directory}: a thousand ticket names in a row are taken; "
                              "empty the directory")
-        _write_counters(qfd, ticket, gen + 1, time.time())
+        _write_counters(qfd, ticket, gen + 1)
         # Created and locked under the queue lock, so nobody can see it unlocked and
         # mistake it for the ticket of a dead waiter.
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -868,7 +860,7 @@ def acquire(*, count: int | None = None, devices: Sequence[int] | None = None,
                     if got is not None:
                         _drop_ticket(tfd, tpath)
                         tfd = -1
-                        _bump(qfd, event=False)
+                        _bump(qfd)
                     last_gen = _read_gen(qfd)
                 if got is not None:
                     devs, fds = got
@@ -952,7 +944,9 @@ def read_status(lock_path_pattern: str = DEFAULT_PATTERN,
             gpus.append(GpuState(gpu=gpu, path=path, holder=holder))
         tickets, ignored = _queue_entries(pattern)
         passes = _read_passes(qfd)
-    plan = schedule(tickets, [g.gpu for g in gpus if g.holder is None], ends, now, passes)
+    lent = {g.gpu: g.holder.passed for g in gpus if g.holder is not None}
+    plan = schedule(tickets, [g.gpu for g in gpus if g.holder is None], ends, now, passes,
+                    lent=lent)
     waiters = tuple(
         Waiter(ticket=t.number, pid=_int_or_none(t.record.get("pid")),
                command=str(t.record.get("command", "")),
