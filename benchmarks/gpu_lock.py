@@ -22,6 +22,7 @@ Backfilling, strict FIFO beside it in the same run (`--only floor,stress,day` fo
 5. Stress: 20 `lock-gpus` processes started at once, asking for 1, 2, 4 or 8 of 8 GPUs,
    holding 2 s each (`--expect 2.5`), once with `--no-backfill` and once without. Makespan
    is the first command's start to the last one's end; lower bound max(GPU-s / 8, 2 s).
+   Beside it, the same 20 jobs in ticket order through the decision alone (below).
 6. A simulated day of slime's GPU queue: PRs arriving over 10 hours, each queueing the
    megatron, ckpt, precision and sglang_config entries (GPU counts from the files),
    durations drawn around a per-entry typical time, each entry expecting the p90 of its
@@ -467,6 +468,11 @@ def backfill_sections(tmp: Path, only: set[str]) -> None:
         rows[f"20-job stress: makespan / lower bound ({lb:.1f} s)"] = tuple(  # type: ignore[assignment]
             f"{span / lb:.3f}  ({span:.1f} s)" for span, _ in (got["fifo"], got["easy"]))
         rows["20-job stress: overlapping holds"] = (str(got["fifo"][1]), str(got["easy"][1]))
+        # The same jobs through the allocator's decision alone, on a simulated clock: what
+        # the policy gives without any start-up or hand-off cost.
+        same = [DayJob(pr=0, arrive=0.0, gpus=g, seconds=hold, expect=expect) for g in sizes]
+        rows["20-job stress, decision only (simulated clock)"] = tuple(  # type: ignore[assignment]
+            f"{max(simulate(same, backfill)[1]) / lb:.3f}" for backfill in (False, True))
     if "day" in only:
         jobs = make_day()
         lb = day_lower_bound(jobs)
