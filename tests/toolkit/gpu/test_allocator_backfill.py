@@ -395,3 +395,7 @@ def test_a_waiter_deciding_just_after_a_start_ties_with_it(pattern):
                 assert not starts
             else:
                 assert starts
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
