@@ -724,13 +724,14 @@ def _try_take(pattern: str, req: Request, ticket: int, record: dict[str, object]
     qfd = _open(queue_path(pattern))
     try:
         free, ends, lent = _probe(pattern, req.total_gpus, now)
-        tickets = [t for t in _live_tickets(pattern) if t.number <= ticket]
+        queue = _live_tickets(pattern)
+        tickets = [t for t in queue if t.number <= ticket]  # later ones do not matter here
         passes = _read_passes(qfd)
         plan = schedule(tickets, sorted(free), ends, now, passes, lent=lent)
         mine = list(plan.starts.get(ticket, ()))
         passed = plan.passed.get(ticket, ())
         if mine and passed:
-            live = {t.number for t in tickets}
+            live = {t.number for t in queue}  # the counts of waiters gone are dropped
             passes = {k: v for k, v in passes.items() if k in live}
             for w in passed:
                 passes[w] = passes.get(w, 0) + 1

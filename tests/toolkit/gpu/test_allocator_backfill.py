@@ -210,6 +210,23 @@ def test_acquire_backfills_on_real_files_and_counts_the_pass(pattern):
                               expect=61)
 
 
+def test_pass_counts_are_kept_for_waiters_still_queued_and_dropped_for_those_gone(pattern):
+    now = time.time()
+    req = allocator.make_request(count=1, total_gpus=8)
+    with held(pattern, range(4, 8), since=now, expect=60), queued(pattern, 8) as head, \
+            queued(pattern, 1, expect=5) as small, queued(pattern, 8) as later:
+        with queued(pattern, 8) as gone:
+            pass
+        with allocator._queue_locked(pattern) as qfd:
+            allocator._write_passes(qfd, {gone: 2, later: 3})
+            got = allocator._try_take(pattern, req, small, {"ticket": small, "expect": 5})
+            assert got is not None
+            # It passed the head; `later` (behind it) keeps its count; `gone` left the queue.
+            assert allocator._read_passes(qfd) == {head: 1, later: 3}
+        allocator.release(allocator.Lease(devices=got[0], fds=got[1], paths=(), pattern=pattern,
+                                          ticket=small))
+
+
 def test_strict_fifo_by_argument_or_environment(pattern, monkeypatch):
     now = time.time()
     with held(pattern, range(4, 8), since=now, expect=60), queued(pattern, 8):
