@@ -34,20 +34,24 @@ def _command_after_dashes() -> list[str]:
         "target_env_name": "variable that receives the GPU ids (default CUDA_VISIBLE_DEVICES)",
         "lock_path_pattern": "lock files, must contain {gpu_id}",
         "print_only": "print the GPUs that are free now and hold nothing",
+        "expect": "seconds CMD is expected to hold them (e.g. its p90): lets it backfill",
+        "no_backfill": "strict FIFO: never start ahead of an earlier waiter",
     }
 )
 def lock_gpus(c: Context, count: str = "", devices: str = "", total_gpus: str = "",
               timeout: str = "", target_env_name: str = "", lock_path_pattern: str = "",
-              print_only: bool = False) -> None:
+              print_only: bool = False, expect: str = "", no_backfill: bool = False) -> None:
     """Run `-- CMD…` holding GPUs exclusively (fair queue; exit code of CMD passes through)."""
     # Every value is passed on as typed: `python -m ci` checks it (`--count abc` is one line,
     # exit 2) and `--timeout 0` means "do not wait" there, not "unset".
     given = {"--count": count, "--devices": devices, "--total-gpus": total_gpus,
              "--timeout": timeout, "--target-env-name": target_env_name,
-             "--lock-path-pattern": lock_path_pattern}
+             "--lock-path-pattern": lock_path_pattern, "--expect": expect}
     argv = [part for flag, value in given.items() if value != "" for part in (flag, value)]
     if print_only:
         argv.append("--print-only")
+    if no_backfill:
+        argv.append("--no-backfill")
     _ci("lock-gpus", *argv, "--", *_command_after_dashes())
 
 

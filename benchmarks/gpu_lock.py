@@ -15,6 +15,20 @@ flocks belong to the open file description, so threads contend exactly as proces
 2. Starvation: one 8-GPU request arriving while 8 runners loop 1-GPU jobs.
 3. Hand-off, in real time (no scaling): a waiter queued on a held GPU; the time from
    the release to the waiter holding it. The baseline uses its real 0-5 s backoff.
+
+Backfilling, strict FIFO beside it in the same run (`--only floor,stress,day` for just these):
+
+4. Start-up floor: a no-op command through `python -m ci lock-gpus`, wall time per run.
+5. Stress: 20 `lock-gpus` processes started at once, asking for 1, 2, 4 or 8 of 8 GPUs,
+   holding 2 s each (`--expect 2.5`), once with `--no-backfill` and once without. Makespan
+   is the first command's start to the last one's end; lower bound max(GPU-s / 8, 2 s).
+   Beside it, the same 20 jobs in ticket order through the decision alone (below).
+6. A simulated day of slime's GPU queue: PRs arriving over 10 hours, each queueing the
+   megatron, ckpt, precision and sglang_config entries (GPU counts from the files),
+   durations drawn around a per-entry typical time, each entry expecting the p90 of its
+   last 15 runs (as the runner passes it from the history). The allocator's own decision
+   (`allocator.schedule`) runs on a simulated clock; every job ends exactly when drawn.
+   Lower bound: max over t of t + (GPU-s of jobs arriving from t on) / 8.
 """
 
 from __future__ import annotations
@@ -23,6 +37,8 @@ import argparse
 import fcntl
 import os
 import random
+import re
+import subprocess
 import sys
 import tempfile
 import threading
@@ -35,7 +51,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ci.gpu import allocator
+from ci.history.stats import percentile
 
+ROOT = Path(__file__).resolve().parents[1]
 TOTAL = 8
 ORIGINAL_BACKOFF = 5.0  # seconds: the original sleeps uniform(0, 5) between scans
 
@@ -277,12 +295,231 @@ def _ms(x: float) -> str:
     return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
 
 
+# ---------------------------------------------------------------- backfilling
+
+SLEEPER = "import sys, time; time.sleep(float(sys.argv[1]))"
+
+
+def lock_gpus_argv(pattern: str, flags: Sequence[str], command: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "ci", "lock-gpus", "--lock-path-pattern", pattern,
+            "--total-gpus", str(TOTAL), *flags, "--", *command]
+
+
+def start_up_floor(tmp: Path, runs: int = 5) -> list[float]:
+    """Wall seconds of a no-op command through lock-gpus, on free GPUs."""
+    pattern = str(tmp / "floor" / "g{gpu_id}.lock")
+    Path(pattern).parent.mkdir()
+    times = []
+    for _ in range(runs):
+        t0 = time.monotonic()
+        subprocess.run(lock_gpus_argv(pattern, ["--count", "1"], ["true"]), cwd=ROOT,
+                       check=True, capture_output=True)
+        times.append(time.monotonic() - t0)
+    return times
+
+
+def stress_jobs(n: int = 20, seed: int = 7) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.choice([1, 2, 4, 8]) for _ in range(n)]
+
+
+def stress(tmp: Path, name: str, sizes: Sequence[int], hold: float, expect: float,
+           backfill: bool) -> tuple[float, int]:
+    """20 lock-gpus processes at once; (makespan of the commands, overlapping holds)."""
+    pattern = str(tmp / f"stress_{name}" / "g{gpu_id}.lock")
+    log = tmp / f"stress_{name}.log"
+    Path(pattern).parent.mkdir()
+    recorder = ("import os, sys, time\n"
+                "log, tag, secs = sys.argv[1], sys.argv[2], float(sys.argv[3])\n"
+                "devs = os.environ['CUDA_VISIBLE_DEVICES']\n"
+                "def put(what):\n"
+                "    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)\n"
+                "    os.write(fd, f'{time.monotonic():.6f} {what} {tag} {devs}\\n'.encode())\n"
+                "    os.close(fd)\n"
+                "put('start'); time.sleep(secs); put('end')\n")
+    flags = ["--expect", f"{expect:g}"] + ([] if backfill else ["--no-backfill"])
+    procs = [subprocess.Popen(
+        lock_gpus_argv(pattern, ["--count", str(g), *flags],
+                       [sys.executable, "-S", "-c", recorder, str(log), f"j{i}", f"{hold:g}"]),
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i, g in enumerate(sizes)]
+    for p in procs:
+        if p.wait(timeout=600) != 0:
+            raise SystemExit(f"a stress job failed (exit {p.returncode})")
+    starts: dict[str, tuple[float, set[int]]] = {}
+    spans = []
+    for line in log.read_text().splitlines():
+        when, what, tag, devs = line.split()
+        if what == "start":
+            starts[tag] = (float(when), {int(d) for d in devs.split(",")})
+        else:
+            spans.append((starts[tag][0], float(when), starts[tag][1]))
+    bad = sum(1 for i, a in enumerate(spans) for b in spans[i + 1:]
+              if a[2] & b[2] and a[0] < b[1] and b[0] < a[1])
+    return max(e for _, e, _ in spans) - min(s for s, _, _ in spans), bad
+
+
+@dataclass(frozen=True, kw_only=True)
+class DayJob:
+    pr: int
+    arrive: float
+    gpus: int
+    seconds: float
+    expect: float
+
+
+GPU_SUITES = ("megatron", "ckpt", "precision", "sglang_config")
+
+
+def slime_gpu_entries() -> list[tuple[str, int]]:
+    """(entry id, GPUs) of the GPU suites' entries, GPUs from each file's NUM_GPUS."""
+    from ci.registry.repo_suites import SUITES
+
+    found = []
+    for suite in SUITES:
+        if suite.name not in GPU_SUITES:
+            continue
+        for entry in suite.entries:
+            if entry.cpu_only:
+                continue
+            text = (ROOT / entry.path).read_text()
+            match = re.search(r"^NUM_GPUS\s*=\s*(\d+)", text, re.M)
+            gpus = int(match.group(1)) if match else 1
+            found.append((" ".join((entry.path, *entry.test_args)), gpus))
+    return found
+
+
+def make_day(prs: int = 10, hours: float = 10.0, seed: int = 11) -> list[DayJob]:
+    """PRs arriving over `hours`; each queues every GPU entry. Durations: each entry has a
+    typical time (2-12 min); a run takes it times a log-normal spread (sigma 0.25); its
+    expectation is the p90 of its 15 previous runs."""
+    rng = random.Random(seed)
+    entries = slime_gpu_entries()
+    typical = {e: rng.uniform(2, 12) * 60 for e, _ in entries}
+    history = {e: [typical[e] * rng.lognormvariate(0, 0.25) for _ in range(15)]
+               for e, _ in entries}
+    jobs = []
+    for pr in range(prs):
+        arrive = rng.uniform(0, hours * 3600)
+        for e, gpus in entries:
+            took = typical[e] * rng.lognormvariate(0, 0.25)
+            jobs.append(DayJob(pr=pr, arrive=arrive, gpus=gpus, seconds=took,
+                               expect=percentile(history[e][-15:], 0.9)))
+            history[e].append(took)
+    jobs.sort(key=lambda j: j.arrive)  # tickets in arrival order
+    return jobs
+
+
+def simulate(jobs: Sequence[DayJob], backfill: bool) -> tuple[list[float], list[float]]:
+    """Run the queue through `allocator.schedule` on a simulated clock: (starts, ends)."""
+    holders: dict[int, tuple[float, float, float]] = {}  # gpu -> (since, expect, end)
+    waiting: list[int] = []
+    starts = [0.0] * len(jobs)
+    ends = [0.0] * len(jobs)
+    arrived = 0
+    now = 0.0
+    while arrived < len(jobs) or waiting or holders:
+        while arrived < len(jobs) and jobs[arrived].arrive <= now:
+            waiting.append(arrived)
+            arrived += 1
+        for g in [g for g, h in holders.items() if h[2] <= now]:
+            del holders[g]
+        tickets = [allocator._Ticket(number=k, count=jobs[k].gpus, devices=None, record={},
+                                     expect=jobs[k].expect, backfill=backfill) for k in waiting]
+        free = [g for g in range(TOTAL) if g not in holders]
+        est = {g: max(now, since + expect) for g, (since, expect, _) in holders.items()}
+        plan = allocator.schedule(tickets, free, est, now)
+        for k, gpus in plan.starts.items():
+            waiting.remove(k)
+            starts[k], ends[k] = now, now + jobs[k].seconds
+            for g in gpus:
+                holders[g] = (now, jobs[k].expect, ends[k])
+        upcoming = [h[2] for h in holders.values()]
+        if arrived < len(jobs):
+            upcoming.append(jobs[arrived].arrive)
+        if not upcoming:
+            break
+        now = min(upcoming)
+    return starts, ends
+
+
+def day_lower_bound(jobs: Sequence[DayJob]) -> float:
+    """max over arrival times t of t + (GPU-seconds arriving from t on) / GPUs."""
+    bound = max(j.arrive + j.seconds for j in jobs)
+    for t in sorted({j.arrive for j in jobs}):
+        work = sum(j.gpus * j.seconds for j in jobs if j.arrive >= t)
+        bound = max(bound, t + work / TOTAL)
+    return bound
+
+
+def backfill_sections(tmp: Path, only: set[str]) -> None:
+    rows: dict[str, tuple[str, str]] = {}
+    if "floor" in only:
+        floor = start_up_floor(tmp)
+        rows["start-up floor: no-op via lock-gpus, median of 5"] = (f"{_pct(floor, 0.5):.2f} s", "")
+        print(f"  start-up floor done ({', '.join(f'{x:.2f}' for x in floor)} s)", flush=True)
+    if "stress" in only:
+        sizes = stress_jobs()
+        hold, expect = 2.0, 2.5
+        lb = max(sum(g * hold for g in sizes) / TOTAL, hold)
+        got = {}
+        for name, backfill in (("fifo", False), ("easy", True)):
+            got[name] = stress(tmp, name, sizes, hold, expect, backfill)
+            print(f"  stress {name} done in {got[name][0]:.1f} s", flush=True)
+        rows[f"20-job stress: makespan / lower bound ({lb:.1f} s)"] = tuple(  # type: ignore[assignment]
+            f"{span / lb:.3f}  ({span:.1f} s)" for span, _ in (got["fifo"], got["easy"]))
+        rows["20-job stress: overlapping holds"] = (str(got["fifo"][1]), str(got["easy"][1]))
+        # The same jobs through the allocator's decision alone, on a simulated clock: what
+        # the policy gives without any start-up or hand-off cost.
+        same = [DayJob(pr=0, arrive=0.0, gpus=g, seconds=hold, expect=expect) for g in sizes]
+        rows["20-job stress, decision only (simulated clock)"] = tuple(  # type: ignore[assignment]
+            f"{max(simulate(same, backfill)[1]) / lb:.3f}" for backfill in (False, True))
+    if "day" in only:
+        jobs = make_day()
+        lb = day_lower_bound(jobs)
+        prs = sorted({j.pr for j in jobs})
+        cols = []
+        for backfill in (False, True):
+            starts, ends = simulate(jobs, backfill)
+            span = max(ends)
+            waits = [s - j.arrive for s, j in zip(starts, jobs, strict=True)]
+            pr_done = [max(e for e, j in zip(ends, jobs, strict=True) if j.pr == pr)
+                       - min(j.arrive for j in jobs if j.pr == pr) for pr in prs]
+            busy = sum(j.gpus * j.seconds for j in jobs) / (TOTAL * span)
+            cols.append((f"{span / lb:.3f}  ({span / 3600:.2f} h)",
+                         f"{_pct(waits, 0.5) / 60:.0f} / {_pct(waits, 0.9) / 60:.0f} min",
+                         f"{_pct(pr_done, 0.5) / 60:.0f} / {_pct(pr_done, 0.9) / 60:.0f} min",
+                         f"{busy:.0%}"))
+        n = len(jobs)
+        keys = [f"day ({len(prs)} PRs, {n} entries): makespan / lower bound ({lb / 3600:.2f} h)",
+                "day: wait per entry p50 / p90", "day: PR arrival to last result p50 / p90",
+                "day: GPU busy over the makespan"]
+        for i, key in enumerate(keys):
+            rows[key] = (cols[0][i], cols[1][i])
+        print("  simulated day done", flush=True)
+    if not rows:
+        return
+    width = max(len(k) for k in rows)
+    print(f"\n{'':<{width}}  {'strict FIFO':<20}  backfilling (EASY)")
+    for key, (a, b) in rows.items():
+        print(f"{key:<{width}}  {a:<20}  {b}")
+    print(f"load average now: {os.getloadavg()[0]:.1f} (1 min) on {os.cpu_count()} cores")
+    print("goal: 20-job stress makespan <= 1.15 x lower bound with backfilling")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--scale", type=float, default=0.1,
                    help="seconds per real minute of a job (default 0.1)")
     p.add_argument("--rounds", type=int, default=3, help="hand-off rounds of 8 samples")
+    p.add_argument("--only", default="matrix,starve,handoff,floor,stress,day",
+                   help="comma-separated sections (default: all): matrix,starve,handoff "
+                        "(against the original) and floor,stress,day (backfilling)")
     opts = p.parse_args(argv)
+    only = set(opts.only.split(","))
+    if not only & {"matrix", "starve", "handoff"}:
+        with tempfile.TemporaryDirectory(prefix="gpu_lock_bench_") as tmpdir:
+            backfill_sections(Path(tmpdir), only)
+        return 0
     scale = opts.scale
     backoff = ORIGINAL_BACKOFF * scale / 60  # the same scaling as the durations
     jobs = make_matrix(scale)

@@ -22,8 +22,20 @@ link, never another user's file (any local user can create names in /dev/shm).
 
 Fairness: waiters are served in ticket order. Walking the queue, every earlier waiter
 claims the free GPUs it needs (a `--count` waiter claims up to its count, a `--devices`
-waiter its listed ones), and a later request may only use what is left, so backfill
-never delays an earlier waiter: an 8-GPU request collects GPUs as they free up.
+waiter its listed ones), and a later request may only use what is left, so an 8-GPU
+request collects GPUs as they free up.
+
+Backfilling (EASY, as batch schedulers do it): the first waiter that cannot start, the
+head, gets a reservation: the earliest time enough GPUs free up, from the holders'
+expected ends (`since + expect` in their records). A later waiter that declared how long it
+expects to hold (`expect`) may borrow the GPUs the head has claimed if it is expected to end
+by that reservation (give or take BACKFILL_SLACK, so that waiters woken by one release tie),
+so the head never starts later than it would have (beyond that slack). GPUs lent by the
+head count as free in its reservation, so backfillers never push it back. A holder with no
+expectation, or one past it (an overrun), counts as ending now: its GPUs may free up any
+moment, so nothing is lent against them. Each waiter can be passed by backfilling at most
+MAX_PASSES times (counts in the queue file after its header); a waiter that asked for strict
+FIFO (`backfill=False`, `--no-backfill`, SLIME_CI_NO_BACKFILL) never backfills.
 """
 
 from __future__ import annotations
@@ -54,6 +66,15 @@ DEFAULT_TIMEOUT = 86400.0
 # telling anyone (SIGKILL: the kernel frees the flock but nobody bumps the generation).
 POLL = 0.01
 FULL_CHECK = 0.2
+# How often a waiter may be passed by backfilling before nobody may pass it any more: a
+# bound on what wrong expectations can cost it (honest ones cost the head nothing).
+MAX_PASSES = 16
+# A backfiller may be expected to end this long after the head's reservation: waiters woken
+# by one release decide one after another, milliseconds to a few hundred apart on a busy
+# host, and without it one deciding just after another started would lose every tie. It
+# is the most the head can start later than under strict FIFO (with honest expectations).
+BACKFILL_SLACK = 0.5
+NO_BACKFILL_ENV = "SLIME_CI_NO_BACKFILL"
 
 _HEADER = 64
 # Largest holder record or ticket read: ours are a few hundred bytes; a bigger one was not
@@ -121,6 +142,16 @@ class Holder:
     since: float | None
     host: str
     child_pid: int | None
+    expect: float | None = None  # seconds it said it would hold
+    ticket: int | None = None
+    passed: tuple[int, ...] = ()  # tickets it started ahead of by backfilling
+
+    def overrun(self, now: float) -> float | None:
+        """Seconds past its expected end, or None while within it (or without one)."""
+        if self.expect is None or self.since is None:
+            return None
+        late = now - (self.since + self.expect)
+        return late if late > 0 else None
 
     @property
     def local(self) -> bool:
@@ -173,6 +204,9 @@ class Waiter:
     count: int | None
     devices: tuple[int, ...] | None
     host: str
+    expect: float | None = None
+    backfill: bool = True  # False: asked for strict FIFO
+    passes: int = 0  # times later waiters started ahead of it by backfilling
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,6 +216,9 @@ class Status:
     gpus: tuple[GpuState, ...]
     waiters: tuple[Waiter, ...]
     ignored: tuple[str, ...] = ()  # queue entries that are no ticket of a live waiter, and why
+    head: int | None = None  # the first waiter that cannot start now
+    reservation: float | None = None  # when the head's GPUs are expected free (epoch seconds)
+    now: float = 0.0  # when it was read
 
 
 # ---------------------------------------------------------------- validation
@@ -344,10 +381,34 @@ def _float_or_none(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _expect_or_none(value: object) -> float | None:
+    got = _float_or_none(value)
+    return got if got is not None and 0 < got < float("inf") else None
+
+
+def _ints(value: object) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool))
+
+
 def _holder_from(record: dict[str, object]) -> Holder:
     return Holder(pid=_int_or_none(record.get("pid")), command=str(record.get("command", "")),
                   since=_float_or_none(record.get("since")), host=str(record.get("host", "")),
-                  child_pid=_int_or_none(record.get("child_pid")))
+                  child_pid=_int_or_none(record.get("child_pid")),
+                  expect=_expect_or_none(record.get("expect")),
+                  ticket=_int_or_none(record.get("ticket")), passed=_ints(record.get("passed")))
+
+
+def expected_end(record: dict[str, object], now: float) -> float:
+    """When a holder's GPUs are expected free: `since + expect`, but never before `now`.
+
+    Without an expectation, or past it (an overrun), its GPUs may free up any moment: now.
+    """
+    since, expect = _float_or_none(record.get("since")), _expect_or_none(record.get("expect"))
+    if since is None or expect is None:
+        return now
+    return max(now, since + expect)
 
 
 def _shorten(text: str, limit: int = 80) -> str:
@@ -378,6 +439,28 @@ def _write_counters(fd: int, ticket: int, gen: int) -> None:
     os.pwrite(fd, f"v1 {ticket:020d} {gen:020d}\n".encode().ljust(_HEADER - 1) + b"\n", 0)
 
 
+def _read_passes(fd: int) -> dict[int, int]:
+    """Times each waiter was passed by backfilling, kept after the counters' header."""
+    try:
+        raw = json.loads(os.pread(fd, _RECORD_LIMIT, _HEADER).decode("utf-8", "replace") or "{}")
+    except (ValueError, RecursionError):
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    passes = {}
+    for key, value in raw.items():
+        n = _int_or_none(value)
+        if key.isdigit() and n is not None:
+            passes[int(key)] = n
+    return passes
+
+
+def _write_passes(fd: int, passes: dict[int, int]) -> None:
+    data = json.dumps({str(k): v for k, v in sorted(passes.items())}).encode()
+    os.ftruncate(fd, _HEADER)
+    os.pwrite(fd, data, _HEADER)
+
+
 def _bump(fd: int) -> None:
     ticket, gen = _read_counters(fd)
     _write_counters(fd, ticket, gen + 1)
@@ -396,6 +479,12 @@ class _Ticket:
     count: int | None
     devices: tuple[int, ...] | None
     record: dict[str, object]
+    expect: float | None = None
+    backfill: bool = True
+
+    @property
+    def size(self) -> int:
+        return self.count if self.count is not None else len(self.devices or ())
 
 
 def _tickets_dir_state(directory: str) -> bool:
@@ -469,7 +558,9 @@ def _read_ticket(directory: str, name: str) -> _Ticket | str | None:
             if isinstance(devices, list) else None)
     if (count is None) == (devs is None):
         return "not a ticket record"
-    return _Ticket(number=number, count=count, devices=devs, record=record)
+    return _Ticket(number=number, count=count, devices=devs, record=record,
+                   expect=_expect_or_none(record.get("expect")),
+                   backfill=record.get("backfill") is not False)
 
 
 def _queue_entries(pattern: str) -> tuple[list[_Ticket], list[str]]:
@@ -511,42 +602,152 @@ def claim(count: int | None, devices: tuple[int, ...] | None,
     return avail[:n], avail[n:]
 
 
-def _probe_free(pattern: str, total: int) -> dict[int, int]:
-    """Lock every free GPU (non-blocking); returns gpu -> locked fd. Queue lock held."""
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """What the queue decides at one moment: who may start now on which GPUs.
+
+    `starts` maps a ticket to the GPUs it may take now; `passed` a backfilling ticket to the
+    earlier waiters it starts ahead of; `head` is the first waiter that must wait and
+    `reservation` when its GPUs are expected free.
+    """
+
+    starts: dict[int, tuple[int, ...]]
+    passed: dict[int, tuple[int, ...]]
+    head: int | None
+    reservation: float | None
+
+
+def _reservation(ticket: _Ticket, ends: dict[int, float]) -> float:
+    """When `ticket` could start if nobody else took a GPU: from each GPU's expected end."""
+    never = float("inf")  # a GPU this machine lacks: a request that can never start
+    if ticket.devices is not None:
+        return max(ends.get(g, never) for g in ticket.devices)
+    ordered = sorted(ends.values())
+    return ordered[ticket.size - 1] if ticket.size <= len(ordered) else never
+
+
+def schedule(tickets: Sequence[_Ticket], free: Sequence[int], ends: dict[int, float],
+             now: float, passes: dict[int, int] | None = None, *,
+             lent: dict[int, tuple[int, ...]] | None = None, slack: float | None = None,
+             max_passes: int = MAX_PASSES) -> Schedule:
+    """Walk the queue in ticket order (EASY backfilling).
+
+    `free`: GPUs nobody holds; `ends`: each held GPU's expected end (see `expected_end`).
+    A waiter that fits in what earlier waiters left starts. The first that does not is the
+    head: it claims the free GPUs it can use and gets a reservation. A later waiter with an
+    expectation that ends by the reservation (give or take `slack`, default BACKFILL_SLACK),
+    and that passes nobody passed `max_passes` times already, may start on the head's
+    claimed GPUs too; any other waits and claims.
+
+    `lent`: per held GPU, the tickets its holder backfilled past. GPUs lent by the head count
+    as ending now in its reservation: a backfiller expected to end `slack` after it never
+    moves it, so `slack` is all the head can lose, however many backfill one after another.
+    """
+    passes = passes or {}
+    lent = lent or {}
+    slack = BACKFILL_SLACK if slack is None else slack
+    est = dict(ends)
+    est.update((g, now) for g in free)
+    avail = sorted(free)
+    lend: list[int] = []
+    head: _Ticket | None = None
+    reservation: float | None = None
+    waiting: list[int] = []
+    starts: dict[int, tuple[int, ...]] = {}
+    passed: dict[int, tuple[int, ...]] = {}
+    for t in tickets:
+        mine, rest = claim(t.count, t.devices, avail)
+        if len(mine) == t.size:
+            starts[t.number] = tuple(mine)
+            avail = rest
+            if head is None:  # starts now, expected to end after its expectation
+                est.update((g, now + (t.expect or 0.0)) for g in mine)
+            continue
+        if head is None:
+            number = t.number
+            head = t
+            reservation = _reservation(t, {g: now if number in lent.get(g, ()) else end
+                                           for g, end in est.items()})
+            lend, avail = mine, rest
+            waiting.append(t.number)
+            continue
+        assert reservation is not None
+        if (t.backfill and t.expect is not None and now + t.expect <= reservation + slack
+                and all(passes.get(w, 0) < max_passes for w in waiting)):
+            borrowed, _ = claim(t.count, t.devices, avail + lend)
+            if len(borrowed) == t.size:
+                starts[t.number] = tuple(sorted(borrowed))
+                passed[t.number] = tuple(waiting)
+                avail = [g for g in avail if g not in borrowed]
+                lend = [g for g in lend if g not in borrowed]
+                continue
+        _, avail = claim(t.count, t.devices, avail)
+        waiting.append(t.number)
+    return Schedule(starts=starts, passed=passed, head=head.number if head else None,
+                    reservation=reservation)
+
+
+def _probe(pattern: str, total: int, now: float
+           ) -> tuple[dict[int, int], dict[int, float], dict[int, tuple[int, ...]]]:
+    """Lock every free GPU (non-blocking): (gpu -> locked fd, held gpu -> expected end,
+    held gpu -> tickets its holder backfilled past). Queue lock held."""
     free: dict[int, int] = {}
+    ends: dict[int, float] = {}
+    lent: dict[int, tuple[int, ...]] = {}
     try:
         for gpu in range(total):
             fd = _open(gpu_path(pattern, gpu))
             if _try_lock(fd):
                 free[gpu] = fd
             else:
+                record = _read_record_fd(fd)
                 os.close(fd)
+                ends[gpu] = expected_end(record, now)
+                lent[gpu] = _ints(record.get("passed"))
     except BaseException:
         for fd in free.values():
             os.close(fd)
         raise
-    return free
+    return free, ends, lent
 
 
-def _try_take(pattern: str, req: Request, ticket: int,
-              record: dict[str, object]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """Take the GPUs for `ticket` if fair; returns (devices, fds) or None. Queue lock held."""
-    free = _probe_free(pattern, req.total_gpus)
-    avail = sorted(free)
-    for t in _live_tickets(pattern):
-        if t.number >= ticket:
-            break
-        _, avail = claim(t.count, t.devices, avail)
-    mine, _ = claim(req.count, req.devices, avail)
-    if len(mine) < req.size:
-        mine = []
-    for gpu, fd in free.items():
-        if gpu not in mine:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+def _try_take(pattern: str, req: Request, ticket: int, record: dict[str, object],
+              now: float | None = None) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Take the GPUs for `ticket` if fair; returns (devices, fds) or None. Queue lock held.
+
+    `now` (epoch seconds, default the clock) is when the decision is taken: the holder
+    records say so, and expectations are measured from it.
+    """
+    now = time.time() if now is None else now
+    free: dict[int, int] = {}
+    mine: list[int] = []
+    qfd = _open(queue_path(pattern))
+    try:
+        free, ends, lent = _probe(pattern, req.total_gpus, now)
+        queue = _live_tickets(pattern)
+        tickets = [t for t in queue if t.number <= ticket]  # later ones do not matter here
+        passes = _read_passes(qfd)
+        plan = schedule(tickets, sorted(free), ends, now, passes, lent=lent)
+        mine = list(plan.starts.get(ticket, ()))
+        passed = plan.passed.get(ticket, ())
+        if mine and passed:
+            live = {t.number for t in queue}  # the counts of waiters gone are dropped
+            passes = {k: v for k, v in passes.items() if k in live}
+            for w in passed:
+                passes[w] = passes.get(w, 0) + 1
+            _write_passes(qfd, passes)
+    except BaseException:
+        mine = []  # nothing is taken: every probed GPU is let go
+        raise
+    finally:
+        os.close(qfd)
+        for gpu, fd in free.items():
+            if gpu not in mine:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
     if not mine:
         return None
-    now_record = dict(record, since=time.time())
+    now_record = dict(record, since=now, passed=list(passed))
     fds = tuple(free[g] for g in mine)
     for gpu, fd in zip(mine, fds, strict=True):
         _write_record_fd(fd, dict(now_record, gpu=gpu))
@@ -614,19 +815,33 @@ def _timeout_message(pattern: str, req: Request, ticket: int, timeout: float) ->
             "wait, free them, or pass a longer --timeout")
 
 
+def backfill_default() -> bool:
+    """Whether to backfill when not told: yes, unless SLIME_CI_NO_BACKFILL is set (not 0)."""
+    return os.environ.get(NO_BACKFILL_ENV, "").strip().lower() in ("", "0", "false", "no")
+
+
 def acquire(*, count: int | None = None, devices: Sequence[int] | None = None,
             total_gpus: int, lock_path_pattern: str = DEFAULT_PATTERN,
             timeout: float = DEFAULT_TIMEOUT, command: str = "",
-            poll: float = POLL, stop: Callable[[], bool] | None = None) -> Lease:
+            poll: float = POLL, stop: Callable[[], bool] | None = None,
+            expect: float | None = None, backfill: bool | None = None) -> Lease:
     """Wait in the fair queue, then lock the GPUs all at once; release with `release()`.
 
     `stop`, polled while waiting, gives up the place in the queue (raises `Abandoned`).
+    `expect`: seconds this request expects to hold its GPUs; with it, it may start early on
+    GPUs the head of the queue waits for, if it ends by the head's reservation (`backfill`;
+    default `backfill_default()`). Without it, it never backfills, and counts as a holder
+    that may end any moment.
     """
     pattern = validate_pattern(lock_path_pattern)
     req = make_request(count=count, devices=devices, total_gpus=total_gpus)
     seconds("--timeout", timeout, zero=True, forever=True)
+    if expect is not None:
+        seconds("--expect", expect)
     record: dict[str, object] = {"pid": os.getpid(), "command": command,
-                                 "host": socket.gethostname(), "since": time.time()}
+                                 "host": socket.gethostname(), "since": time.time(),
+                                 "expect": expect,
+                                 "backfill": backfill_default() if backfill is None else backfill}
     deadline = time.monotonic() + timeout
     watch = _open(queue_path(pattern))
     try:
@@ -684,11 +899,13 @@ def release(lease: Lease) -> None:
 def hold(*, count: int | None = None, devices: Sequence[int] | None = None,
          total_gpus: int, lock_path_pattern: str = DEFAULT_PATTERN,
          timeout: float = DEFAULT_TIMEOUT, command: str = "",
-         poll: float = POLL, stop: Callable[[], bool] | None = None) -> Iterator[Lease]:
-    """Hold GPUs exclusively for the `with` block; thread- and process-safe, fair FIFO."""
+         poll: float = POLL, stop: Callable[[], bool] | None = None,
+         expect: float | None = None, backfill: bool | None = None) -> Iterator[Lease]:
+    """Hold GPUs exclusively for the `with` block; thread- and process-safe, fair FIFO
+    with backfilling (see `acquire`)."""
     lease = acquire(count=count, devices=devices, total_gpus=total_gpus,
                     lock_path_pattern=lock_path_pattern, timeout=timeout, command=command,
-                    poll=poll, stop=stop)
+                    poll=poll, stop=stop, expect=expect, backfill=backfill)
     try:
         yield lease
     finally:
@@ -704,9 +921,11 @@ def read_status(lock_path_pattern: str = DEFAULT_PATTERN,
     pattern = validate_pattern(lock_path_pattern)
     check_total(total_gpus)
     gpus = []
+    now = time.time()
+    ends: dict[int, float] = {}
     # Probing takes a lock for an instant; under the queue lock no allocator of ours is
     # looking at the same moment, so the probe never makes a request fail.
-    with _queue_locked(pattern):
+    with _queue_locked(pattern) as qfd:
         for gpu in range(total_gpus):
             path = gpu_path(pattern, gpu)
             try:
@@ -717,18 +936,27 @@ def read_status(lock_path_pattern: str = DEFAULT_PATTERN,
             try:
                 # A record whose lock is free was left by a dead holder: it means nothing.
                 free = _try_lock(fd, fcntl.LOCK_SH)
-                holder = None if free else _holder_from(_read_record_fd(fd))
+                record = {} if free else _read_record_fd(fd)
             finally:
                 os.close(fd)
+            holder = None if free else _holder_from(record)
+            if holder is not None:
+                ends[gpu] = expected_end(record, now)
             gpus.append(GpuState(gpu=gpu, path=path, holder=holder))
         tickets, ignored = _queue_entries(pattern)
+        passes = _read_passes(qfd)
+    lent = {g.gpu: g.holder.passed for g in gpus if g.holder is not None}
+    plan = schedule(tickets, [g.gpu for g in gpus if g.holder is None], ends, now, passes,
+                    lent=lent)
     waiters = tuple(
         Waiter(ticket=t.number, pid=_int_or_none(t.record.get("pid")),
                command=str(t.record.get("command", "")),
                since=_float_or_none(t.record.get("since")), count=t.count, devices=t.devices,
-               host=str(t.record.get("host", "")))
+               host=str(t.record.get("host", "")), expect=t.expect, backfill=t.backfill,
+               passes=passes.get(t.number, 0))
         for t in tickets)
-    return Status(gpus=tuple(gpus), waiters=waiters, ignored=tuple(ignored))
+    return Status(gpus=tuple(gpus), waiters=waiters, ignored=tuple(ignored), head=plan.head,
+                  reservation=plan.reservation, now=now)
 
 
 def free_now(lock_path_pattern: str = DEFAULT_PATTERN,

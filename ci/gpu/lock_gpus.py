@@ -30,13 +30,17 @@ _LOCK_EPILOG = """\
 examples:
   python -m ci lock-gpus --count 4 -- python tests/e2e/test_x.py --flag "a b"
   python -m ci lock-gpus --devices 0,2 --timeout 600 -- bash run.sh
+  python -m ci lock-gpus --count 1 --expect 300 -- python tests/test_small.py
   python -m ci lock-gpus --print-only
 
-Requests queue in arrival order; a later request starts early only with GPUs no
-earlier waiter needs. Impossible requests fail at once (exit 2); a timeout names
-the holders (exit 124). SIGINT/SIGTERM/SIGHUP go to the command's process group,
-then after --grace seconds SIGKILL; the exit code is then 128+signal. Otherwise
-the command's own exit code passes through (killed by signal N: 128+N).
+Requests queue in arrival order. A later request starts early with GPUs no
+earlier waiter needs, or, with --expect, on GPUs the first waiter is waiting
+for if it is expected to end before they would all be free anyway (backfilling;
+--no-backfill or SLIME_CI_NO_BACKFILL=1: strict FIFO). Impossible requests fail
+at once (exit 2); a timeout names the holders (exit 124). SIGINT/SIGTERM/SIGHUP
+go to the command's process group, then after --grace seconds SIGKILL; the exit
+code is then 128+signal. Otherwise the command's own exit code passes through
+(killed by signal N: 128+N).
 """
 
 
@@ -61,6 +65,13 @@ def _lock_parser() -> _Parser:
     p.add_argument("--timeout", type=float, default=allocator.DEFAULT_TIMEOUT,
                    help="give up waiting after this many seconds (exit 124; 0: do not wait; "
                         f"inf: wait forever; default {allocator.DEFAULT_TIMEOUT:g})")
+    p.add_argument("--expect", type=float, default=None, metavar="SECONDS",
+                   help="how long CMD is expected to hold the GPUs (e.g. its p90): lets it "
+                        "backfill, and lets others plan around it; without it, it never "
+                        "backfills")
+    p.add_argument("--no-backfill", action="store_true",
+                   help="strict FIFO: never start ahead of an earlier waiter on GPUs it waits "
+                        f"for (also: {allocator.NO_BACKFILL_ENV}=1)")
     p.add_argument("--target-env-name", default="CUDA_VISIBLE_DEVICES",
                    help="variable that tells CMD its GPUs (default CUDA_VISIBLE_DEVICES)")
     p.add_argument("--lock-path-pattern", default=allocator.DEFAULT_PATTERN,
@@ -182,6 +193,8 @@ def main(argv: Sequence[str]) -> int:
     # inf would overflow the SIGKILL timer, and nan would never fire it: the command would
     # outlive the signal forever.
     seconds("--grace", opts.grace, zero=True, most=MAX_GRACE)
+    if opts.expect is not None:
+        seconds("--expect", opts.expect)
     env_name("--target-env-name", opts.target_env_name)
     if opts.print_only:
         return _print_only(opts, pattern, total)
@@ -195,7 +208,8 @@ def main(argv: Sequence[str]) -> int:
     try:
         with allocator.hold(count=opts.count, devices=opts.devices, total_gpus=total,
                            lock_path_pattern=pattern, timeout=opts.timeout,
-                           command=text) as lease:
+                           command=text, expect=opts.expect,
+                           backfill=False if opts.no_backfill else None) as lease:
             visible = ",".join(map(str, lease.devices))
             print(f"lock-gpus: holding GPU(s) {visible} "
                   f"({opts.target_env_name}={visible}) for: {text}", file=sys.stderr, flush=True)
@@ -229,23 +243,62 @@ def _when(ts: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts)) if ts is not None else "?"
 
 
+def _secs(x: float) -> str:
+    return f"{x:.0f}s" if x >= 10 else f"{x:.1f}s"
+
+
+def _expect_note(expect: float | None, since: float | None, now: float) -> str:
+    """'expects 300s, 120s left' / 'expects 300s, OVERRUN by 20s' / 'no expectation'."""
+    if expect is None:
+        return "no expectation"
+    if since is None:
+        return f"expects {_secs(expect)}"
+    left = since + expect - now
+    if left < 0:
+        return f"expects {_secs(expect)}, OVERRUN by {_secs(-left)}"
+    return f"expects {_secs(expect)}, {_secs(left)} left"
+
+
 def format_status(st: allocator.Status) -> str:
-    """The `gpu-status` table: GPUs, then the queue in arrival order."""
+    """The `gpu-status` table: GPUs, then the queue in arrival order, the head's reservation."""
     lines = [f"{'GPU':<4} {'state':<5} {'pid':>8}  {'since':<8}  command"]
+    holders: dict[allocator.Holder, list[int]] = {}
     for g in st.gpus:
         h = g.holder
         if h is None:
             lines.append(f"{g.gpu:<4} free")
             continue
+        holders.setdefault(h, []).append(g.gpu)
         pid = str(h.acting_pid) if h.acting_pid is not None else "?"
         lines.append(f"{g.gpu:<4} held  {pid:>8}  {_when(h.since):<8}  {h.command}")
+    for h, gpus in holders.items():
+        note = _expect_note(h.expect, h.since, st.now)
+        if h.expect is None and not h.passed:
+            continue
+        who = f"pid {h.acting_pid}" if h.acting_pid is not None else "?"
+        line = f"  GPU {','.join(map(str, gpus))} ({who}): {note}"
+        if h.passed:
+            line += f"; backfilled past #{', #'.join(map(str, h.passed))}"
+        lines.append(line)
     if st.waiters:
         lines.append(f"queue ({len(st.waiters)} waiting, first served first):")
         for w in st.waiters:
             want = (f"GPUs {','.join(map(str, w.devices))}" if w.devices is not None
                     else f"{w.count} GPU(s)")
+            notes = [f"expects {_secs(w.expect)}" if w.expect is not None
+                     else "no expectation"]
+            if not w.backfill:
+                notes.append("strict FIFO")
+            if w.passes:
+                notes.append(f"passed {w.passes}x by backfilling")
+            if w.ticket == st.head:
+                notes.append("head, reserved " + (
+                    "never (more GPUs than exist)" if st.reservation == float("inf")
+                    else f"from {_when(st.reservation)}" if st.reservation is not None
+                    and st.reservation > st.now else "now: its GPUs may free up any moment"))
             lines.append(f"  #{w.ticket} pid {w.pid} since {_when(w.since)} wants {want}: "
                          f"{w.command}")
+            lines.append(f"      {'; '.join(notes)}")
     else:
         lines.append("queue: empty")
     lines += [f"ignored {why}" for why in st.ignored]
@@ -254,15 +307,24 @@ def format_status(st: allocator.Status) -> str:
 
 def status_as_json(st: allocator.Status) -> str:
     """The status as JSON for scripts."""
+    def overrun(h: allocator.Holder | None) -> float | None:
+        return h.overrun(st.now) if h is not None else None
+
     return json.dumps({
         "gpus": [dict(gpu=g.gpu, state="free" if g.holder is None else "held",
                       pid=g.holder.acting_pid if g.holder else None,
                       child_pid=g.holder.child_pid if g.holder else None,
                       command=g.holder.command if g.holder else None,
-                      since=g.holder.since if g.holder else None) for g in st.gpus],
+                      since=g.holder.since if g.holder else None,
+                      expect=g.holder.expect if g.holder else None,
+                      overrun=overrun(g.holder),
+                      passed=list(g.holder.passed) if g.holder else []) for g in st.gpus],
         "waiters": [{"ticket": w.ticket, "pid": w.pid, "command": w.command, "since": w.since,
-                     "count": w.count, "devices": list(w.devices) if w.devices else None}
+                     "count": w.count, "devices": list(w.devices) if w.devices else None,
+                     "expect": w.expect, "backfill": w.backfill, "passes": w.passes}
                     for w in st.waiters],
+        "head": st.head,
+        "reservation": st.reservation if st.reservation != float("inf") else None,
         "ignored": list(st.ignored),
     }, indent=2)
 

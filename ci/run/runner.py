@@ -49,7 +49,8 @@ from ci.select.entries import ResolvedEntry
 
 # Acquires GPUs for an entry; blocks until they are free, or until `stop()` says to give up
 # (raising allocator.Abandoned). Given (count, command, stop).
-Acquire = Callable[[int, str, Callable[[], bool]], AbstractContextManager[Lease]]
+# (GPUs, command, stop, expected seconds of holding: the history's p90 or None)
+Acquire = Callable[[int, str, Callable[[], bool], float | None], AbstractContextManager[Lease]]
 POLL = 0.1  # seconds between the main thread's looks at its workers and at signals
 
 
@@ -269,10 +270,14 @@ class RetryPolicy:
 class GpuQueue:
     """The GPUs an entry waits for and holds (the run's lock files), shown on the heartbeat."""
 
-    def __init__(self, acquire: Acquire | None, progress: Progress, stop: Callable[[], bool]) -> None:
+    def __init__(self, acquire: Acquire | None, progress: Progress, stop: Callable[[], bool],
+                 estimates: Mapping[str, float] | None = None) -> None:
         self._acquire = acquire
         self._progress = progress
         self._stop = stop
+        # The history's p90 per entry: the lock lets an entry with one start early on GPUs
+        # a bigger request is still waiting for, when it is expected to be done in time.
+        self._estimates = estimates or {}
 
     def waits(self, entry: ResolvedEntry) -> bool:
         return bool(entry.num_gpus) and self._acquire is not None
@@ -285,7 +290,8 @@ class GpuQueue:
         command = " ".join((entry.path, *entry.test_args))
         self._progress.queued(entry.id)
         try:
-            with self._acquire(entry.num_gpus, command, self._stop) as lease:
+            with self._acquire(entry.num_gpus, command, self._stop,
+                               self._estimates.get(entry.id)) as lease:
                 self._progress.settled(entry.id)
                 yield lease
         finally:
@@ -305,7 +311,7 @@ class Runner:
         self.layout = AttemptLayout(cfg.work_dir, cfg.base_env)
         self.policy = RetryPolicy(retries=cfg.retries)
         self._cores = CoreSlots(cfg.jobs)
-        self._gpus = GpuQueue(cfg.acquire, self.progress, self.groups.stopping.is_set)
+        self._gpus = GpuQueue(cfg.acquire, self.progress, self.groups.stopping.is_set, cfg.estimates)
 
     def _stopping(self) -> bool:
         return self.groups.stopping.is_set()

@@ -39,6 +39,16 @@ def test_lock_gpus_exit_code_passes_through_and_bad_requests_exit_2(tmp_path):
     assert too_many.stderr.strip().startswith("error: --count 3 is more than the 2 GPU(s)")
 
 
+def test_lock_gpus_forwards_expect_and_no_backfill(tmp_path):
+    pattern = str(tmp_path / "gpu_{gpu_id}.lock")
+    bad = _invoke("lock-gpus", "--count", "1", "--total-gpus", "2", "--lock-path-pattern", pattern,
+                  "--expect", "0", "--no-backfill", "--", "true")
+    assert bad.returncode == 2 and "--expect 0" in bad.stderr, bad.stderr
+    ok = _invoke("lock-gpus", "--count", "1", "--total-gpus", "2", "--lock-path-pattern", pattern,
+                 "--expect", "5", "--no-backfill", "--", "true")
+    assert ok.returncode == 0, ok.stderr
+
+
 def test_audit_and_plan_tasks():
     audit = _invoke("audit")
     assert audit.returncode == 0, audit.stdout

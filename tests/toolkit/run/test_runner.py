@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: t
 from _ci import PASSING, REPO, code, run_ci, write
 
 from ci.log import Log
+from ci.run.pipeline import _acquirer
 from ci.run.runner import RunConfig, Runner
 from ci.select.entries import ResolvedEntry
 
@@ -392,3 +393,26 @@ def test_empty_gpu_suite_is_exit_3(tmp_path):
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
+
+
+def test_gpu_entries_hold_their_gpus_expecting_the_history_p90(tmp_path):
+    # The entry reads its GPU's holder record (the lock is advisory) while holding it.
+    pattern = str(tmp_path / "locks" / "gpu_{gpu_id}.lock")
+    (tmp_path / "locks").mkdir()
+    script = ("import os\nNUM_GPUS = 1\nroot = os.environ['REC_DIR']\n"
+              "gpu = os.environ['CUDA_VISIBLE_DEVICES'].split(',')[0]\n"
+              "rec = open(os.path.join(root, 'locks', f'gpu_{gpu}.lock')).read()\n"
+              "open(os.path.join(root, os.path.basename(__file__) + '.rec'), 'w').write(rec)\n")
+    write(tmp_path, {"tests/e2e/test_known.py": script, "tests/e2e/test_new.py": script})
+    entries = [ResolvedEntry(id=p, path=p, timeout=30, num_gpus=1, kind="script")
+               for p in ("tests/e2e/test_known.py", "tests/e2e/test_new.py")]
+    cfg = RunConfig(root=tmp_path, work_dir=tmp_path / "work", jobs=1,
+                    acquire=_acquirer(2, pattern, 60), estimates={entries[0].id: 42.5},
+                    base_env={**os.environ, "REC_DIR": str(tmp_path)})
+    with open(os.devnull, "w") as sink:
+        results = Runner(cfg, Log(actions=False, stream=sink)).run(entries)
+    assert [r.outcome for r in results] == ["passed", "passed"], [r.reason for r in results]
+    known = json.loads((tmp_path / "test_known.py.rec").read_text())
+    new = json.loads((tmp_path / "test_new.py.rec").read_text())
+    assert known["expect"] == 42.5 and known["command"] == "tests/e2e/test_known.py"
+    assert new["expect"] is None  # no history: it never backfills
