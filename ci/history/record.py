@@ -169,7 +169,10 @@ def write_after(url: str | None, run: RunRecord, *, root: Path, durations: Mappi
     try:
         with open_store(url) as store:
             if store.counts()["runs"] == 0:
-                import_durations(store, durations, hardware=run.hardware, suite=run.suite)
+                try:
+                    import_durations(store, durations, hardware=run.hardware, suite=run.suite)
+                except RecordRefused as exc:  # a hand-edited durations.json never costs the run
+                    warn(f"history: durations.json not imported ({exc})")
             replayed = replay(store, root, warn)
             store.record(run)
     except RecordRefused as exc:

@@ -150,6 +150,15 @@ def test_a_poisoned_spool_file_is_set_aside_and_later_runs_record(store_url, tmp
         assert sorted(r.uid for r in store.runs()) == ["good", "next-0", "next-1"]
 
 
+def test_durations_the_store_cannot_hold_never_cost_the_run_its_record(store_url, tmp_path):
+    warned: list[str] = []
+    assert write_after(store_url, _run("kept"), root=tmp_path, durations={"tests/a\x00.py": 1.0},
+                       warn=warned.append, note=lambda _line: None)
+    assert len(warned) == 1 and "durations.json not imported" in warned[0], warned
+    with open_store(store_url) as store:
+        assert [r.uid for r in store.runs()] == ["kept"]
+
+
 def test_nan_seconds_is_refused_not_reported_as_already_recorded(store_url):
     nan = _run("nan", attempts=(AttemptRecord(entry_id="e", path="p", attempt=1, final=True,
                                               outcome="passed", seconds=math.nan),))
