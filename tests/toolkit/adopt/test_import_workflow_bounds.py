@@ -8,7 +8,6 @@ seconds and with nothing written; a value within the bounds is still cut in a me
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from pathlib import Path

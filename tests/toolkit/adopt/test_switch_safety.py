@@ -121,5 +121,14 @@ def test_uncommitted_edits_are_kept_and_named_until_committed_or_forced(repo: Pa
     assert "the original helpers" not in (repo / U_FILE).read_text()
 
 
+def test_edits_it_cannot_see_are_never_overwritten(repo: Path) -> None:
+    (repo / ".git" / "HEAD").write_text("garbage\n")  # git can no longer tell what changed
+    before = {p: p.read_bytes() for p in repo.rglob("*") if p.is_file() and ".git" not in p.parts}
+    done = _adopt(repo)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stdout + done.stderr
+    assert "git status in" in done.stderr and "adopt will not overwrite edits it cannot see" in done.stderr
+    assert {p: p.read_bytes() for p in repo.rglob("*") if p.is_file() and ".git" not in p.parts} == before
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))

@@ -56,7 +56,7 @@ def store_url(request, tmp_path):
 
 
 def _run(uid: str, **fields) -> RunRecord:
-    return RunRecord(uid=uid, suite="s", started_at=1.0, ended_at=2.0, exit_code=0, **fields)
+    return RunRecord(**{"uid": uid, "suite": "s", "started_at": 1.0, "ended_at": 2.0, "exit_code": 0, **fields})
 
 
 # ---- metrics.jsonl ----------------------------------------------------------------------
@@ -159,6 +159,22 @@ def test_durations_the_store_cannot_hold_never_cost_the_run_its_record(store_url
         assert [r.uid for r in store.runs()] == ["kept"]
 
 
+def test_a_shard_run_the_store_cannot_hold_leaves_the_merge_going(store_url, tmp_path, monkeypatch):
+    import ci.history.store as store_module
+    from ci.history.job import merge_stores
+
+    shard = tmp_path / "shard" / "history.sqlite"
+    with monkeypatch.context() as patched:  # SQLite keeps a branch past its column; PostgreSQL never
+        patched.setattr(store_module, "check_record", lambda run: None)
+        with open_store(f"sqlite:///{shard}") as store:
+            assert store.record(_run("long", branch="b" * 300)) and store.record(_run("fine"))
+    warned: list[str] = []
+    with open_store(store_url) as store:
+        assert merge_stores(store, [shard], warned.append) == 1
+        assert [r.uid for r in store.runs()] == ["fine"]
+    assert len(warned) == 1 and "branch is 300 characters, more than its 256" in warned[0], warned
+
+
 def test_nan_seconds_is_refused_not_reported_as_already_recorded(store_url):
     nan = _run("nan", attempts=(AttemptRecord(entry_id="e", path="p", attempt=1, final=True,
                                               outcome="passed", seconds=math.nan),))
@@ -166,6 +182,23 @@ def test_nan_seconds_is_refused_not_reported_as_already_recorded(store_url):
         with pytest.raises(RecordRefused, match="seconds nan is not a finite number"):
             store.record(nan)
         assert store.counts() == {"runs": 0, "attempts": 0, "metrics": 0}
+
+
+@pytest.mark.parametrize(("fields", "why"), [
+    ({"attempts": tuple(AttemptRecord(entry_id="e", path="p", attempt=1, final=True, outcome="passed")
+                        for _ in range(2))}, "an attempt is listed twice"),
+    ({"metrics": (MetricPoint(entry_id="e", step=1, name="x", value=1.0),) * 2}, "a metric point is listed twice"),
+    ({"suite": "s\x00"}, "suite holds a NUL character"),
+    ({"suite": "\udcff"}, "suite is not valid Unicode"),
+    ({"pr": "7"}, "pr is str, not an integer"),
+    ({"trusted": 1}, "trusted is int, not a boolean"),
+    ({"started_at": 10**400}, "started_at is past any float"),
+])
+def test_a_hand_made_record_is_refused_naming_its_field(tmp_path, fields, why):
+    with open_store(f"sqlite:///{tmp_path / 'h.sqlite'}") as store:
+        with pytest.raises(RecordRefused, match=why):
+            store.record(_run("hand", **fields))
+        assert store.counts()["runs"] == 0
 
 
 def test_an_integrity_error_is_already_recorded_only_when_the_uid_is_there(store_url, monkeypatch):
