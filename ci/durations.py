@@ -25,8 +25,13 @@ MAX_BYTES = 16 * 1024 * 1024
 
 def _usable(value: object) -> bool:
     # NaN and inf would make every comparison of the LPT order and the shard loads lie.
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value) and value >= 0)
+    # An integer past any float (400 digits) is no duration either: isfinite would raise.
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value) and value >= 0
+    except OverflowError:
+        return False
 
 
 class DurationStore:

@@ -26,12 +26,13 @@ import subprocess
 import sys
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 API_URL = "https://api.github.com"
 API_VERSION = "2022-11-28"
@@ -74,11 +75,12 @@ def read_token(path: Path) -> str:
     """The admin token from a file only its owner can read (never from the environment,
     where every child process would inherit it)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         raise BadInput(f"--token-file {path}: cannot open it ({exc.strerror})") from None
-    with os.fdopen(fd, "r", encoding="utf-8") as f:
-        st = os.fstat(f.fileno())
+    try:  # the descriptor itself: a directory or a FIFO is refused before any read
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise BadInput(f"--token-file {path}: not a regular file")
         if st.st_mode & 0o077:
@@ -86,10 +88,43 @@ def read_token(path: Path) -> str:
                            f"chmod 600 {path}")
         if st.st_uid != os.geteuid():
             raise BadInput(f"--token-file {path}: owned by uid {st.st_uid}, not by you")
-        token = f.read(4096).strip()
-    if not token or any(c.isspace() for c in token):
+        try:
+            token = os.read(fd, 4096).decode("utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            raise BadInput(f"--token-file {path}: not a UTF-8 text file holding the token") from None
+    finally:
+        os.close(fd)
+    if not token or any(c.isspace() for c in token) or not token.isprintable():
         raise BadInput(f"--token-file {path}: holds no single token")
     return token
+
+
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to the same scheme, host and port: urllib would carry the
+    Authorization header (the admin token) to any host a redirect names."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> urllib.request.Request | None:
+        old, new = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
+        if (old.scheme, old.netloc) != (new.scheme, new.netloc):
+            return None  # not followed: the 3xx is GitHub's answer
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_SameOrigin)
+
+
+def _github_message(raw: bytes, token: str) -> str:
+    """GitHub's own one-line `message` of an error answer, never the raw body: a server (or a
+    proxy) that echoes the request would put the Authorization header in the log."""
+    try:
+        message = json.loads(raw).get("message")
+    except (ValueError, AttributeError):
+        return ""
+    if not isinstance(message, str) or token in message or "Bearer" in message:
+        return ""
+    text = "".join(c for c in message if c.isprintable())[:200]
+    return text
 
 
 def _request(cfg: Config, token: str, method: str, path: str, body: object | None = None) -> object:
@@ -98,16 +133,20 @@ def _request(cfg: Config, token: str, method: str, path: str, body: object | Non
         "Accept": "application/vnd.github+json", "Authorization": f"Bearer {token}",
         "X-GitHub-Api-Version": API_VERSION, "Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:  # https, or a test's loopback stand-in
+        with _OPENER.open(req, timeout=30) as resp:  # https, or a test's loopback stand-in
             raw = resp.read(1 << 20)
     except urllib.error.HTTPError as exc:
         if method == "DELETE" and exc.code == 404:
             return None  # the runner unregistered itself after its job
-        raise Failed(f"GitHub answered {exc.code} to {method} {path}: "
-                     f"{exc.read(300).decode(errors='replace').strip() or exc.reason}") from None
+        message = _github_message(exc.read(4096), token)
+        raise Failed(f"GitHub answered {exc.code} to {method} {path}"
+                     + (f": {message}" if message else "")) from None
     except (urllib.error.URLError, OSError) as exc:
         raise Failed(f"cannot reach {cfg.api_url} ({getattr(exc, 'reason', exc)})") from None
-    return json.loads(raw) if raw else None
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:  # also a body that is not UTF-8
+        raise Failed(f"GitHub's answer to {method} {path} is not JSON") from None
 
 
 def register(cfg: Config, token: str, slot: int) -> Registration:
@@ -135,6 +174,17 @@ def child_env(env: Mapping[str, str], token: str) -> dict[str, str]:
 
 
 def serve_slot(cfg: Config, token: str, slot: int, stop: threading.Event, errors: list[str]) -> None:
+    """`_serve_slot`, and a slot that ends on anything unforeseen is an error (exit 1 with
+    --once), never a thread that died while the registrar exits 0."""
+    try:
+        _serve_slot(cfg, token, slot, stop, errors)
+    except Exception as exc:
+        text = f"slot {slot}: stopped by an unexpected {type(exc).__name__}"
+        print(f"registrar: {text}", file=sys.stderr, flush=True)
+        errors.append(text)
+
+
+def _serve_slot(cfg: Config, token: str, slot: int, stop: threading.Event, errors: list[str]) -> None:
     """Keep one runner slot filled: register, run one job, unregister; until stopped."""
     while not stop.is_set():
         try:

@@ -56,6 +56,12 @@ MULTIPROCESS_CORES = 2
 # ~1 ms per entry, so these bounds keep the worst import to seconds.
 MAX_TEMPLATE_BYTES = 256 * 1024
 MAX_ENTRIES = 2000
+# A `set` may name earlier ones, so a few hundred bytes of nested aliases can stand for
+# billions of values: each `set` is refused once its value, expanded, holds more than this
+# many values and characters (slime's whole matrix: ~20 000). What a message quotes of a
+# value is cut as well.
+MAX_VALUE_SIZE = 1_000_000
+MAX_QUOTED_CHARS = 200
 _SPAWN_CALLS = {"spawn", "start_processes", "Process"}
 
 
@@ -92,6 +98,44 @@ class Matrix:
 def _fail(source: str, line: int | None, message: str) -> NoReturn:
     where = f"{source}:{line}" if line else source
     raise UsageError(f"{where}: {message}")
+
+
+class _TooLarge(UsageError):
+    """A `set` whose value expands past MAX_VALUE_SIZE: refused, never skipped."""
+
+
+def shown(value: Any) -> str:
+    """A value for a message: its repr, cut to MAX_QUOTED_CHARS (a matrix value can be huge)."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxlevel, short.maxlist, short.maxdict, short.maxstring, short.maxother = 3, 4, 4, 60, 60
+    text = short.repr(value)
+    return text if len(text) <= MAX_QUOTED_CHARS else text[:MAX_QUOTED_CHARS] + "..."
+
+
+def expanded_size(value: Any, limit: int = MAX_VALUE_SIZE) -> int:
+    """Values plus characters of `value`, with every shared list or dict counted each time
+    it appears (what a render would produce); stops counting past `limit`."""
+    memo: dict[int, int] = {}
+
+    def size(node: Any) -> int:
+        if isinstance(node, str):
+            return 1 + len(node)
+        if not isinstance(node, (list, dict)):
+            return 1
+        key = id(node)
+        if key not in memo:
+            items = list(node.items()) if isinstance(node, dict) else node
+            total = 1
+            for item in items:
+                total += sum(size(x) for x in item) if isinstance(node, dict) else size(item)
+                if total > limit:
+                    break
+            memo[key] = total
+        return memo[key]
+
+    return size(value)
 
 
 def _literal(node: Any, names: Mapping[str, Any], *, source: str) -> Any:
@@ -134,19 +178,35 @@ def parse_template(text: str, *, source: str = "pr-test.yml.j2") -> tuple[dict[s
         tree = env.parse(text)
     except jinja2.TemplateSyntaxError as exc:
         _fail(source, exc.lineno, f"not a valid Jinja2 template with <% %> / << >> delimiters: {exc.message}")
+    except RecursionError:
+        _fail(source, None, "brackets or blocks nested too deeply for a workflow template")
     values: dict[str, Any] = {}
     jobs_node = None
+
+    def evaluate(node: Any, name: str) -> Any:
+        try:
+            value = _literal(node.node, values, source=source)
+        except RecursionError:
+            raise _TooLarge(f"{source}:{node.lineno}: `{name}` is nested too deeply for a "
+                            "workflow matrix") from None
+        if expanded_size(value) > MAX_VALUE_SIZE:
+            raise _TooLarge(f"{source}:{node.lineno}: `{name}` expands to more than {MAX_VALUE_SIZE} "
+                            "values and characters (sets nested in sets?): not a workflow matrix")
+        return value
+
     for node in tree.body:
         if not (isinstance(node, nodes.Assign) and isinstance(node.target, nodes.Name)):
             continue
         name = node.target.name
         if name == "jobs":
             jobs_node = node
-            values[name] = _literal(node.node, values, source=source)
+            values[name] = evaluate(node, name)
             continue
         # Only what the matrix needs must be a literal: a `set` of something else may use filters.
         try:
-            values[name] = _literal(node.node, values, source=source)
+            values[name] = evaluate(node, name)
+        except _TooLarge:
+            raise
         except UsageError:
             values.pop(name, None)
     if jobs_node is None:
@@ -174,22 +234,23 @@ def _shared_tests(jobs_node: Any) -> dict[str, str]:
 def _entry(raw: Any, *, job: str, index: int, source: str, line: int, notes: list[str]) -> MatrixEntry:
     where = f"job {job!r}, test #{index + 1}"
     if not isinstance(raw, dict):
-        _fail(source, line, f"{where}: expected a dict with test_file and num_gpus, got {raw!r}")
+        _fail(source, line, f"{where}: expected a dict with test_file and num_gpus, got {shown(raw)}")
     test_file, num_gpus = raw.get("test_file"), raw.get("num_gpus")
     if not isinstance(test_file, str) or not test_file.endswith(".py"):
-        _fail(source, line, f"{where}: test_file must be a .py path relative to tests/, got {test_file!r}")
+        _fail(source, line, f"{where}: test_file must be a .py path relative to tests/, "
+              f"got {shown(test_file)}")
     _check_inside_tests(test_file, where=where, source=source, line=line)
     if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 0:
-        _fail(source, line, f"{where} ({test_file}): num_gpus must be an integer >= 0, got {num_gpus!r}")
+        _fail(source, line, f"{where} ({test_file}): num_gpus must be an integer >= 0, got {shown(num_gpus)}")
     test_args = raw.get("test_args", "")
     if not isinstance(test_args, str):
-        _fail(source, line, f"{where} ({test_file}): test_args must be one string, got {test_args!r}")
+        _fail(source, line, f"{where} ({test_file}): test_args must be one string, got {shown(test_args)}")
     env = []
     for key, value in raw.items():
         if key in ENTRY_FLAGS:
             env.append((ENTRY_FLAGS[key], str(int(value)) if isinstance(value, bool) else str(value)))
         elif key not in ENTRY_KEYS:
-            notes.append(f"{where} ({test_file}): key {key!r} is not known; ignored")
+            notes.append(f"{where} ({test_file}): key {shown(key)} is not known; ignored")
     return MatrixEntry(test_file=test_file, num_gpus=num_gpus, test_args=tuple(test_args.split()),
                        env=tuple(sorted(env)))
 
@@ -199,17 +260,17 @@ def _check_inside_tests(test_file: str, *, where: str, source: str, line: int) -
     # a file outside the checkout.
     rel = PurePosixPath(test_file)
     if rel.is_absolute() or ".." in rel.parts or "\\" in test_file or "\0" in test_file:
-        _fail(source, line, f"{where}: test_file {test_file!r} must stay inside tests/ "
+        _fail(source, line, f"{where}: test_file {shown(test_file)} must stay inside tests/ "
               "(a relative path without `..`)")
 
 
 def _check_job(name: str, config: dict[str, Any], *, source: str, line: int) -> None:
     label, image = config.get("label"), config.get("image")
     if label is not None and (not isinstance(label, str) or not label.strip()):
-        _fail(source, line, f"job {name!r}: label must be a string such as 'run-ci-megatron', "
-              f"got {label!r}")
+        _fail(source, line, f"job {shown(name)}: label must be a string such as 'run-ci-megatron', "
+              f"got {shown(label)}")
     if image is not None and not isinstance(image, str):
-        _fail(source, line, f"job {name!r}: image must be a string, got {image!r}")
+        _fail(source, line, f"job {shown(name)}: image must be a string, got {shown(image)}")
 
 
 def read_matrix(text: str, *, source: str = "pr-test.yml.j2") -> Matrix:
@@ -229,14 +290,14 @@ def read_matrix(text: str, *, source: str = "pr-test.yml.j2") -> Matrix:
     out = []
     for name, config in jobs.items():
         if not isinstance(name, str) or not isinstance(config, dict):
-            _fail(source, line, f"job {name!r}: expected 'name': {{...}}, got {config!r}")
+            _fail(source, line, f"job {shown(name)}: expected 'name': {{...}}, got {shown(config)}")
         tests = config.get("tests")
         if not isinstance(tests, list):
-            _fail(source, line, f"job {name!r}: `tests` must be a list of entries, got {tests!r}")
+            _fail(source, line, f"job {shown(name)}: `tests` must be a list of entries, got {shown(tests)}")
         _check_job(name, config, source=source, line=line)
         for key in config:
             if key not in JOB_KEYS:
-                notes.append(f"job {name!r}: key {key!r} is not known; ignored")
+                notes.append(f"job {shown(name)}: key {shown(key)} is not known; ignored")
         image = config.get("image")
         extra = config.get("extra_pip_deps", "")
         out.append(MatrixJob(
@@ -441,7 +502,7 @@ def build(matrix: Matrix, root: Path, *, template: str,
     return Imported(text=text, findings=checked.findings, suites=len(matrix.jobs), entries=total)
 
 
-def _read_template(template: Path) -> str:
+def read_template(template: Path) -> str:
     """The template's text: a regular file of at most MAX_TEMPLATE_BYTES (checked, then read)."""
     # O_NONBLOCK: a FIFO given as the template must not hang the command before the check.
     with os.fdopen(os.open(template, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
@@ -459,7 +520,7 @@ def _read_template(template: Path) -> str:
 def import_workflow(template: Path, root: Path) -> Imported:
     """Read `template` and build the registry for `root` (nothing written)."""
     try:
-        text = _read_template(template)
+        text = read_template(template)
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{template}: cannot read the template ({exc}); pass the path of "
                          ".github/workflows/pr-test.yml.j2") from None

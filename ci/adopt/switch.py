@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from ci.adopt.import_workflow import GENERATED_MARK, MatrixJob, build, read_matrix, suite_name
+from ci.adopt.import_workflow import GENERATED_MARK, MatrixJob, build, read_matrix, read_template, suite_name
 from ci.errors import EXIT_OK, UsageError
 from ci.github.job_plan import CHECK_SESSION, table
 from ci.github.workflow import render
@@ -198,6 +198,7 @@ class Adoption:
     kept: tuple[str, ...]  # files it did not write and would not replace (no --force)
     findings: tuple[str, ...]
     report: tuple[str, ...]  # what changed in behaviour, and what to do by hand
+    unsaved: tuple[str, ...] = ()  # files with uncommitted edits it would replace or remove
 
 
 def decide(root: Path, spec: str, *, force: bool) -> Adoption:
@@ -209,8 +210,9 @@ def decide(root: Path, spec: str, *, force: bool) -> Adoption:
     template = root / TEMPLATE
     if not template.is_file():
         _fail(f"{root} has no {TEMPLATE}: adopt imports that template's matrix")
+    _check_inside(root, TEMPLATE)  # read, then rewritten with its banner: never through a link
     try:
-        text = template.read_text(encoding="utf-8")
+        text = read_template(template)  # a regular file of bounded size
     except (OSError, UnicodeDecodeError) as exc:
         _fail(f"{template}: cannot read the template ({exc.__class__.__name__}: {exc})")
     if not (root / "tests").is_dir():
@@ -225,7 +227,10 @@ def decide(root: Path, spec: str, *, force: bool) -> Adoption:
     files |= render(table(reg.suites, reg.style), reg.style)
     if not text.startswith(RETIRED):
         files[TEMPLATE] = RETIRED + text
-    writes, kept = {}, []
+    for rel in [*files, ".gitignore", GENERATOR]:
+        _check_inside(root, rel)
+    edited = uncommitted(root, [*files, GENERATOR])
+    writes, kept, unsaved = {}, [], []
     for rel, content in files.items():
         path = root / rel
         current = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
@@ -233,16 +238,56 @@ def decide(root: Path, spec: str, *, force: bool) -> Adoption:
             continue
         ours = current is None or ADOPT_MARK in current or MARKER in current or rel.startswith(U_DIR) \
             or rel == TEMPLATE or _rendered_by_template(rel, current)
-        if ours or force:
+        if rel in edited and not force:
+            unsaved.append(rel)  # even a file adopt owns: its edits would be lost
+        elif ours or force:
             writes[rel] = content
         else:
             kept.append(rel)
     ignore = gitignore_with_cache(root / ".gitignore")
     if ignore is not None:  # theirs, but only a line is added: no --force needed
         writes[".gitignore"] = ignore
-    removes = (GENERATOR,) if (root / GENERATOR).is_file() else ()
+    removes: tuple[str, ...] = ()
+    if (root / GENERATOR).is_file():
+        if GENERATOR in edited and not force:
+            unsaved.append(GENERATOR)
+        else:
+            removes = (GENERATOR,)
     return Adoption(writes=writes, removes=removes, kept=tuple(kept), findings=tuple(findings),
-                report=tuple(_report(body, job_ids, reg)))
+                    report=tuple(_report(body, job_ids, reg)), unsaved=tuple(unsaved))
+
+
+def _check_inside(root: Path, rel: str) -> None:
+    """Refuse a path adopt writes, replaces or removes when any part of it under root is a
+    symbolic link: through one, a write lands outside the repository."""
+    here = root
+    for part in Path(rel).parts:
+        here = here / part
+        if here.is_symlink():
+            _fail(f"{here.relative_to(root)} is a symbolic link, and adopt writes {rel} only inside "
+                  f"the repository: make it a real {'file' if here == root / rel else 'directory'}, "
+                  "then rerun")
+
+
+def uncommitted(root: Path, rels: Sequence[str]) -> frozenset[str]:
+    """Those of `rels` git tracks and that differ from the last commit (edits not committed)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "-C", str(root), "status", "--porcelain=v1", "-z",
+                               "--untracked-files=no", "--", *rels],
+                              capture_output=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        _fail(f"git status in {root} failed ({exc.__class__.__name__}): adopt will not overwrite "
+              "edits it cannot see")
+    if done.returncode:
+        why = done.stderr.decode(errors="replace").strip().splitlines()[:1] or ["no output"]
+        _fail(f"git status in {root} failed ({why[0]}): adopt will not overwrite edits it cannot see")
+    out = set()
+    for record in done.stdout.decode(errors="surrogateescape").split("\0"):
+        if len(record) > 3:
+            out.add(record[3:])
+    return frozenset(out)
 
 
 CACHE_DIR = ".ci-cache/"
@@ -312,13 +357,30 @@ def _report(body: Body, job_ids: dict[str, str], reg: Registry) -> list[str]:
 
 
 def apply(root: Path, p: Adoption) -> None:
-    """Write the plan: each file whole, through a temporary name (never half-written)."""
+    """Write the plan: each file whole, through a temporary name (never half-written).
+
+    The temporary file is new (O_EXCL, a random name): a file or link planted under a
+    predictable name is never written through.
+    """
+    import os
+    import tempfile
+
+    umask = os.umask(0)
+    os.umask(umask)
     for rel, content in p.writes.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.adopt-tmp")
-        tmp.write_text(content, encoding="utf-8")
-        tmp.replace(path)
+        # The file keeps its mode; a new one gets what a plain write would give it.
+        mode = path.stat().st_mode & 0o777 if path.is_file() else 0o666 & ~umask
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".adopt-tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(content)
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     for rel in p.removes:
         (root / rel).unlink()
 
@@ -355,7 +417,10 @@ def main(argv: Sequence[str]) -> int:
         print(f"adopt: {'would remove' if args.dry_run else 'removed'} {rel} (the template's generator)")
     for rel in result.kept:
         print(f"adopt: kept {rel} (not written by adopt; --force replaces it)")
-    if not result.writes and not result.removes:
+    for rel in result.unsaved:
+        print(f"adopt: kept {rel} (it has uncommitted edits: commit or stash them and rerun; "
+              "--force replaces it)")
+    if not result.writes and not result.removes and not result.unsaved:
         print("adopt: everything is up to date")
     for line in result.report:
         print(f"report: {line}")

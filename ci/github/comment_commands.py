@@ -40,6 +40,17 @@ USAGE: dict[CommandName, str] = {
 }
 _ARGS: dict[CommandName, int] = {"rerun-test": 1, "rerun-failed": 0, "run-ci": 1, "help": 0}
 _LOGIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?")
+# What a commenter wrote is quoted back under the bot's name only when it is a plain word:
+# never markdown (an image, a link, a mention), never longer than a path or a label.
+_PLAIN = re.compile(r"[A-Za-z0-9._/+=:,-]{1,100}")
+# The gateway workflow starts only on a comment whose body starts with this (its `if:`,
+# ci.github.gateway_workflow); the parser reads exactly those comments as commands.
+COMMAND_PREFIX = "/"
+
+
+def quoted(text: str) -> str:
+    """A commenter's word for a reply: in backticks when plain, else a placeholder."""
+    return f"`{text}`" if _PLAIN.fullmatch(text) else "(not shown: not a plain word)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,17 +69,18 @@ class Malformed:
 
 
 def parse_comment(body: str) -> Command | Malformed | None:
-    """The command on the comment's first non-blank line; None when it is no command.
+    """The command on the comment's first line; None when it is no command.
 
-    Only the first line counts, so quoting a command in a discussion runs nothing.
+    A command is a body that starts with `/` (not a blank line, not an indented code
+    block): exactly the comments the gateway workflow starts on. Only the first line
+    counts, so quoting a command in a discussion runs nothing.
     """
-    line = next((x.strip() for x in body.splitlines() if x.strip()), "")
-    if not line.startswith("/"):
+    if not body.startswith(COMMAND_PREFIX):
         return None
-    word, *args = line.split()
+    word, *args = body.splitlines()[0].split()
     name = word[1:]
     if name not in COMMANDS:
-        return Malformed(why=f"unknown command {word!r}; known: "
+        return Malformed(why=f"unknown command {quoted(word)}; known: "
                              + ", ".join(f"/{c}" for c in COMMANDS))
     command: CommandName = name  # checked against COMMANDS above
     if len(args) != _ARGS[command]:
@@ -204,7 +216,7 @@ def authorise(body: str, ctx: Context, policy: Policy | None, *,
     if policy is None:
         return Refused(why=f"comment commands are off: this repository has no {POLICY_PATH}")
     if not _LOGIN.fullmatch(ctx.actor) or ctx.association not in ASSOCIATIONS:
-        return Refused(why=f"cannot tell who {ctx.actor!r} ({ctx.association}) is")
+        return Refused(why=f"cannot tell who {quoted(ctx.actor)} ({quoted(ctx.association)}) is")
     grant = policy.grants.get(parsed.name)
     admitted = grant.admits(ctx.actor, ctx.association, ctx.teams) if grant else None
     if admitted is None and grant and grant.teams and ctx.teams_unavailable:
@@ -220,14 +232,15 @@ def authorise(body: str, ctx: Context, policy: Policy | None, *,
     if parsed.name == "rerun-test":
         path = parsed.arg or ""
         if _outside(path):
-            return Refused(why=f"{path!r} is outside the repository: name a registered test file")
-        norm = PurePosixPath(path).as_posix()
+            return Refused(why=f"{quoted(path)} is outside the repository: name a registered test file")
+        norm = PurePosixPath(path).as_posix()  # ./tests/x.py, tests//x.py: tests/x.py
         if norm not in registered:
-            return Refused(why=f"{norm} is not a registered test file (see `python -m ci audit`)")
+            return Refused(why=f"{quoted(norm)} is not a registered test file (see `python -m ci audit`)")
+        parsed = Command(name=parsed.name, arg=norm)  # what the gateway resolves is the registered path
     if parsed.name == "run-ci":
         known = sorted(labels)
         if parsed.arg not in known:
-            return Refused(why=f"unknown CI label {parsed.arg!r}; known: {', '.join(known)}")
+            return Refused(why=f"unknown CI label {quoted(parsed.arg or '')}; known: {', '.join(known)}")
     return Allowed(command=parsed, why=admitted)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ci.github.comment_commands import POLICY_PATH
+from ci.github.comment_commands import COMMAND_PREFIX, POLICY_PATH
 from ci.github.gateway import RUN_FILE_WORKFLOW
 from ci.github.ingest_workflow import restore_snapshot, upload_history
 from ci.github.job_plan import WORKFLOW_NAME, Job
@@ -123,7 +123,8 @@ def gateway(style: Style) -> dict[str, Node]:
     decide_job: dict[str, Node] = {
         "name": "decide (read only)",
         "if": Folded(("github.event.issue.pull_request",
-                      "&& startsWith(github.event.comment.body, '/')")),
+                      # The parser's own rule (ci.github.comment_commands.parse_comment).
+                      f"&& startsWith(github.event.comment.body, '{COMMAND_PREFIX}')")),
         "runs-on": style.hosted_runner[0],
         "permissions": {
             "contents": Note("read", f"the default branch's handler and {POLICY_PATH}"),

@@ -15,6 +15,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 TEAMS_SECRET = "SLIME_CI_TEAMS_TOKEN"
 API_ENV = "GITHUB_API_URL"  # set by Actions (GitHub Enterprise has its own)
@@ -37,13 +38,29 @@ def no_token() -> str:
             "can read team membership")
 
 
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to the same scheme, host and port: urllib would send the
+    Authorization header (the token) along to any host a redirect names."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> urllib.request.Request | None:
+        old, new = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
+        if (old.scheme, old.netloc) != (new.scheme, new.netloc):
+            return None  # not followed: the 3xx is the answer
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_SameOrigin)
+
+
 def http_fetch(url: str, token: str) -> tuple[int, object]:
-    """GET one GitHub API URL; (status, parsed body)."""
+    """GET one GitHub API URL; (status, parsed body). A redirect to another host is not
+    followed (its status is the answer): the token goes to the API's host only."""
     request = urllib.request.Request(url, headers={
         "Authorization": f"Bearer {token}", "Accept": "application/vnd.github+json",
         "X-GitHub-Api-Version": "2022-11-28", "User-Agent": "slime-ci-gateway"})
     try:
-        with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as answer:
+        with _OPENER.open(request, timeout=_TIMEOUT_S) as answer:
             status, data = answer.status, answer.read()
     except urllib.error.HTTPError as exc:
         status, data = exc.code, exc.read()

@@ -17,7 +17,7 @@ from ci.durations import DurationStore
 from ci.errors import StoreError, UsageError
 from ci.history.record import JOURNAL, hardware_kind, new_uid, replay, run_context, write_after
 from ci.history.rows import RunRecord
-from ci.history.store import HistoryStore, open_store
+from ci.history.store import HistoryStore, RecordRefused, open_store
 
 JobStatus = Literal["success", "failure", "cancelled"]
 STATUSES: tuple[JobStatus, ...] = ("success", "failure", "cancelled")
@@ -52,7 +52,11 @@ def merge_stores(store: HistoryStore, sources: Sequence[Path], warn: Warn) -> in
         except StoreError as exc:
             warn(f"history: {path} left out of the merge ({exc})")
             continue
-        added += sum(store.record(run) for run in runs)
+        for run in runs:
+            try:
+                added += store.record(run)
+            except RecordRefused as exc:
+                warn(f"history: a run of {path} left out of the merge ({exc})")
     return added
 
 

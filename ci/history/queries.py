@@ -264,7 +264,8 @@ def _soft_monitor(args: argparse.Namespace, root: Path, url: str, log: Log) -> i
 
 
 def _read(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
-    with open_store(url) as store:
+    # show, flaky and monitor only read: a store that is not there is an error, never made.
+    with open_store(url, create=args.command == "import-durations") as store:
         if args.command == "import-durations":
             durations = DurationStore(root / DURATIONS_FILE).load()
             added = import_durations(store, durations, hardware=args.hardware_kind)

@@ -20,9 +20,12 @@ from pathlib import Path
 from ci.errors import StoreError
 from ci.history.rows import AttemptRecord, RunRecord
 from ci.history.stats import auto_quarantine, estimates, failed_on_branch, flakiness
-from ci.history.store import HistoryStore, describe, open_store
+from ci.history.store import HistoryStore, RecordRefused, describe, open_store
 
 PENDING_DIR = ".ci-cache/history-pending"
+# A spooled record the store refuses (a value no column holds) is renamed with this suffix:
+# kept for a look, never replayed again.
+REFUSED_SUFFIX = ".refused"
 # One line per run this checkout recorded or spooled, so a CI job's last step
 # (`history record`, ci/history/job.py) can tell a session that recorded its run from one
 # that never got that far; that step consumes it.
@@ -126,7 +129,13 @@ def replay(store: HistoryStore, root: Path, warn: Warn) -> int:
         except (OSError, ValueError, TypeError) as exc:
             warn(f"history: spooled record {path} is unreadable ({exc}); left there")
             continue
-        written += store.record(run)
+        try:
+            written += store.record(run)
+        except RecordRefused as exc:
+            kept = path.with_name(path.name + REFUSED_SUFFIX)
+            path.replace(kept)
+            warn(f"history: spooled record refused ({exc}); moved to {kept}, never replayed")
+            continue
         path.unlink(missing_ok=True)
     return written
 
@@ -167,9 +176,17 @@ def write_after(url: str | None, run: RunRecord, *, root: Path, durations: Mappi
     try:
         with open_store(url) as store:
             if store.counts()["runs"] == 0:
-                import_durations(store, durations, hardware=run.hardware, suite=run.suite)
+                try:
+                    import_durations(store, durations, hardware=run.hardware, suite=run.suite)
+                except RecordRefused as exc:  # a hand-edited durations.json never costs the run
+                    warn(f"history: durations.json not imported ({exc})")
             replayed = replay(store, root, warn)
             store.record(run)
+    except RecordRefused as exc:
+        # The store works; this record never will: spooling it would fail every later run.
+        warn(f"history: not recorded ({exc}); not spooled")
+        note_run(root, run, "refused")
+        return False
     except StoreError as exc:
         try:
             kept = spool(run, root)

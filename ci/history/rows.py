@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -14,6 +16,11 @@ from ci.results import MetricPoint, Result
 METRICS_FILE = "metrics.jsonl"
 # Entries write a few dozen metrics per step; a runaway writer must not fill the store.
 MAX_POINTS_PER_ENTRY = 20_000
+# What a test writes is read, never trusted: at most this much of the file, and a step
+# only when the store's integer column can hold it (PostgreSQL's INTEGER is 32-bit).
+MAX_METRICS_BYTES = 32 * 1024 * 1024
+STEP_MIN, STEP_MAX = -(2**31), 2**31 - 1
+MAX_NAME_CHARS = 256
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,13 +74,23 @@ class RunRecord:
         return cls(**data)
 
 
+def storable(text: str, limit: int | None = None) -> str:
+    """Text as every store takes it: no NUL, no lone surrogate, at most `limit` characters."""
+    clean = text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    return clean if limit is None else clean[:limit]
+
+
+def _seconds(value: float) -> float:
+    return round(value, 3) if math.isfinite(value) else 0.0
+
+
 def _attempt(result: Result, number: int, final: bool) -> AttemptRecord:
     return AttemptRecord(
-        entry_id=result.entry.id, path=result.entry.path, attempt=number, final=final,
+        entry_id=storable(result.entry.id), path=storable(result.entry.path), attempt=number, final=final,
         outcome=result.outcome, passed=result.passed, failed=result.failed,
         skipped=result.skipped, num_gpus=result.entry.num_gpus,
-        devices=",".join(map(str, result.devices)), node=result.node,
-        seconds=round(result.seconds, 3), reason=result.reason[:500])
+        devices=storable(",".join(map(str, result.devices)), 256), node=storable(result.node, 256),
+        seconds=_seconds(result.seconds), reason=storable(result.reason, 500))
 
 
 def attempt_records(results: Iterable[Result]) -> tuple[AttemptRecord, ...]:
@@ -85,27 +102,52 @@ def attempt_records(results: Iterable[Result]) -> tuple[AttemptRecord, ...]:
     return tuple(out)
 
 
+def _value(value: object) -> float | None:
+    """A finite float of a JSON number, else None (booleans, text, 1e400, 400-digit integers)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        return None
+    return number if math.isfinite(number) else None
+
+
 def parse_metrics(entry_id: str, text: str) -> tuple[MetricPoint, ...]:
-    """Numeric scalars of each `metrics.jsonl` row; the row's `step` (else its line number)."""
+    """Numeric scalars of each `metrics.jsonl` row; the row's `step` (else its line number).
+
+    Total: any text gives points the store can hold (a step within its integer column, a
+    finite value, a name it takes), never an exception; whatever else a row holds is skipped.
+    """
     points: dict[tuple[int, str], float] = {}
     for number, line in enumerate(text.splitlines()):
         try:
             row = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a kill: the steps before it still count
+        except (ValueError, RecursionError):
+            continue  # a line cut short by a kill (or no JSON): the steps before it still count
         if not isinstance(row, dict):
             continue
         step = row.get("step", number)
-        if not isinstance(step, int) or isinstance(step, bool):
+        if not isinstance(step, int) or isinstance(step, bool) or not STEP_MIN <= step <= STEP_MAX:
             step = number
-        for name, value in row.items():
-            if name == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
+        for name, raw in row.items():
+            value = _value(raw)
+            if name == "step" or value is None:
                 continue
-            if math.isfinite(value):
-                # A step written twice (a resumed run) keeps its last value: one point per step.
-                points[(step, str(name)[:256])] = float(value)
+            # A step written twice (a resumed run) keeps its last value: one point per step.
+            points[(step, storable(str(name), MAX_NAME_CHARS))] = value
     return tuple(MetricPoint(entry_id=entry_id, step=step, name=name, value=value)
                  for (step, name), value in list(points.items())[:MAX_POINTS_PER_ENTRY])
+
+
+def _read_regular(path: Path) -> str:
+    """At most MAX_METRICS_BYTES of a regular file; a FIFO or device is an OSError, never a hang."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        data = fh.read(MAX_METRICS_BYTES)
+    return data.decode("utf-8", errors="replace")
 
 
 def read_metrics(entry_id: str, out_dir: Path) -> tuple[MetricPoint, ...]:
@@ -120,7 +162,7 @@ def read_metrics(entry_id: str, out_dir: Path) -> tuple[MetricPoint, ...]:
         return ()
     for path in found:
         try:
-            return parse_metrics(entry_id, path.read_text(encoding="utf-8", errors="replace"))
+            return parse_metrics(entry_id, _read_regular(path))
         except OSError:
             continue
     return ()
@@ -132,10 +174,10 @@ def build_run(*, uid: str, suite: str, results: Sequence[Result], started_at: fl
     """The record of one run from its results, its context (commit, branch…) and metric series."""
     return RunRecord(
         uid=uid, suite=suite, started_at=started_at, ended_at=ended_at, exit_code=exit_code,
-        commit=context.get("commit", ""), branch=context.get("branch", ""),
-        event=context.get("event", "local"), host=context.get("host", ""),
-        runner=context.get("runner", ""), backend=context.get("backend", ""),
-        hardware=context.get("hardware", "cpu"),
+        commit=storable(context.get("commit", ""), 64), branch=storable(context.get("branch", ""), 256),
+        event=storable(context.get("event", "local"), 64), host=storable(context.get("host", ""), 256),
+        runner=storable(context.get("runner", ""), 256), backend=storable(context.get("backend", ""), 256),
+        hardware=storable(context.get("hardware", "cpu"), 64),
         attempts=attempt_records(results),
         metrics=tuple(p for r in results for p in metrics.get(r.entry.id, ())),
     )

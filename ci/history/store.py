@@ -6,6 +6,8 @@ Every run writes in one transaction; a run's `uid` is unique, so recording it ag
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,21 +83,36 @@ def normalise(raw: str) -> str:
     return url.render_as_string(hide_password=False)
 
 
+# A query parameter that carries a secret (libpq takes `password` and `sslpassword` there).
+_SECRET_PARAM = re.compile(r"(?i)(pass|secret|token|key)")
+
+
 def _redact(raw: str) -> str:
-    # Never print a password from a URL in a log.
+    # Never print a password from a URL in a log: neither user:password@ nor ?password=.
     head, sep, tail = raw.rpartition("@")
-    if not sep or "://" not in head:
-        return raw
-    scheme, _, cred = head.partition("://")
-    user = cred.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{tail}" if ":" in cred else raw
+    if sep and "://" in head:
+        scheme, _, cred = head.partition("://")
+        if ":" in cred:
+            raw = f"{scheme}://{cred.split(':', 1)[0]}:***@{tail}"
+    return re.sub(r"([?&;][^=&;#]*=)([^&;#]*)",
+                  lambda m: m.group(1) + ("***" if _SECRET_PARAM.search(m.group(1)) else m.group(2)), raw)
 
 
 def describe(url: str) -> str:
-    """The URL for a log line, password hidden."""
+    """The URL for a log line, passwords hidden (in the user part and in the query string)."""
     from sqlalchemy.engine import make_url
 
-    return make_url(url).render_as_string(hide_password=True)
+    parsed = make_url(url)
+    hidden = {k: "***" for k in parsed.query if _SECRET_PARAM.search(k)}
+    shown = parsed.update_query_dict(hidden).render_as_string(hide_password=True)
+    return shown.replace("=%2A%2A%2A", "=***")
+
+
+class RecordRefused(StoreError):
+    """The store works, but this record can never be written (a value no column holds).
+
+    Spooling it would only fail again on every later run: it is reported and dropped.
+    """
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,13 +150,17 @@ class MetricRow:
 class HistoryStore:
     """An open, migrated store."""
 
-    def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
+    def __init__(self, url: str, *, connect_timeout: float = 5.0, create: bool = True) -> None:
         from sqlalchemy import create_engine, event
 
         self.url = url
         self.dialect = "postgresql" if url.startswith("postgresql") else "sqlite"
         if self.dialect == "sqlite":
             path = Path(url.split(":///", 1)[1])
+            if not create and not path.is_file():
+                # A command that only reads never leaves a new, empty store behind.
+                raise StoreError(f"no history store at {path}: nothing was recorded there yet; "
+                                 "run a suite first, or pass --history URL")
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -217,12 +238,17 @@ class HistoryStore:
             raise self._fail(exc, "open it") from None
 
     def record(self, run: RunRecord) -> bool:
-        """Write one run with its attempts and metrics; False when it was already there."""
+        """Write one run with its attempts and metrics; False when it was already there.
+
+        A record no column can hold (a NaN, a step past the integer column, a string too
+        long) is RecordRefused before anything is written.
+        """
         from sqlalchemy import select
         from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
         from ci.history import schema
 
+        check_record(run)
         try:
             with self.engine.begin() as conn:
                 if conn.execute(select(schema.runs.c.id).where(schema.runs.c.uid == run.uid)).first():
@@ -232,19 +258,35 @@ class HistoryStore:
                 run_id = pk[0] if pk is not None else None
                 if run.attempts:
                     conn.execute(schema.attempts.insert(), [
-                        {"run_id": run_id, **{k: getattr(a, k) for k in (
-                            "entry_id", "path", "attempt", "final", "outcome", "passed", "failed",
-                            "skipped", "num_gpus", "devices", "node", "seconds", "reason")}}
+                        {"run_id": run_id, **{k: getattr(a, k) for k in _ATTEMPT_FIELDS}}
                         for a in run.attempts])
                 if run.metrics:
                     conn.execute(schema.metrics.insert(), [
                         {"run_id": run_id, "entry_id": m.entry_id, "step": m.step, "name": m.name,
                          "value": m.value} for m in run.metrics])
-        except IntegrityError:
-            return False  # another writer recorded this very run a moment ago
+        except IntegrityError as exc:
+            # Only a uid that is there now means "another writer recorded this very run a
+            # moment ago"; any other constraint is this record's fault.
+            if self._has(run.uid):
+                return False
+            raise RecordRefused(f"run {run.uid[:8]} cannot be recorded: "
+                                f"{self._fail(exc, 'record the run')}") from None
         except SQLAlchemyError as exc:
             raise self._fail(exc, "record the run") from None
         return True
+
+    def _has(self, uid: str) -> bool:
+        from sqlalchemy import select
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ci.history import schema
+
+        try:
+            with self.engine.connect() as conn:
+                return conn.execute(select(schema.runs.c.id).where(schema.runs.c.uid == uid)).first() \
+                    is not None
+        except SQLAlchemyError as exc:
+            raise self._fail(exc, "read it") from None
 
     def attempts(self, *, suite: str | None = None, hardware: str | None = None,
                  branch: str | None = None, entries: Iterable[str] | None = None,
@@ -354,8 +396,76 @@ class HistoryStore:
             raise self._fail(exc, "read it") from None
 
 
-def open_store(url: str) -> HistoryStore:
-    """Open (and migrate) a store; every failure is one StoreError line."""
+_ATTEMPT_FIELDS = ("entry_id", "path", "attempt", "final", "outcome", "passed", "failed", "skipped",
+                   "num_gpus", "devices", "node", "seconds", "reason")
+# PostgreSQL's INTEGER is 32-bit; SQLite's would take more, but a store may move.
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+
+
+def _bad_value(value: object, column: Any) -> str | None:
+    """Why `column` cannot hold `value` on every dialect; None when it can."""
+    from sqlalchemy import Boolean, Float, Integer, String
+
+    kind = column.type
+    if value is None:
+        return None if column.nullable else "is empty"
+    if isinstance(kind, Boolean):
+        return None if isinstance(value, bool) else f"is {type(value).__name__}, not a boolean"
+    if isinstance(kind, Integer):
+        if not isinstance(value, int) or isinstance(value, bool):
+            return f"is {type(value).__name__}, not an integer"
+        return None if _INT_MIN <= value <= _INT_MAX else "is past the 32-bit integer column"
+    if isinstance(kind, Float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"is {type(value).__name__}, not a number"
+        try:
+            return None if math.isfinite(float(value)) else f"{value} is not a finite number"
+        except OverflowError:
+            return "is past any float"
+    if isinstance(kind, String):  # Text is a String without a length
+        if not isinstance(value, str):
+            return f"is {type(value).__name__}, not text"
+        if "\x00" in value:
+            return "holds a NUL character"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "is not valid Unicode (a lone surrogate)"
+        if kind.length is not None and len(value) > kind.length:
+            return f"is {len(value)} characters, more than its {kind.length}"
+    return None
+
+
+def check_record(run: RunRecord) -> None:
+    """RecordRefused, naming the first field no column of the schema can hold; else nothing."""
+    from ci.history import schema
+
+    def check(table: Any, values: Mapping[str, object], where: str) -> None:
+        for name, value in values.items():
+            why = _bad_value(value, table.c[name])
+            if why is not None:
+                shown = f"{where}.{name}" if where else name
+                raise RecordRefused(f"run {str(run.uid)[:8]} cannot be recorded: {shown} {why}")
+
+    check(schema.runs, {k: getattr(run, k) for k in _RUN_FIELDS}, "")
+    tries = set()
+    for a in run.attempts:
+        check(schema.attempts, {k: getattr(a, k) for k in _ATTEMPT_FIELDS}, f"attempt {str(a.entry_id)[:80]}")
+        tries.add((a.entry_id, a.attempt))
+    if len(tries) != len(run.attempts):
+        raise RecordRefused(f"run {str(run.uid)[:8]} cannot be recorded: an attempt is listed twice")
+    points = set()
+    for m in run.metrics:
+        check(schema.metrics, {"entry_id": m.entry_id, "step": m.step, "name": m.name, "value": m.value},
+              f"metric {str(m.name)[:80]}")
+        points.add((m.entry_id, m.step, m.name))
+    if len(points) != len(run.metrics):
+        raise RecordRefused(f"run {str(run.uid)[:8]} cannot be recorded: a metric point is listed twice")
+
+
+def open_store(url: str, *, create: bool = True) -> HistoryStore:
+    """Open (and migrate) a store; every failure is one StoreError line. `create=False`
+    (commands that only read): a SQLite file that does not exist is a StoreError, not made."""
     try:
         import sqlalchemy  # noqa: F401
     except ImportError:
@@ -366,4 +476,4 @@ def open_store(url: str) -> HistoryStore:
         except ImportError:
             raise StoreError("a PostgreSQL history store needs psycopg 3: "
                              "pip install 'slime-ci[history]'") from None
-    return HistoryStore(url)
+    return HistoryStore(url, create=create)

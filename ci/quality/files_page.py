@@ -208,7 +208,7 @@ def main(argv: Sequence[str]) -> int:
     history: list[AttemptRow] = []
     if url is not None:
         try:
-            with open_store(url) as store:
+            with open_store(url, create=False) as store:  # a page never makes a store
                 history = store.attempts(last_runs=5000)
         except StoreError as exc:
             print(f"warning: coverage without history ({exc})")

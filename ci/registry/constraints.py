@@ -53,7 +53,13 @@ def every_requirement(root: Path) -> list[str]:
         raise UsageError(f"{COMMAND} reads pyproject.toml with tomllib: run it with Python 3.11+") from None
     from ci.registry.profiles import names, requirements
 
-    pyproject = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    path = root / "pyproject.toml"
+    try:
+        pyproject = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read it ({exc.__class__.__name__}); fix it and rerun") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML ({exc}); fix it and rerun") from None
     return list(dict.fromkeys(r for name in names(pyproject) for r in requirements(pyproject, name)))
 
 

@@ -12,17 +12,47 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ci.errors import UsageError
+
 PROJECT_NAME = "slime-ci"
 TORCH_INDEX_ENV = "SLIME_CI_TORCH_INDEX"
 _SELF = re.compile(rf"^{re.escape(PROJECT_NAME)}\[(?P<extras>[^\]]+)\]$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
+def _table(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise UsageError(f"pyproject.toml: {where} must be a table, got {type(value).__name__}")
+    return value
+
+
+def _lists(table: Mapping[str, Any], where: str, *, includes: bool) -> Mapping[str, list[Any]]:
+    """The table's profiles, each checked to be a list of requirement strings (a group's may
+    also hold `{include-group = "name"}`): a string would be read letter by letter."""
+    for name, reqs in table.items():
+        if not isinstance(reqs, list):
+            raise UsageError(f'pyproject.toml: {where}.{name} must be a list of requirements such as '
+                             f'["numpy>=1.26"], got {type(reqs).__name__}')
+        for req in reqs:
+            if isinstance(req, str) and req.strip():
+                continue
+            if includes and isinstance(req, Mapping) and set(req) == {"include-group"} \
+                    and isinstance(req["include-group"], str):
+                continue
+            raise UsageError(f"pyproject.toml: {where}.{name} holds {req!r}: each item must be a "
+                             "requirement string" + (' or {include-group = "name"}' if includes else ""))
+    return table
+
+
 def _tables(pyproject: Mapping[str, Any]) -> tuple[Mapping[str, list[Any]], Mapping[str, list[Any]]]:
     """(dependency groups, extras): this repository's session profiles are groups, the
-    toolkit's own needs are extras; a profile name is looked up in both."""
-    groups: Mapping[str, list[Any]] = pyproject.get("dependency-groups", {})
-    extras: Mapping[str, list[Any]] = pyproject.get("project", {}).get("optional-dependencies", {})
+    toolkit's own needs are extras; a profile name is looked up in both. Each is checked:
+    a malformed table is a UsageError naming the key."""
+    groups = _lists(_table(pyproject.get("dependency-groups", {}), "[dependency-groups]"),
+                    "dependency-groups", includes=True)
+    project = _table(pyproject.get("project", {}), "[project]")
+    extras = _lists(_table(project.get("optional-dependencies", {}), "[project.optional-dependencies]"),
+                    "project.optional-dependencies", includes=False)
     return groups, extras
 
 

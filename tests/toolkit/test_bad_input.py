@@ -213,7 +213,8 @@ def test_durations_too_deep_or_not_finite_are_ignored(tmp_path: Path) -> None:
     path = tmp_path / "durations.json"
     path.write_text("[" * 100000)
     assert DurationStore(path).load() == {}
-    path.write_text('{"a": NaN, "b": Infinity, "c": -Infinity, "d": -1, "e": 2.5, "f": true}')
+    path.write_text('{"a": NaN, "b": Infinity, "c": -Infinity, "d": -1, "e": 2.5, "f": true, "g": '
+                    + "9" * 400 + "}")
     assert DurationStore(path).load() == {"e": 2.5}
     assert DurationStore(Path("/dev/zero")).load() == {}  # not read forever
 

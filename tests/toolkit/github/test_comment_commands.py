@@ -49,7 +49,9 @@ def _verdict(body: str, ctx: Context = MEMBER, policy: Policy | None = POLICY) -
 
 def test_parser_reads_the_first_line_only() -> None:
     assert parse_comment("/rerun-test tests/x.py\nthanks") == Command(name="rerun-test", arg="tests/x.py")
-    assert parse_comment("\n\n  /rerun-failed  ") == Command(name="rerun-failed")
+    assert parse_comment("/rerun-failed  \n") == Command(name="rerun-failed")
+    # The gateway workflow starts only on a body that starts with `/`: nothing else is a command.
+    assert parse_comment("\n\n  /rerun-failed  ") is None
     assert parse_comment("/run-ci run-ci-ckpt") == Command(name="run-ci", arg="run-ci-ckpt")
     assert parse_comment("/help") == Command(name="help")
     # A command quoted later in a discussion runs nothing.
@@ -58,7 +60,7 @@ def test_parser_reads_the_first_line_only() -> None:
 
 
 @pytest.mark.parametrize(("body", "why"), [
-    ("/rerun-tests x.py", "unknown command '/rerun-tests'"),
+    ("/rerun-tests x.py", "unknown command `/rerun-tests`"),
     ("/rerun-test", "/rerun-test takes 1 argument"),
     ("/rerun-test a.py b.py", "/rerun-test takes 1 argument"),
     ("/rerun-failed now", "/rerun-failed takes no arguments"),
@@ -91,11 +93,11 @@ def test_allowed_by_association_listed_user_and_team() -> None:
      POLICY, "/rerun-test never runs on a pull request from a fork"),
     ("/rerun-failed", Context(actor="alice", association="MEMBER", from_fork=True), POLICY,
      "/rerun-failed never runs on a pull request from a fork"),
-    ("/rerun-test tests/nope.py", MEMBER, POLICY, "tests/nope.py is not a registered test file"),
-    ("/rerun-test ../../etc/passwd", MEMBER, POLICY, "'../../etc/passwd' is outside the repository"),
-    ("/rerun-test /etc/passwd", MEMBER, POLICY, "'/etc/passwd' is outside the repository"),
+    ("/rerun-test tests/nope.py", MEMBER, POLICY, "`tests/nope.py` is not a registered test file"),
+    ("/rerun-test ../../etc/passwd", MEMBER, POLICY, "`../../etc/passwd` is outside the repository"),
+    ("/rerun-test /etc/passwd", MEMBER, POLICY, "`/etc/passwd` is outside the repository"),
     ("/run-ci run-ci-nope", Context(actor="o", association="OWNER"), POLICY,
-     "unknown CI label 'run-ci-nope'"),
+     "unknown CI label `run-ci-nope`"),
     ("/rerun-failed", Context(actor="alice", association="MEMBER", on_pull_request=False), POLICY,
      "/rerun-failed works only in pull request comments"),
     ("/rerun-failed", MEMBER, None, "comment commands are off"),
