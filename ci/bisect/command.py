@@ -110,8 +110,8 @@ def _rate(args: argparse.Namespace, url: str | None, suite: str, entry: str, war
         if not 0 <= args.flake_rate < 1:
             raise UsageError(f"--flake-rate {args.flake_rate:g}: must be at least 0 and below 1")
         return float(args.flake_rate)
-    if url is None:
-        return 0.0
+    if url is None or (url.startswith("sqlite:///") and not Path(url.split(":///", 1)[1]).is_file()):
+        return 0.0  # no store, or none yet: no flake history (and none is created to say so)
     try:
         with open_store(url) as store:
             rows = store.attempts(suite=suite, entries=[entry], last_runs=5000, trusted_only=True)

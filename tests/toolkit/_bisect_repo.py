@@ -8,6 +8,7 @@ Commit 0 is the good end; commits 1..32 follow, each writing its number to `step
   it on. The draw is deterministic: `random.Random(f"{step}:{attempt}")`, seeded by the
   commit's number and the bisect's attempt number (SLIME_CI_BISECT_ATTEMPT), so a given
   commit and attempt always give the same outcome and the test is never flaky itself.
+- `tests/gpu/test_pair.py` also writes the GPUs it held and when to $SLIME_CI_PROBE_DIR.
 - `install.py` stands for the project's install: it exits 1 at commit NO_INSTALL (a broken
   build file), which a bisect run with `--install "python install.py"` must skip.
 """
@@ -21,7 +22,7 @@ from _gitrepo import Clone
 N = 32
 BREAK = 20
 RISE = 11
-NO_INSTALL = 24
+NO_INSTALL = 21
 RATE = 0.4
 
 REGISTRY = '''\
@@ -35,6 +36,8 @@ SUITES = (
 '''
 
 VALUE_TEST = '''\
+import os
+import time
 from pathlib import Path
 
 NUM_GPUS = {gpus}
@@ -42,8 +45,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_answer():
-    import time
+    began = time.time()
     time.sleep({sleep})
+    probe = os.environ.get("SLIME_CI_PROBE_DIR")
+    if probe:  # which GPUs this step held, and when: the test checks no two overlapped
+        step = (ROOT / "step.txt").read_text().strip()
+        Path(probe, f"{{step}}-{{os.getpid()}}.txt").write_text(
+            f"{{os.environ.get('SLIME_CI_GPUS', '')}} {{began}} {{time.time()}}\\n")
     namespace = {{}}
     exec((ROOT / "calc.py").read_text(), namespace)
     assert namespace["answer"]() == 42

@@ -32,7 +32,7 @@ def broken_from(first_bad):
     return lambda i, _attempt: i < first_bad
 
 
-@pytest.mark.parametrize("width,most", [(1, 6), (2, 5), (4, 4)])
+@pytest.mark.parametrize(("width", "most"), [(1, 6), (2, 5), (4, 4)])
 def test_every_planted_break_in_32_commits_is_found_within_the_bound(width, most):
     """Binary (width 1) needs ⌈log2 32⌉ probe rounds plus the good end; each free GPU set
     cuts the rounds (log_{g+1}). The answer at the bad end itself costs one more round."""
