@@ -445,7 +445,7 @@ def test_import_workflow_caps_the_number_of_entries(checkout: Path) -> None:
 
 
 def test_every_command_is_dispatched_the_same_way() -> None:
-    """Each row names a function taking argv; `run` and `mutation` record signals (they stop
+    """Each row names a function taking argv; `run`, `mutation` and `bisect` record signals (they stop
     what they started and still report); no name is special."""
     import importlib
 
@@ -454,7 +454,7 @@ def test_every_command_is_dispatched_the_same_way() -> None:
     for name, command in SUBCOMMANDS.items():
         module, function = command.target.split(":")
         assert callable(getattr(importlib.import_module(module), function)), name
-    assert [n for n, c in SUBCOMMANDS.items() if c.records_signals] == ["run", "mutation"]
+    assert [n for n, c in SUBCOMMANDS.items() if c.records_signals] == ["run", "mutation", "bisect"]
 
 
 if __name__ == "__main__":
