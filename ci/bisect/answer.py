@@ -159,20 +159,6 @@ def record_answer(url: str, answer: Answer) -> None:
             summary=answer.headline()))
 
 
-def already_bisected(url: str, entry: str, bad: str) -> bool:
-    """Whether the history holds an answer for this entry with this bad end (the streak's
-    first failing commit): the hourly monitor then dispatches no second bisect of it."""
-    from sqlalchemy import select
-
-    from ci.history import schema
-    from ci.history.store import open_store
-
-    b = schema.bisects
-    with open_store(url) as store, store.engine.connect() as conn:
-        return conn.execute(select(b.c.id).where(b.c.entry_id == entry, b.c.bad == bad)
-                            .limit(1)).first() is not None
-
-
 def post_to_streak_issue(answer: Answer, folder: Path) -> Path:
     """Where the answer goes to the streak's issue: the body, with the issue's marker, written to
     FOLDER/<entry>.md beside a JSON of the verdict. The issue itself is opened or

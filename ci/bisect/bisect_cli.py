@@ -9,7 +9,6 @@ already fails, its bad end passes), 4 --from-monitor and the history store canno
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -19,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ci.args import Parser, existing_dir
-from ci.bisect.answer import Answer, already_bisected, markdown, post_to_streak_issue, record_answer, text
+from ci.bisect.answer import Answer, markdown, post_to_streak_issue, record_answer, text
 from ci.bisect.driver import STEP_TIMEOUT, StepPlan, Steps, Worktrees, bisect, commit_range, free_sets
 from ci.bisect.search import (
     DEFAULT_CONFIDENCE,
@@ -100,9 +99,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trigger", choices=TRIGGERS, default="cli", help="who started it (kept in the history)")
     p.add_argument("--answer-dir", type=Path, metavar="DIR",
                    help="also write the answer (Markdown with the streak issue's marker, and JSON) here")
-    p.add_argument("--dispatch-plan", action="store_true",
-                   help="the monitor job's step: print one JSON line per streak not bisected yet (suite, "
-                        "tier, entry: the inputs of a bisect workflow run); run nothing")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (commits, rounds bound, attempts per commit) and run nothing")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="the repository checkout (default: .)")
@@ -146,32 +142,10 @@ def _from_monitor(args: argparse.Namespace, url: str | None) -> tuple[str, str, 
     return streak.suite, streak.entry_id, streak.last_passing_commit, streak.first_failing_commit
 
 
-def dispatch_plan(args: argparse.Namespace, root: Path, url: str | None) -> list[dict[str, str]]:
-    """One bisect per streak the monitor finds, unless the history already holds its answer."""
-    if url is None:
-        raise UsageError("--dispatch-plan reads the history; it is off (--history off)")
-    with open_store(url) as store:
-        rows = store.attempts(suite=args.suite, last_runs=5000, trusted_only=True)
-    registry = load_registry(root)
-    out = []
-    for s in streaks(rows, branch=args.branch, k=args.streak):
-        suite = registry.get(s.suite)
-        if suite is None or not s.last_passing_commit:
-            why = "its suite is not in the registry" if suite is None else "it never passed"
-            print(f"bisect: no bisect of {s.entry_id} ({s.suite}): {why}", file=sys.stderr)
-        elif not already_bisected(url, s.entry_id, s.first_failing_commit):
-            out.append({"suite": s.suite, "tier": suite.tier, "entry": s.entry_id})
-    return out
-
-
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     root = existing_dir("--root", args.root)
     url = resolve_url(args.history, os.environ, root)
-    if args.dispatch_plan:
-        for row in dispatch_plan(args, root, url):
-            print(json.dumps(row, sort_keys=True))
-        return EXIT_OK
     for flag, value in (("--parallel", args.parallel), ("--max-rounds", args.max_rounds),
                         ("--gpus", args.gpus)):
         if value is not None and value < 1:

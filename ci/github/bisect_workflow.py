@@ -1,8 +1,8 @@
 """The bisect workflow (`bisect.yml`, `workflow_dispatch`), and the monitor's step that starts it.
 
-The hourly monitor job, when it finds entries failing run after run on main, asks
-`python -m ci bisect --dispatch-plan` which streaks have no answer in the history yet and
-dispatches one bisect run for each (`actions: write`, nothing else). A maintainer's
+The hourly monitor job, when it finds entries failing run after run on main, writes the
+streaks with no answer in the history yet (`history monitor --bisect-plan`); its next step,
+which never sees the store's secret, dispatches one bisect run for each (`actions: write`). A maintainer's
 `/bisect <file>` comment dispatches the same workflow (ci/github/gateway.py).
 
 The run checks out the default branch with its whole history, installs the suite's own
@@ -31,7 +31,7 @@ from ci.github.yaml_writer import (
 )
 from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_SECRET
 from ci.registry.job_timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES
-from ci.registry.model import CPU_TIER, GPU_TIER, MONITOR_SESSION
+from ci.registry.model import CPU_TIER, GPU_TIER, MONITOR_BISECT_PLAN, MONITOR_SESSION
 from ci.registry.workflow_style import Style
 
 BISECT_WORKFLOW = "bisect.yml"
@@ -63,13 +63,13 @@ _RUN = (
 
 # The monitor job's step: one bisect run per streak the history has no answer for.
 DISPATCH = (
-    f'.nox/{MONITOR_SESSION}/bin/python -m ci bisect --dispatch-plan > "$RUNNER_TEMP/bisects.jsonl"',
+    f'[ -s {MONITOR_BISECT_PLAN} ] || {{ echo "no streak to bisect"; exit 0; }}',
     'while IFS= read -r row; do',
     f'  gh workflow run {BISECT_WORKFLOW} --repo "$REPO" --ref "$DEFAULT_BRANCH" \\',
     '    -f suite="$(jq -r .suite <<<"$row")" -f tier="$(jq -r .tier <<<"$row")" \\',
     '    -f entry="$(jq -r .entry <<<"$row")" -f trigger=monitor',
     '  echo "dispatched a bisect of $(jq -r .entry <<<"$row")"',
-    'done < "$RUNNER_TEMP/bisects.jsonl"',
+    f'done < {MONITOR_BISECT_PLAN}',
 )
 
 
@@ -83,8 +83,7 @@ def dispatch_step() -> dict[str, Node]:
     return {"name": f"Dispatch {BISECT_WORKFLOW} for each streak not bisected yet",
             "if": Note("failure()", "the monitor exits 1 when it finds entries failing"),
             "env": {"GH_TOKEN": _expr("github.token"), "REPO": _expr("github.repository"),
-                    "DEFAULT_BRANCH": _expr("github.event.repository.default_branch"),
-                    HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")},
+                    "DEFAULT_BRANCH": _expr("github.event.repository.default_branch")},
             "run": Script(DISPATCH)}
 
 
