@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ci.github.bisect_workflow import BISECT_WORKFLOW
 from ci.github.comment_commands import POLICY_PATH
 from ci.github.gateway import RUN_FILE_WORKFLOW
 from ci.github.job_plan import WORKFLOW_NAME, Job
@@ -98,7 +99,11 @@ def gateway(style: Style) -> dict[str, Node]:
         "    --limit 1 --json databaseId --jq '.[0].databaseId')",
         '  gh run rerun "$run" --failed --repo "$REPO"',
         "fi",
-        'if [ -n "$(field .dispatch.workflow)" ]; then',
+        f'if [ "$(field .dispatch.workflow)" = {BISECT_WORKFLOW} ]; then',
+        f'  gh workflow run {BISECT_WORKFLOW} --repo "$REPO" --ref "$DEFAULT_BRANCH" \\',
+        '    -f suite="$(field .dispatch.inputs.suite)" -f tier="$(field .dispatch.inputs.tier)" \\',
+        '    -f entry="$(field .dispatch.inputs.entry)" -f trigger=comment',
+        'elif [ -n "$(field .dispatch.workflow)" ]; then',
         f'  gh workflow run {RUN_FILE_WORKFLOW} --repo "$REPO" --ref "$DEFAULT_BRANCH" \\',
         '    -f pr="$(field .dispatch.inputs.pr)" -f sha="$(field .dispatch.inputs.sha)" \\',
         '    -f suite="$(field .dispatch.inputs.suite)" -f only="$(field .dispatch.inputs.only)"',

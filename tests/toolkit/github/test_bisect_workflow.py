@@ -56,23 +56,27 @@ def test_the_monitor_dispatches_with_the_token_and_without_the_secret(files):
     assert dispatch["env"]["GH_TOKEN"] == "${{ github.token }}"
 
 
-def _run_dispatch(files, tmp_path, plan_lines):
-    """The monitor's dispatch step in bash, with a `gh` that writes its argv as JSON lines."""
-    monitor = yaml.safe_load(files[WORKFLOW_PATH])["jobs"]["monitor"]
-    script = monitor["steps"][-1]["run"]
+def _fake_gh(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True)
     gh = bin_dir / "gh"
     gh.write_text('#!/usr/bin/env python3\nimport json, os, sys\n'
                   'open(os.environ["GH_LOG"], "a").write(json.dumps(sys.argv[1:]) + "\\n")\n')
     gh.chmod(gh.stat().st_mode | stat.S_IXUSR)
+    log = tmp_path / "gh.log"
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GH_LOG": str(log),
+            "REPO": "org/repo", "DEFAULT_BRANCH": "main", "GH_TOKEN": "t"}, log
+
+
+def _run_dispatch(files, tmp_path, plan_lines):
+    """The monitor's dispatch step in bash, with a `gh` that writes its argv as JSON lines."""
+    monitor = yaml.safe_load(files[WORKFLOW_PATH])["jobs"]["monitor"]
+    script = monitor["steps"][-1]["run"]
+    env, log = _fake_gh(tmp_path)
     work = tmp_path / "checkout"
     (work / Path(MONITOR_BISECT_PLAN).parent).mkdir(parents=True)
     if plan_lines is not None:
         (work / MONITOR_BISECT_PLAN).write_text("".join(json.dumps(x) + "\n" for x in plan_lines))
-    log = tmp_path / "gh.log"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GH_LOG": str(log),
-           "REPO": "org/repo", "DEFAULT_BRANCH": "main", "GH_TOKEN": "t"}
     proc = subprocess.run(["bash", "-e", "-c", script], cwd=work, env=env, capture_output=True,
                           text=True, timeout=60, check=False)
     calls = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
@@ -93,6 +97,24 @@ def test_no_plan_dispatches_nothing(files, tmp_path):
     for plan in (None, []):
         proc, calls = _run_dispatch(files, tmp_path / str(plan), plan)
         assert proc.returncode == 0 and calls == [] and "no streak to bisect" in proc.stdout
+
+
+def test_a_bisect_comment_is_dispatched_by_the_gateway_s_run_job(files, tmp_path):
+    """The gateway's `run` job acts on the decision `plan --event issue_comment` printed."""
+    from ci.github.gateway_workflow import GATEWAY_PATH
+
+    run = yaml.safe_load(files[GATEWAY_PATH])["jobs"]["run"]
+    (step,) = [s for s in run["steps"] if "gh workflow run" in s.get("run", "")]
+    env, log = _fake_gh(tmp_path)
+    decision = {"dispatch": {"workflow": "bisect.yml", "inputs": {
+        "suite": "ckpt", "tier": "gpu", "entry": "tests/e2e/test_tiny_ckpt.py", "trigger": "comment"}}}
+    proc = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path,
+                          env={**env, "DECISION": json.dumps(decision)}, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(x) for x in log.read_text().splitlines()] == [[
+        "workflow", "run", "bisect.yml", "--repo", "org/repo", "--ref", "main", "-f", "suite=ckpt",
+        "-f", "tier=gpu", "-f", "entry=tests/e2e/test_tiny_ckpt.py", "-f", "trigger=comment"]]
 
 
 if __name__ == "__main__":
