@@ -230,6 +230,8 @@ class Steps:
             code, last = self._call(self.plan.run_argv(junit), tree,
                                     {ATTEMPT_ENV: str(number), COMMIT_ENV: commit.sha},
                                     junit.with_suffix(".log"))
+            if PROCESS.received:
+                return  # interrupted: its run was stopped, and this attempt says nothing
             outcome = junit_outcome(junit, self.plan.entry) if code in (0, 1) else None
             seconds = time.monotonic() - began
             if outcome is None:

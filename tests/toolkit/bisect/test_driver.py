@@ -2,8 +2,13 @@
 at once on disjoint sets of emulated GPUs under the GPU lock, as many as are free, and k
 attempts per commit of a flaky entry whose rate rises from 0 to 40 %."""
 
+import os
 import re
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 from itertools import combinations
 from pathlib import Path
 
@@ -11,12 +16,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 import _bisect_repo as planted
-from _ci import run_ci
+from _ci import REPO, run_ci
+from _gitrepo import Clone
 
 from ci.bisect.driver import commit_range, junit_outcome
 from ci.gpu.allocator import hold
 from ci.history.rows import AttemptRecord, RunRecord
 from ci.history.store import open_store
+from ci.proc import alive, wait_until
 
 NUM_GPUS = 0
 PAIR = "tests/gpu/test_pair.py"
@@ -86,6 +93,47 @@ def test_a_rate_rising_from_0_to_40_percent_is_named_as_such(planted_repo, tmp_p
     assert "first bad commit" not in proc.stdout
     assert re.search(rf"{shas[9][:10]}\s+change 9 \(good end\)\s+passed 5/5", proc.stdout)
     assert len(re.findall(r"^round \d+:", proc.stdout, re.M)) == 1  # both ends and 2 probes at once
+
+
+SLOW = """\
+import os
+import time
+from pathlib import Path
+
+NUM_GPUS = 0
+
+
+def test_slow():
+    Path(os.environ["SLIME_CI_PROBE_DIR"], "pid").write_text(str(os.getpid()))
+    time.sleep(120)
+"""
+
+
+def test_ctrl_c_stops_the_step_removes_the_worktrees_and_exits_130(tmp_path):
+    clone = Clone(tmp_path)
+    good = clone.commit("good", {".slime-ci/suites.py": planted.REGISTRY, "tests/unit/test_slow.py": SLOW})
+    bad = [clone.commit(f"change {i}") for i in range(3)][-1]
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    before = clone.git("worktree", "list")
+    temps = set(Path(tempfile.gettempdir()).glob("slime-ci-bisect-*"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ci", "bisect", "--suite", "unit", "--entry", "tests/unit/test_slow.py",
+         "--good", good, "--bad", bad, "--history", "off", "--root", str(clone.root), "--run-arg=--no-prefork"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "SLIME_CI_PROBE_DIR": str(probe)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (probe / "pid").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert (probe / "pid").exists(), proc.communicate(timeout=30)
+    step_pid = int((probe / "pid").read_text())
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert err.strip().splitlines()[-1] == "interrupted"
+    assert wait_until(lambda: not alive(step_pid), 30), "the step's test process outlived the bisect"
+    assert clone.git("worktree", "list") == before
+    assert set(Path(tempfile.gettempdir()).glob("slime-ci-bisect-*")) == temps, "its worktrees' folder is left"
 
 
 def test_the_range_follows_first_parents_and_reads_pr_numbers(planted_repo):
