@@ -12,7 +12,6 @@ import argparse
 import os
 import shlex
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -187,13 +186,16 @@ def main(argv: Sequence[str]) -> int:
     trees = None if args.dry_run else Worktrees(root)
     try:
         lock_pattern = args.lock_path_pattern
-        if emulate and lock_pattern is None:
-            folder = trees.dir / "locks" if trees else Path(tempfile.gettempdir()) / "slime-ci-bisect-locks"
-            folder.mkdir(parents=True, exist_ok=True)
+        private = emulate and lock_pattern is None  # the bisect's own emulated GPUs: all free
+        if private:
+            folder = trees.dir / "locks" if trees else Path("<temporary directory>")
+            if trees:
+                folder.mkdir()
             lock_pattern = str(folder / "gpu_{gpu_id}.lock")
         total = args.gpus or (EMULATED_GPUS if emulate else nvml_gpu_count() or 0)
         if entry.num_gpus:
-            sets = free_sets(entry.num_gpus, lock_pattern=lock_pattern or DEFAULT_PATTERN, total=total)
+            sets = (total // entry.num_gpus if private and trees is None else
+                    free_sets(entry.num_gpus, lock_pattern=lock_pattern or DEFAULT_PATTERN, total=total))
             width = max(1, min(sets, args.parallel) if args.parallel else sets)
             where = (f"{sets} free set(s) of {entry.num_gpus} GPU(s) of {total}"
                      + (" (emulated)" if emulate else ""))

@@ -63,7 +63,8 @@ def git(root: Path, *args: str) -> str:
     except FileNotFoundError:
         raise UsageError("git is not installed; the bisect needs it") from None
     if done.returncode != 0:
-        raise UsageError(f"git {' '.join(args)}: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        raise UsageError(f"git {' '.join(args)}: {lines[-1] if lines else f'exit {done.returncode}'}")
     return done.stdout
 
 
