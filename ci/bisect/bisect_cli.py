@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ci.args import Parser, existing_dir
+from ci.args import Parser, existing_dir, seconds
 from ci.bisect.answer import Answer, markdown, post_to_streak_issue, record_answer, text
 from ci.bisect.driver import STEP_TIMEOUT, StepPlan, Steps, Worktrees, bisect, commit_range, free_sets
 from ci.bisect.search import (
@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a command run in each commit's worktree before its entry; if it fails the "
                         "commit is skipped (e.g. 'pip install --no-deps -e .')")
     p.add_argument("--run-arg", action="append", default=[], metavar="ARG",
-                   help="one more option for each step's python -m ci run (repeatable)")
+                   help="one more option for each step's python -m ci run, as --run-arg=--no-prefork "
+                        "(repeatable)")
     p.add_argument("--step-timeout", type=float, default=STEP_TIMEOUT,
                    help=f"seconds per attempt (default: {STEP_TIMEOUT:g})")
     p.add_argument("--trigger", choices=TRIGGERS, default="cli", help="who started it (kept in the history)")
@@ -151,6 +152,7 @@ def main(argv: Sequence[str]) -> int:
             raise UsageError(f"{flag} {value}: must be at least 1")
     if args.max_attempts < 1 or args.streak < 1:
         raise UsageError("--max-attempts and -k must be at least 1")
+    seconds("--step-timeout", args.step_timeout)
     if args.from_monitor:
         if args.good or args.bad:
             raise UsageError("--from-monitor takes the range from the history; drop --good/--bad")

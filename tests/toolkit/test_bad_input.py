@@ -362,7 +362,7 @@ def test_audit_of_no_test_files_exits_3(tmp_path: Path) -> None:
 @pytest.mark.parametrize("command", [("changed",), ("plan",), ("workflows",), ("audit",),
                                      ("run", "--suite", "megatron", "--root", str(REPO)),
                                      ("gpu-status",),
-                                     ("lock-gpus",), ("import-workflow", "x.yml.j2")])
+                                     ("lock-gpus",), ("import-workflow", "x.yml.j2"), ("bisect",)])
 def test_a_bad_option_is_one_line_not_a_usage_dump(command: tuple[str, ...]) -> None:
     proc = ci(*command, "--no-such-option")
     assert "--no-such-option" in one_line(proc)
