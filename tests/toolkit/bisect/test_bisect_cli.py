@@ -99,6 +99,7 @@ def test_a_commit_that_does_not_install_is_skipped_and_said_so(repo):
     """Commits 18..26 with --install: the first probe (21) does not install; the search steps
     around it and still names commit 20."""
     clone, shas = repo
+    before = snapshot(clone)
     proc = run_ci("bisect", "--suite", "unit", "--entry", VALUE, "--good", shas[17], "--bad", shas[26],
                   "--install", "python install.py", "--history", "off", "--root", str(clone.root), FAST, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -106,6 +107,7 @@ def test_a_commit_that_does_not_install_is_skipped_and_said_so(repo):
     assert f"{no_install} skipped: does not install: python install.py exited 1" in proc.stdout
     assert re.search(rf"{no_install}\s+change 21\s+skipped \(does not install", proc.stdout)
     assert f"first bad commit: {shas[planted.BREAK][:10]}" in proc.stdout
+    assert snapshot(clone) == before  # the install ran in the step's worktree, not here
 
 
 def test_dry_run_prints_the_plan_and_runs_nothing(repo):

@@ -91,6 +91,7 @@ def test_a_rate_rising_from_0_to_40_percent_is_named_as_such(planted_repo, tmp_p
     assert (f"flake rate rose at commit {rise} Share the cache between workers (#77) (CI Test, PR #77): "
             f"passed 5/5 at {shas[10][:10]}, failed 1 of 3 there") in proc.stdout, proc.stdout
     assert "first bad commit" not in proc.stdout
+    assert clone.git("status", "--porcelain") == "" and len(clone.git("worktree", "list").splitlines()) == 1
     assert re.search(rf"{shas[9][:10]}\s+change 9 \(good end\)\s+passed 5/5", proc.stdout)
     assert len(re.findall(r"^round \d+:", proc.stdout, re.M)) == 1  # both ends and 2 probes at once
 
