@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ci.github.gateway import BISECT_WORKFLOW
 from ci.github.job_plan import Job
 from ci.github.yaml_writer import (
     CHECKOUT,
@@ -34,7 +35,6 @@ from ci.registry.job_timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES
 from ci.registry.model import CPU_TIER, GPU_TIER, MONITOR_BISECT_PLAN, MONITOR_SESSION
 from ci.registry.workflow_style import Style
 
-BISECT_WORKFLOW = "bisect.yml"
 BISECT_PATH = f".github/workflows/{BISECT_WORKFLOW}"
 ANSWER_DIR = ".ci-cache/bisect"
 # A bisect runs the entry up to ~⌈log2 n⌉ + 2 times per attempt per commit: a day's worth of a

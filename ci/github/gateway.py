@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ci.github.bisect_workflow import BISECT_WORKFLOW
 from ci.github.comment_commands import (
     USAGE,
     Allowed,
@@ -28,6 +27,7 @@ from ci.select.discover import TestFile
 from ci.select.entries import suite_entries
 
 RUN_FILE_WORKFLOW = "run-ci-file.yml"
+BISECT_WORKFLOW = "bisect.yml"  # ci/github/bisect_workflow.py renders it
 # Why `/run-ci` dispatches as well as labels: GitHub starts no workflow run for an event the
 # workflow's own GITHUB_TOKEN caused (its guard against loops), so the label alone would run
 # nothing now. The label stays for the record and for the PR's later pushes, which run the

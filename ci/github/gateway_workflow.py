@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ci.github.bisect_workflow import BISECT_WORKFLOW
 from ci.github.comment_commands import POLICY_PATH
-from ci.github.gateway import RUN_FILE_WORKFLOW
+from ci.github.gateway import BISECT_WORKFLOW, RUN_FILE_WORKFLOW
 from ci.github.job_plan import WORKFLOW_NAME, Job
 from ci.github.teams import TEAMS_SECRET
 from ci.github.yaml_writer import (

@@ -19,7 +19,8 @@ from pathlib import Path
 from ci.args import Parser, existing_dir
 from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
-from ci.github.bisect_workflow import BISECT_PATH, BISECT_WORKFLOW, bisect_workflow, dispatch_step, has_bisect
+from ci.github.bisect_workflow import BISECT_PATH, bisect_workflow, dispatch_step, has_bisect
+from ci.github.gateway import BISECT_WORKFLOW
 from ci.github.job_plan import (
     BASE_BRANCH,
     PLAN_JOB,
