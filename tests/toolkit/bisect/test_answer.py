@@ -66,6 +66,22 @@ def test_skipped_neighbours_make_a_list_and_a_narrower_bisect_to_rerun():
                                     f"--good {COMMITS[3].sha[:12]} --bad {COMMITS[5].sha[:12]}")
 
 
+def test_a_search_cut_short_says_so_and_gives_the_interval():
+    s = Search(n=8, bad_end_known=True)
+    for _ in range(2):
+        for i in s.next_round():
+            s.record(i, i < 5)
+    out = Outcome(search=s, verdict=s.verdict(), refusal=None, attempts=(), wall=1.0,
+                  stopped="stopped after 2 rounds (--max-rounds)")
+    a = Answer(suite="s", entry="e.py", commits=COMMITS, outcome=out, rate=0.0, confidence=0.99,
+               plan=StepPlan(suite="s", entry="e.py"), trigger="cli", started_at=1.0)
+    assert a.kind == "undetermined" and a.commit is None
+    assert a.headline() == (f"undetermined: the first bad commit lies after {COMMITS[4].sha[:10]} and at or "
+                            f"before {COMMITS[8].sha[:10]} (4 commits); stopped after 2 rounds (--max-rounds)")
+    assert a.reproduce() == (f"python -m ci bisect --suite s --entry 'e.py' --good {COMMITS[4].sha[:12]} "
+                             f"--bad {COMMITS[8].sha[:12]}")
+
+
 @pytest.fixture(scope="module")
 def pg_server():
     try:

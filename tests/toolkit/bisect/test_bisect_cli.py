@@ -126,6 +126,16 @@ def test_dry_run_prints_the_plan_and_runs_nothing(repo):
     assert snapshot(clone) == before
 
 
+def test_a_budget_below_the_confidence_is_said_before_anything_runs(repo):
+    clone, shas = repo
+    proc = run_ci("bisect", "--suite", "unit", "--entry", "tests/unit/test_flaky.py", "--good", shas[0],
+                  "--bad", shas[32], "--flake-rate", "0.4", "--max-attempts", "4", "--dry-run",
+                  "--root", str(clone.root))
+    assert proc.returncode == 0, proc.stderr
+    assert ("flake rate 40%: 4 attempts per commit, each verdict at 87.04% -- 99% needs 10; "
+            "--max-attempts 4 caps it, so the answer is weaker than asked") in proc.stdout
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("--good", "{32}", "--bad", "{0}"), "is not an ancestor"),
     (("--good", "{0}", "--bad", "nope"), "--bad 'nope' is no commit"),
