@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-timeout", type=float, default=STEP_TIMEOUT,
                    help=f"seconds per attempt (default: {STEP_TIMEOUT:g})")
     p.add_argument("--trigger", choices=TRIGGERS, default="cli", help="who started it (kept in the history)")
+    p.add_argument("--work-dir", type=Path, metavar="DIR",
+                   help="where the steps' worktrees go (default: the system's temporary directory); "
+                        "on a GPU runner a folder of its work dir, which Docker can mount")
     p.add_argument("--answer-dir", type=Path, metavar="DIR",
                    help="also write the answer (Markdown with the streak issue's marker, and JSON) here")
     p.add_argument("--dry-run", action="store_true",
@@ -185,7 +188,8 @@ def main(argv: Sequence[str]) -> int:
     install = tuple(shlex.split(args.install)) if args.install else ()
     log = Log.from_env()
     started = time.time()
-    trees = None if args.dry_run else Worktrees(root)
+    work_dir = existing_dir("--work-dir", args.work_dir) if args.work_dir is not None else None
+    trees = None if args.dry_run else Worktrees(root, work_dir)
     try:
         lock_pattern = args.lock_path_pattern
         private = emulate and lock_pattern is None  # the bisect's own emulated GPUs: all free

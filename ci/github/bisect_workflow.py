@@ -51,9 +51,11 @@ INPUTS: dict[str, tuple[str, bool]] = {
     "trigger": ("who asked: monitor, comment or cli", False),
 }
 
+# The worktrees go under RUNNER_TEMP: inside the runner's work dir, which a GPU runner maps
+# to the same path on its host, so the steps' `docker run -v` can mount them.
 _RUN = (
     'set -- --suite "$SUITE" --entry "$ENTRY" --trigger "${TRIGGER:-monitor}" '
-    f"--answer-dir {ANSWER_DIR}",
+    f'--answer-dir {ANSWER_DIR} --work-dir "$RUNNER_TEMP"',
     'if [ -n "$GOOD" ]; then set -- "$@" --good "$GOOD" --bad "${BAD:-HEAD}"; '
     'else set -- "$@" --from-monitor; fi',
     'venv=".nox/$SUITE"',

@@ -65,8 +65,11 @@ def test_the_monitors_streak_becomes_the_first_bad_commit(repo, tmp_path):
         record(url, f"fail{n}", "unit", VALUE, shas[32], "failed", 2 + n)
     before = snapshot(clone)
     summary = tmp_path / "summary.md"
+    work = tmp_path / "steps"
+    work.mkdir()
     proc = run_ci("bisect", "--from-monitor", "--entry", VALUE, "--history", url, "--root", str(clone.root),
                   FAST, "--answer-dir", str(tmp_path / "answer"), "--trigger", "monitor",
+                  "--work-dir", str(work),
                   env={"GITHUB_STEP_SUMMARY": str(summary)}, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     culprit = shas[planted.BREAK]
@@ -75,6 +78,7 @@ def test_the_monitors_streak_becomes_the_first_bad_commit(repo, tmp_path):
     assert len(rounds(proc.stdout)) <= 6, proc.stdout  # ⌈log2 32⌉ + 1
     assert f"reproduce: git worktree add --detach /tmp/bisect-{culprit[:10]} {culprit}" in proc.stdout
     assert snapshot(clone) == before
+    assert list(work.iterdir()) == []  # the steps' worktrees were there, and are gone
     assert "**first bad commit:" in summary.read_text()
     body = (tmp_path / "answer" / "tests_unit_test_value.py.md").read_text()
     assert body.startswith(f"<!-- slime-ci:entry={VALUE} kind=broken-main -->\n")

@@ -42,6 +42,7 @@ def test_bisect_runs_on_the_tier_s_runner_with_the_whole_history(files):
         assert run["env"]["ENTRY"] == "${{ inputs.entry }}"
         assert '"$venv/bin/python" -m ci bisect "$@"' in run["run"] and "--from-monitor" in run["run"]
         assert "--answer-dir .ci-cache/bisect" in run["run"]
+        assert '--work-dir "$RUNNER_TEMP"' in run["run"]  # in the work dir a GPU runner maps to its host
     runs = [next(s for s in j["steps"] if s["name"] == "python -m ci bisect") for j in (cpu, gpu)]
     assert "SLIME_CI_LOCK_TIMEOUT" in runs[1]["env"] and "SLIME_CI_LOCK_TIMEOUT" not in runs[0]["env"]
     assert cpu["env"] == {"SLIME_CI_TORCH_INDEX": "https://download.pytorch.org/whl/cpu"}
