@@ -51,6 +51,9 @@ SUBCOMMANDS: dict[str, Command] = {
     "mutation": Command(target="ci.quality.mutation:main",
                         help="mutate the core modules; do their tests notice? (score per module)",
                         records_signals=True),
+    "bisect": Command(target="ci.bisect.bisect_cli:main",
+                      help="find the commit that broke an entry (or raised its flake rate), in parallel "
+                           "on free GPUs", records_signals=True),
     "plants": Command(target="ci.quality.plants:main",
                       help="apply each planted break to a scratch copy; its entry must fail for its reason"),
 }

@@ -24,10 +24,10 @@ from typing import Any, Literal, get_args
 
 from ci.errors import UsageError
 
-CommandName = Literal["rerun-test", "rerun-failed", "run-ci", "help"]
+CommandName = Literal["rerun-test", "rerun-failed", "run-ci", "bisect", "help"]
 COMMANDS: tuple[CommandName, ...] = get_args(CommandName)
 # The commands that start work on a GPU runner; a fork PR never gets them.
-RUNS_CODE: frozenset[CommandName] = frozenset({"rerun-test", "rerun-failed", "run-ci"})
+RUNS_CODE: frozenset[CommandName] = frozenset({"rerun-test", "rerun-failed", "run-ci", "bisect"})
 POLICY_PATH = ".github/ci-access.json"
 # GitHub's `author_association` values.
 ASSOCIATIONS = ("OWNER", "MEMBER", "COLLABORATOR", "CONTRIBUTOR", "FIRST_TIME_CONTRIBUTOR",
@@ -36,9 +36,10 @@ USAGE: dict[CommandName, str] = {
     "rerun-test": "/rerun-test <registered test file>: run that one file on this PR's head commit",
     "rerun-failed": "/rerun-failed: re-run the failed jobs of this PR's latest run",
     "run-ci": "/run-ci <label>: run the suite that label gates on this PR's head commit",
+    "bisect": "/bisect <registered test file>: find the commit of main that broke it (the monitor's streak)",
     "help": "/help: list the commands you may use here",
 }
-_ARGS: dict[CommandName, int] = {"rerun-test": 1, "rerun-failed": 0, "run-ci": 1, "help": 0}
+_ARGS: dict[CommandName, int] = {"rerun-test": 1, "rerun-failed": 0, "run-ci": 1, "bisect": 1, "help": 0}
 _LOGIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?")
 # What a commenter wrote is quoted back under the bot's name only when it is a plain word:
 # never markdown (an image, a link, a mention), never longer than a path or a label.
@@ -229,7 +230,7 @@ def authorise(body: str, ctx: Context, policy: Policy | None, *,
     if parsed.name in RUNS_CODE and ctx.from_fork:
         return Refused(why=f"/{parsed.name} never runs on a pull request from a fork "
                            "(its code would reach the GPU runners)")
-    if parsed.name == "rerun-test":
+    if parsed.name in ("rerun-test", "bisect"):
         path = parsed.arg or ""
         if _outside(path):
             return Refused(why=f"{quoted(path)} is outside the repository: name a registered test file")

@@ -27,6 +27,7 @@ from ci.select.discover import TestFile
 from ci.select.entries import suite_entries
 
 RUN_FILE_WORKFLOW = "run-ci-file.yml"
+BISECT_WORKFLOW = "bisect.yml"  # ci/github/bisect_workflow.py renders it
 # Why `/run-ci` dispatches as well as labels: GitHub starts no workflow run for an event the
 # workflow's own GITHUB_TOKEN caused (its guard against loops), so the label alone would run
 # nothing now. The label stays for the record and for the PR's later pushes, which run the
@@ -120,6 +121,15 @@ def _verdict_plan(body: str, ctx: Context, policy: Policy | None, *, suites: Seq
                 "reply": f"Label {suite.label} added; running `nox -s {suite.name}` on "
                          f"{sha or 'the head commit'} now (later pushes run it through the label)."}
     resolved = files_map[command.arg or ""]
+    if command.name == "bisect":
+        # main's code and history, never the PR's: the range is the monitor's streak of the file.
+        inputs = {"suite": resolved.suite, "tier": resolved.tier, "entry": resolved.path,
+                  "trigger": "comment"}
+        return {**out, "dispatch": {"workflow": BISECT_WORKFLOW, "inputs": inputs}, "suite": resolved.suite,
+                "tier": resolved.tier, "command_line": f"python -m ci bisect --suite {resolved.suite} "
+                                                        f"--entry {resolved.path} --from-monitor",
+                "reply": f"Bisecting `{resolved.path}` on the default branch over the range of its "
+                         "failure streak; the answer goes to the history and the run's summary."}
     dispatch = _dispatch(pr, sha, resolved.suite, resolved.path)
     return {**out, "dispatch": dispatch, "suite": resolved.suite, "tier": resolved.tier,
             "num_gpus": resolved.num_gpus, "image": resolved.image,

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ci.github.comment_commands import COMMAND_PREFIX, POLICY_PATH
-from ci.github.gateway import RUN_FILE_WORKFLOW
+from ci.github.gateway import BISECT_WORKFLOW, RUN_FILE_WORKFLOW
 from ci.github.ingest_workflow import restore_snapshot, upload_history
 from ci.github.job_plan import WORKFLOW_NAME, Job
 from ci.github.teams import TEAMS_SECRET
@@ -102,7 +102,11 @@ def gateway(style: Style) -> dict[str, Node]:
         "    --limit 1 --json databaseId --jq '.[0].databaseId')",
         '  gh run rerun "$run" --failed --repo "$REPO"',
         "fi",
-        'if [ -n "$(field .dispatch.workflow)" ]; then',
+        f'if [ "$(field .dispatch.workflow)" = {BISECT_WORKFLOW} ]; then',
+        f'  gh workflow run {BISECT_WORKFLOW} --repo "$REPO" --ref "$DEFAULT_BRANCH" \\',
+        '    -f suite="$(field .dispatch.inputs.suite)" -f tier="$(field .dispatch.inputs.tier)" \\',
+        '    -f entry="$(field .dispatch.inputs.entry)" -f trigger=comment',
+        'elif [ -n "$(field .dispatch.workflow)" ]; then',
         f'  gh workflow run {RUN_FILE_WORKFLOW} --repo "$REPO" --ref "$DEFAULT_BRANCH" \\',
         '    -f pr="$(field .dispatch.inputs.pr)" -f sha="$(field .dispatch.inputs.sha)" \\',
         '    -f suite="$(field .dispatch.inputs.suite)" -f only="$(field .dispatch.inputs.only)"',

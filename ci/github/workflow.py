@@ -19,6 +19,8 @@ from pathlib import Path
 from ci.args import Parser, existing_dir
 from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
+from ci.github.bisect_workflow import BISECT_PATH, bisect_workflow, dispatch_step, has_bisect
+from ci.github.gateway import BISECT_WORKFLOW
 from ci.github.ingest_workflow import ingest_files, restore_snapshot, upload_history
 from ci.github.job_plan import (
     BASE_BRANCH,
@@ -295,7 +297,14 @@ def _steps(job: Job, style: Style) -> list[Node]:
         steps.append(_save_durations(job))
     if job.report:
         steps.append(_upload_report(job))
+    if starts_bisects(job, style):
+        steps.append(dispatch_step())
     return steps
+
+
+def starts_bisects(job: Job, style: Style) -> bool:
+    """The monitor job of this repository dispatches bisect.yml (ci/github/bisect_workflow.py)."""
+    return style.own_jobs and has_bisect(job)
 
 
 # The diff gate.
@@ -365,7 +374,10 @@ def _job(job: Job, style: Style) -> dict[str, Node]:
                               "PRs from forks never reach them (see if:)")
     else:
         out["runs-on"] = job.runs_on[0] if len(job.runs_on) == 1 else Flow(job.runs_on)
-    out["permissions"] = {"contents": Note("read", "actions/checkout reads the repository")}
+    permissions: dict[str, Node] = {"contents": Note("read", "actions/checkout reads the repository")}
+    if starts_bisects(job, style):
+        permissions["actions"] = Note("write", f"dispatch {BISECT_WORKFLOW} for each streak")
+    out["permissions"] = permissions
     if uses_shared_history(job):
         out["environment"] = _environment(job)
     out["concurrency"] = {"group": concurrency_group(job), "cancel-in-progress": True}
@@ -420,9 +432,14 @@ def render(jobs: Sequence[Job], style: Style | None = None) -> dict[str, str]:
 
     watched = ((style.title, *((run_file_name(style),) if style.comment_commands else ()))
                if any(exports_history(j) for j in jobs) else ())
+    bisect = {}
+    if any(starts_bisects(j, style) for j in jobs):
+        flow = bisect_workflow(style, cpu_env={"SLIME_CI_TORCH_INDEX": TORCH_CPU_INDEX})
+        bisect[BISECT_PATH] = to_yaml(flow, spaced=2, header=_banner(style.source))
     return {
         **comment_files(jobs, style),
         **ingest_files(style, watched),
+        **bisect,
         WORKFLOW_PATH: to_yaml(workflow(jobs, style), spaced=2, header=_banner(style.source)),
         ACTIONLINT_PATH: to_yaml(actionlint_config(jobs),
                                  header=_banner("the runner labels in ci/github/job_plan.py")),

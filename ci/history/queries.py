@@ -22,7 +22,7 @@ from ci.durations import DURATIONS_FILE, DurationStore
 from ci.errors import EXIT_FAILED, EXIT_OK, StoreError, UsageError
 from ci.history.record import import_durations
 from ci.history.stats import Flakiness, Streak, flakiness, streaks
-from ci.history.store import HISTORY_ENV, HISTORY_FILE, describe, open_store, resolve_url
+from ci.history.store import HISTORY_ENV, HISTORY_FILE, HistoryStore, describe, open_store, resolve_url
 from ci.log import Log
 
 
@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     mon.add_argument("-k", type=int, default=3, help="consecutive failures (default: 3)")
     mon.add_argument("--branch", default="main", help="branch to watch (default: main)")
     mon.add_argument("--out", type=Path, help="also write the report (Markdown) to this file")
+    mon.add_argument("--bisect-plan", type=Path, metavar="FILE",
+                     help="also write one JSON line per streak with no bisect answer in the history "
+                          "yet: its suite, tier and entry (the inputs of a bisect run)")
     mon.add_argument("--unreachable-ok", action="store_true",
                      help=f"a scheduled job's mode: no store configured (no --history, no {HISTORY_ENV}, "
                           f"no {HISTORY_FILE}) or one that cannot be used is one line and exit 0")
@@ -310,5 +313,28 @@ def _read(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
         if args.out is not None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(md + "\n", encoding="utf-8")
+        if args.bisect_plan is not None:
+            plan = bisect_plan(store, found, root)
+            args.bisect_plan.parent.mkdir(parents=True, exist_ok=True)
+            args.bisect_plan.write_text("".join(json.dumps(p, sort_keys=True) + "\n" for p in plan),
+                                        encoding="utf-8")
         return EXIT_FAILED if found else EXIT_OK
+
+
+def bisect_plan(store: HistoryStore, found: Sequence[Streak], root: Path) -> list[dict[str, str]]:
+    """The streaks to bisect: known good somewhere, of a suite the registry has, and with no
+    answer in the history for the same entry and first failing commit (the monitor runs
+    hourly; one bisect per streak is enough)."""
+    from ci.registry.loader import load_registry
+
+    registry = load_registry(root)
+    out = []
+    for s in found:
+        suite = registry.get(s.suite)
+        if suite is None or not s.last_passing_commit:
+            why = "its suite is not in the registry" if suite is None else "it never passed"
+            _warn(f"monitor: no bisect of {s.entry_id} ({s.suite}): {why}")
+        elif not store.bisected(s.entry_id, bad=s.first_failing_commit):
+            out.append({"suite": s.suite, "tier": suite.tier, "entry": s.entry_id})
+    return out
 

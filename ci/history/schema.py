@@ -93,6 +93,33 @@ metrics = Table(
 )
 
 
+# One row per finished bisect (`python -m ci bisect`): the range, the answer and its cost.
+# `kind`: first-bad (a commit broke the entry), rate-rose (its flake rate rose there),
+# undetermined (budget ran out or skipped commits left more than one candidate), refused.
+bisects = Table(
+    "bisects", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("uid", String(64), nullable=False, unique=True),
+    Column("suite", String(128), nullable=False),
+    Column("entry_id", Text, nullable=False),
+    Column("good", String(64), nullable=False),
+    Column("bad", String(64), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("commit", String(64), nullable=False),  # the answer ("" when there is none)
+    Column("candidates", Text, nullable=False),  # space-separated commits it could be
+    Column("confidence", Float, nullable=False),  # of one commit's verdict
+    Column("attempts_per_commit", Integer, nullable=False),
+    Column("width", Integer, nullable=False),  # commits tested at once
+    Column("rounds", Integer, nullable=False),
+    Column("steps", Integer, nullable=False),  # attempts run, all commits together
+    Column("trigger", String(32), nullable=False),  # cli, monitor, comment
+    Column("started_at", Float, nullable=False),
+    Column("ended_at", Float, nullable=False),
+    Column("summary", Text, nullable=False),  # the one-line answer
+    Index("bisects_by_entry", "entry_id", "started_at"),
+)
+
+
 def _v1(conn: Connection) -> None:
     for table in (runs, attempts, metrics):
         table.create(conn, checkfirst=True)
@@ -109,9 +136,14 @@ def _v2(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE runs ADD COLUMN pr INTEGER"))
 
 
+def _v3(conn: Connection) -> None:
+    bisects.create(conn, checkfirst=True)
+
+
 # (version, what it does, the step). Append only: a store at version N runs N+1… in order.
 MIGRATIONS: tuple[tuple[int, str, Callable[[Connection], None]], ...] = (
     (1, "runs, entry attempts and e2e metric series", _v1),
     (2, "runs say whether they ran trusted code (`trusted`) and for which pull request (`pr`)", _v2),
+    (3, "bisect answers (`python -m ci bisect`): range, first bad commit or rate rise, cost", _v3),
 )
 LATEST = MIGRATIONS[-1][0]

@@ -329,6 +329,21 @@ class HistoryStore:
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
 
+    def bisected(self, entry_id: str, *, bad: str) -> bool:
+        """Whether a bisect answer (table `bisects`) exists for the entry with this bad end."""
+        from sqlalchemy import select
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ci.history import schema
+
+        b = schema.bisects
+        try:
+            with self.engine.connect() as conn:
+                return conn.execute(select(b.c.id).where(b.c.entry_id == entry_id, b.c.bad == bad)
+                                    .limit(1)).first() is not None
+        except SQLAlchemyError as exc:
+            raise self._fail(exc, "read it") from None
+
     def metric_series(self, entry_id: str, *, hardware: str, names: Sequence[str],
                       last_runs: int = 15, exclude_uid: str = "") -> list[MetricRow]:
         """Metric points of the entry's last trusted runs (its final attempt passed) on this hardware."""

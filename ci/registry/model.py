@@ -200,5 +200,9 @@ class Smoke:
 # reach, or none configured, is one line and a pass (--unreachable-ok).
 MONITOR_SESSION = "monitor"
 MONITOR_REPORT = ".ci-cache/monitor.md"
-MONITOR_COMMAND = ("python", "-m", "ci", "history", "monitor", "--out", MONITOR_REPORT, "--unreachable-ok")
+# The streaks the history holds no bisect answer for, one JSON line each: the monitor job's
+# next step dispatches a bisect of each (ci/github/bisect_workflow.py).
+MONITOR_BISECT_PLAN = ".ci-cache/bisect-plan.jsonl"
+MONITOR_COMMAND = ("python", "-m", "ci", "history", "monitor", "--out", MONITOR_REPORT,
+                   "--bisect-plan", MONITOR_BISECT_PLAN, "--unreachable-ok")
 MONITOR_PURPOSE = "The failure monitor: entries failing 3 consecutive runs on main, with the range to bisect"

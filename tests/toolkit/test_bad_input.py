@@ -363,7 +363,7 @@ def test_audit_of_no_test_files_exits_3(tmp_path: Path) -> None:
 @pytest.mark.parametrize("command", [("changed",), ("plan",), ("workflows",), ("audit",),
                                      ("run", "--suite", "megatron", "--root", str(REPO)),
                                      ("gpu-status",),
-                                     ("lock-gpus",), ("import-workflow", "x.yml.j2")])
+                                     ("lock-gpus",), ("import-workflow", "x.yml.j2"), ("bisect",)])
 def test_a_bad_option_is_one_line_not_a_usage_dump(command: tuple[str, ...]) -> None:
     proc = ci(*command, "--no-such-option")
     assert "--no-such-option" in one_line(proc)
@@ -446,7 +446,7 @@ def test_import_workflow_caps_the_number_of_entries(checkout: Path) -> None:
 
 
 def test_every_command_is_dispatched_the_same_way() -> None:
-    """Each row names a function taking argv; `run` and `mutation` record signals (they stop
+    """Each row names a function taking argv; `run`, `mutation` and `bisect` record signals (they stop
     what they started and still report); no name is special."""
     import importlib
 
@@ -455,7 +455,7 @@ def test_every_command_is_dispatched_the_same_way() -> None:
     for name, command in SUBCOMMANDS.items():
         module, function = command.target.split(":")
         assert callable(getattr(importlib.import_module(module), function)), name
-    assert [n for n, c in SUBCOMMANDS.items() if c.records_signals] == ["run", "mutation"]
+    assert [n for n, c in SUBCOMMANDS.items() if c.records_signals] == ["run", "mutation", "bisect"]
 
 
 if __name__ == "__main__":

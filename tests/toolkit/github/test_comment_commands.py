@@ -234,6 +234,40 @@ def test_plan_refusals_dispatch_nothing(capsys: pytest.CaptureFixture[str], args
     assert out["reaction"] == "confused"
 
 
+def test_plan_bisect_dispatches_the_bisect_of_a_registered_file(capsys: pytest.CaptureFixture[str]) -> None:
+    """/bisect runs main's code over the monitor's streak of the file: its suite and tier come
+    from the registry, as /rerun-test's do, under the repository's policy (MEMBER may)."""
+    out = _plan(capsys, "--comment", "/bisect tests/e2e/test_tiny_ckpt.py", "--actor", "alice",
+                "--association", "MEMBER", "--no-fork")
+    assert out["verdict"] == "allowed" and out["reaction"] == "rocket"
+    assert out["dispatch"] == {"workflow": "bisect.yml", "inputs": {
+        "suite": "ckpt", "tier": "gpu", "entry": "tests/e2e/test_tiny_ckpt.py", "trigger": "comment"}}
+    assert out["command_line"] == ("python -m ci bisect --suite ckpt --entry tests/e2e/test_tiny_ckpt.py "
+                                   "--from-monitor")
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    (["--actor", "eve", "--association", "CONTRIBUTOR"], "eve (CONTRIBUTOR) may not use /bisect"),
+    (["--actor", "alice", "--association", "MEMBER", "--fork"], "/bisect never runs on a pull request from a fork"),
+])
+def test_plan_bisect_keeps_the_access_policy(capsys: pytest.CaptureFixture[str], args: list[str],
+                                             why: str) -> None:
+    out = _plan(capsys, *args, "--comment", "/bisect tests/e2e/test_tiny_ckpt.py")
+    assert out["verdict"] == "refused" and str(out["why"]).startswith(why) and out["dispatch"] is None
+
+
+def test_bisect_names_a_registered_file() -> None:
+    policy = parse_policy({"commands": {"bisect": {"associations": ["MEMBER"]}}})
+    assert isinstance(_verdict("/bisect tests/test_gae.py", policy=policy), Allowed)
+    for body, why in (("/bisect tests/nope.py", "is not a registered test file"),
+                      ("/bisect ../etc/passwd", "outside the repository"),
+                      ("/bisect", "/bisect takes 1 argument")):
+        verdict = _verdict(body, policy=policy)
+        assert isinstance(verdict, Refused) and why in verdict.why, (body, verdict)
+    with pytest.raises(UsageError, match="`anyone` is only for help"):
+        parse_policy({"commands": {"bisect": {"anyone": True}}})
+
+
 def test_plan_comment_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(UsageError, match="needs --actor, --association"):
         main(["--event", "issue_comment", "--comment", "/help", "--root", str(REPO)])

@@ -20,6 +20,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import REPO, run_ci, write
 
+from ci.history import schema
+from ci.history.store import open_store
+from ci.registry.model import MONITOR_BISECT_PLAN
+
 NUM_GPUS = 0
 
 REGISTRY = """
@@ -236,7 +240,7 @@ def _monitor_job_command():
     (step,) = [s for s in job["steps"] if s.get("run", "").startswith("nox -s ")]
     assert step["run"] == "nox -s monitor"
     assert step["env"] == {"SLIME_CI_HISTORY_URL": "${{ secrets.SLIME_CI_HISTORY_URL }}"}
-    upload = job["steps"][-1]
+    (upload,) = [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
     assert upload["if"] == "always()" and upload["with"]["path"] == MONITOR_REPORT
     (session,) = [x for x in SESSIONS if x.name == "monitor"]
     (command,) = session.commands  # what `nox -s monitor` runs in its venv
@@ -267,6 +271,18 @@ def test_the_scheduled_monitor_job_reports_three_failures_and_passes_on_an_unrea
     assert "| train | `tests/e2e/test_coin.py` | 3 |" in text
     assert f"`{'5' * 12}` | `{'6' * 12}` | coin came up tails |" in text  # the range to bisect
     assert summary.read_text() == text
+    # The streak has no bisect answer yet: the plan asks the next step to dispatch one.
+    plan = root / MONITOR_BISECT_PLAN
+    assert [json.loads(x) for x in plan.read_text().splitlines()] == [
+        {"entry": "tests/e2e/test_coin.py", "suite": "train", "tier": "gpu"}]
+    with open_store(f"sqlite:///{root / '.ci-cache/history.sqlite'}") as store, store.engine.begin() as conn:
+        conn.execute(schema.bisects.insert().values(
+            uid="b1", suite="train", entry_id="tests/e2e/test_coin.py", good="5" * 40, bad="6" * 40,
+            kind="first-bad", commit="6" * 40, candidates="6" * 40, confidence=1.0,
+            attempts_per_commit=1, width=1, rounds=2, steps=2, trigger="monitor", started_at=1.0,
+            ended_at=2.0, summary="first bad commit: 666"))
+    again = job(f"sqlite:///{root / '.ci-cache/history.sqlite'}")
+    assert again.returncode == 1 and plan.read_text() == "", "a streak with an answer is not bisected again"
     (root / report).unlink()
     down = job("postgresql://ci@127.0.0.1:9/history")  # port 9: nothing listens
     assert down.returncode == 0 and down.stdout == "", down.stdout + down.stderr

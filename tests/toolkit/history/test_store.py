@@ -15,6 +15,7 @@ from _postgres import fresh_database, server
 
 from ci.errors import StoreError, UsageError
 from ci.history.rows import AttemptRecord, MetricPoint, RunRecord, parse_metrics
+from ci.history.schema import LATEST
 from ci.history.store import normalise, open_store, resolve_url
 
 NUM_GPUS = 0
@@ -104,7 +105,7 @@ def test_a_newer_schema_is_refused_and_left_alone(store_url):
         from ci.history import schema
         with store.engine.begin() as conn:
             conn.execute(schema.meta.update().values(value="99"))
-    with pytest.raises(StoreError, match=r"schema version 99, newer than this slime-ci knows \(2\)"):
+    with pytest.raises(StoreError, match=rf"schema version 99, newer than this slime-ci knows \({LATEST}\)"):
         open_store(store_url)
 
 
@@ -117,6 +118,7 @@ def _version_1_store(url):
     with open_store(url) as store, store.engine.begin() as conn:
         conn.execute(text("ALTER TABLE runs DROP COLUMN trusted"))
         conn.execute(text("ALTER TABLE runs DROP COLUMN pr"))
+        conn.execute(text("DROP TABLE bisects"))  # version 3's
         conn.execute(schema.meta.update().values(value="1"))
         conn.execute(text("INSERT INTO runs (uid, suite, \"commit\", branch, event, host, runner, backend, "
                           "hardware, started_at, ended_at, exit_code) VALUES ('old', 's', 'c', 'main', "
@@ -126,14 +128,16 @@ def _version_1_store(url):
 def test_a_version_1_store_gains_trust_and_its_runs_stay_trusted(store_url):
     _version_1_store(store_url)
     with open_store(store_url) as store:
-        assert store.version == 2
+        assert store.version == LATEST
+        from sqlalchemy import inspect
+        assert "bisects" in inspect(store.engine).get_table_names()  # version 3: bisect answers
         pr_run = RunRecord(**{**_run("pr-run", started=5).__dict__, "trusted": False, "pr": 17})
         assert store.record(pr_run)
         runs = {r.uid: r for r in store.runs()}
         assert (runs["old"].trusted, runs["old"].pr) == (True, None)
         assert (runs["pr-run"].trusted, runs["pr-run"].pr) == (False, 17)
     with open_store(store_url) as again:  # migrating twice changes nothing
-        assert again.version == 2 and again.counts()["runs"] == 2
+        assert again.version == LATEST and again.counts()["runs"] == 2
 
 
 def test_runs_of_pull_request_code_are_never_a_baseline(store_url):
@@ -190,7 +194,7 @@ def test_sqlite_file_is_a_real_sqlite_database(tmp_path):
     with open_store(url) as store:
         store.record(_run("x"))
     with sqlite3.connect(tmp_path / "h.sqlite") as conn:
-        assert conn.execute("select value from slime_ci_meta").fetchone() == ("2",)
+        assert conn.execute("select value from slime_ci_meta").fetchone() == (str(LATEST),)
         assert conn.execute("select count(*) from attempts").fetchone() == (2,)
 
 

@@ -1,0 +1,1 @@
+"""python -m ci bisect: find the commit that broke an entry, honest about flaky ones."""

@@ -1,0 +1,141 @@
+"""The bisect workflow (`bisect.yml`, `workflow_dispatch`), and the monitor's step that starts it.
+
+The hourly monitor job, when it finds entries failing run after run on main, writes the
+streaks with no answer in the history yet (`history monitor --bisect-plan`); its next step,
+which never sees the store's secret, dispatches one bisect run for each (`actions: write`). A maintainer's
+`/bisect <file>` comment dispatches the same workflow (ci/github/gateway.py).
+
+The run checks out the default branch with its whole history, installs the suite's own
+session (`nox -s <suite> --install-only`) and runs the bisect with that environment's
+Python, so every step runs the entry as the suite's session does: GPU suites on a GPU
+runner under the host's GPU lock, CPU suites on a hosted runner. The answer goes to the
+history (the `bisects` table), the step summary, and an artifact holding the body for the
+streak's issue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ci.github.gateway import BISECT_WORKFLOW
+from ci.github.job_plan import Job
+from ci.github.yaml_writer import (
+    CHECKOUT,
+    SETUP_PYTHON,
+    UPLOAD_ARTIFACT,
+    Flow,
+    Node,
+    Note,
+    Script,
+    _expr,
+    _uses,
+)
+from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_SECRET
+from ci.registry.job_timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES
+from ci.registry.model import CPU_TIER, GPU_TIER, MONITOR_BISECT_PLAN, MONITOR_SESSION
+from ci.registry.workflow_style import Style
+
+BISECT_PATH = f".github/workflows/{BISECT_WORKFLOW}"
+ANSWER_DIR = ".ci-cache/bisect"
+# A bisect runs the entry up to ~⌈log2 n⌉ + 2 times per attempt per commit: a day's worth of a
+# GPU job's timeout is its bound, as for the stability job.
+BISECT_MINUTES = 720
+CPU_MINUTES = 120
+
+INPUTS: dict[str, tuple[str, bool]] = {
+    "suite": ("registry suite of the entry", True),
+    "tier": ("cpu or gpu: which runner (the suite's tier)", True),
+    "entry": ("the entry id (a registered test file)", True),
+    "good": ("a good commit (empty: the monitor's streak gives the range)", False),
+    "bad": ("the bad commit (empty: HEAD, or the streak's)", False),
+    "trigger": ("who asked: monitor, comment or cli", False),
+}
+
+# The worktrees go under RUNNER_TEMP: inside the runner's work dir, which a GPU runner maps
+# to the same path on its host, so the steps' `docker run -v` can mount them.
+_RUN = (
+    'set -- --suite "$SUITE" --entry "$ENTRY" --trigger "${TRIGGER:-monitor}" '
+    f'--answer-dir {ANSWER_DIR} --work-dir "$RUNNER_TEMP"',
+    'if [ -n "$GOOD" ]; then set -- "$@" --good "$GOOD" --bad "${BAD:-HEAD}"; '
+    'else set -- "$@" --from-monitor; fi',
+    'venv=".nox/$SUITE"',
+    '"$venv/bin/python" -m pip install --quiet -e ".[history]"  # the store, in the session\'s env',
+    '"$venv/bin/python" -m ci bisect "$@"',
+)
+
+# The monitor job's step: one bisect run per streak the history has no answer for.
+DISPATCH = (
+    f'[ -s {MONITOR_BISECT_PLAN} ] || {{ echo "no streak to bisect"; exit 0; }}',
+    'while IFS= read -r row; do',
+    f'  gh workflow run {BISECT_WORKFLOW} --repo "$REPO" --ref "$DEFAULT_BRANCH" \\',
+    '    -f suite="$(jq -r .suite <<<"$row")" -f tier="$(jq -r .tier <<<"$row")" \\',
+    '    -f entry="$(jq -r .entry <<<"$row")" -f trigger=monitor',
+    '  echo "dispatched a bisect of $(jq -r .entry <<<"$row")"',
+    f'done < {MONITOR_BISECT_PLAN}',
+)
+
+
+def has_bisect(job: Job) -> bool:
+    """The job whose streaks start bisects: the scheduled failure monitor."""
+    return job.session == MONITOR_SESSION and job.history_store
+
+
+def dispatch_step() -> dict[str, Node]:
+    """After `nox -s monitor` failed (exit 1: entries failing), dispatch their bisects."""
+    return {"name": f"Dispatch {BISECT_WORKFLOW} for each streak not bisected yet",
+            "if": Note("failure()", "the monitor exits 1 when it finds entries failing"),
+            "env": {"GH_TOKEN": _expr("github.token"), "REPO": _expr("github.repository"),
+                    "DEFAULT_BRANCH": _expr("github.event.repository.default_branch")},
+            "run": Script(DISPATCH)}
+
+
+def bisect_workflow(style: Style, *, cpu_env: Mapping[str, str]) -> dict[str, Node]:
+    """One job per tier; the dispatched run takes the one its `tier` input names. `cpu_env`:
+    the hosted runners' job variables (the CPU torch index), as in pr-test.yml."""
+    out: dict[str, Node] = {}
+    for tier, runner in ((CPU_TIER, style.hosted_runner), (GPU_TIER, style.gpu_runner)):
+        gpu = tier == GPU_TIER
+        env: dict[str, Node] = {name.upper(): _expr(f"inputs.{name}")
+                                for name in ("suite", "entry", "good", "bad", "trigger")}
+        env[HISTORY_ENV] = _expr(f"secrets.{HISTORY_SECRET}")
+        if gpu:
+            env[LOCK_TIMEOUT_ENV] = str(LOCK_WAIT_MINUTES * 60)
+            env.update(style.gpu_env)
+        runs_on: Node = (Note(Flow(runner), "zizmor: ignore[self-hosted-runner] dispatched on the "
+                                            "default branch only; it runs main's commits, never a PR's")
+                         if "self-hosted" in runner else runner[0])
+        out[f"bisect_{tier}"] = {
+            "name": f"bisect {_expr('inputs.entry')} ({tier})",
+            "if": f"inputs.tier == '{tier}'",
+            "runs-on": runs_on,
+            "permissions": {"contents": Note("read", "actions/checkout reads the history")},
+            "environment": {"name": HISTORY_ENVIRONMENT,
+                            "deployment": Note(False, "its secrets, without a deployment")},
+            "concurrency": {"group": f"bisect-{_expr('inputs.suite')}-{_expr('inputs.entry')}",
+                            "cancel-in-progress": False},
+            "timeout-minutes": Note(BISECT_MINUTES if gpu else CPU_MINUTES,
+                                    "a bisect runs the entry several times"),
+            **({} if gpu else {"env": dict(cpu_env)}),
+            "steps": [
+                {"name": "Check out the default branch with its history", "uses": _uses(CHECKOUT),
+                 "with": {"persist-credentials": False,
+                          "fetch-depth": Note(0, "every commit of the range")}},
+                {"name": "Set up Python", "uses": _uses(SETUP_PYTHON),
+                 "with": {"python-version": style.python}},
+                {"name": "Install nox", "run": style.install},
+                {"name": "Install the suite's session", "env": {"SUITE": _expr("inputs.suite")},
+                 "run": 'nox -s "$SUITE" --install-only'},
+                {"name": "python -m ci bisect", "env": env, "run": Script(_RUN)},
+                {"name": f"Upload {ANSWER_DIR}", "if": "always()", "uses": _uses(UPLOAD_ARTIFACT),
+                 "with": {"name": "bisect-answer", "path": ANSWER_DIR,
+                          "if-no-files-found": Note("ignore", "a refused range writes none")}},
+            ],
+        }
+    return {
+        "name": f"{style.title} bisect",
+        "on": {"workflow_dispatch": {"inputs": {
+            name: {"description": text, "required": required, "type": "string"}
+            for name, (text, required) in INPUTS.items()}}},
+        "permissions": {},
+        "jobs": out,
+    }
