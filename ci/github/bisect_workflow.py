@@ -9,8 +9,9 @@ The run checks out the default branch with its whole history, installs the suite
 session (`nox -s <suite> --install-only`) and runs the bisect with that environment's
 Python, so every step runs the entry as the suite's session does: GPU suites on a GPU
 runner under the host's GPU lock, CPU suites on a hosted runner. The answer goes to the
-history (the `bisects` table), the step summary, and an artifact holding the body for the
-streak's issue.
+step summary and an artifact holding the body for the streak's issue, and, from the hosted
+runner only, to the history (the `bisects` table): a GPU job holds no secret, and reads the
+streak from the trusted snapshot the ingest job keeps.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ci.github.gateway import BISECT_WORKFLOW
+from ci.github.ingest_workflow import restore_snapshot
 from ci.github.job_plan import Job
 from ci.github.yaml_writer import (
     CHECKOUT,
@@ -97,10 +99,14 @@ def bisect_workflow(style: Style, *, cpu_env: Mapping[str, str]) -> dict[str, No
         gpu = tier == GPU_TIER
         env: dict[str, Node] = {name.upper(): _expr(f"inputs.{name}")
                                 for name in ("suite", "entry", "good", "bad", "trigger")}
-        env[HISTORY_ENV] = _expr(f"secrets.{HISTORY_SECRET}")
         if gpu:
+            # No secret on a GPU host (a PR's job there is root on it, docs/security.md): the
+            # streak comes from the trusted snapshot the ingest job keeps; the answer goes to
+            # the step summary and the artifact, not to the shared store.
             env[LOCK_TIMEOUT_ENV] = str(LOCK_WAIT_MINUTES * 60)
             env.update(style.gpu_env)
+        else:
+            env[HISTORY_ENV] = _expr(f"secrets.{HISTORY_SECRET}")
         runs_on: Node = (Note(Flow(runner), "zizmor: ignore[self-hosted-runner] dispatched on the "
                                             "default branch only; it runs main's commits, never a PR's")
                          if "self-hosted" in runner else runner[0])
@@ -109,8 +115,9 @@ def bisect_workflow(style: Style, *, cpu_env: Mapping[str, str]) -> dict[str, No
             "if": f"inputs.tier == '{tier}'",
             "runs-on": runs_on,
             "permissions": {"contents": Note("read", "actions/checkout reads the history")},
-            "environment": {"name": HISTORY_ENVIRONMENT,
-                            "deployment": Note(False, "its secrets, without a deployment")},
+            **({} if gpu else {"environment": {
+                "name": HISTORY_ENVIRONMENT,
+                "deployment": Note(False, "its secrets, without a deployment")}}),
             "concurrency": {"group": f"bisect-{_expr('inputs.suite')}-{_expr('inputs.entry')}",
                             "cancel-in-progress": False},
             "timeout-minutes": Note(BISECT_MINUTES if gpu else CPU_MINUTES,
@@ -120,6 +127,7 @@ def bisect_workflow(style: Style, *, cpu_env: Mapping[str, str]) -> dict[str, No
                 {"name": "Check out the default branch with its history", "uses": _uses(CHECKOUT),
                  "with": {"persist-credentials": False,
                           "fetch-depth": Note(0, "every commit of the range")}},
+                *([restore_snapshot()] if gpu else []),
                 {"name": "Set up Python", "uses": _uses(SETUP_PYTHON),
                  "with": {"python-version": style.python}},
                 {"name": "Install nox", "run": style.install},
