@@ -33,6 +33,7 @@ class AttemptRecord:
     node: str = ""
     seconds: float = 0.0
     reason: str = ""
+    exit_code: int | None = None  # the process's status; negative: killed by that signal
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +74,7 @@ def _attempt(result: Result, number: int, final: bool) -> AttemptRecord:
         outcome=result.outcome, passed=result.passed, failed=result.failed,
         skipped=result.skipped, num_gpus=result.entry.num_gpus,
         devices=",".join(map(str, result.devices)), node=result.node,
-        seconds=round(result.seconds, 3), reason=result.reason[:500])
+        seconds=round(result.seconds, 3), reason=result.reason[:500], exit_code=result.returncode)
 
 
 def attempt_records(results: Iterable[Result]) -> tuple[AttemptRecord, ...]:

@@ -76,6 +76,9 @@ attempts = Table(
     Column("node", String(256), nullable=False),
     Column("seconds", Float, nullable=False),
     Column("reason", Text, nullable=False),
+    # The attempt's own exit status as the runner saw it (a negative number: killed by that
+    # signal); None for attempts recorded before version 3, or that never started a process.
+    Column("exit_code", Integer, nullable=True),
     UniqueConstraint("run_id", "entry_id", "attempt", name="attempt_once"),
     Index("attempts_by_entry", "entry_id"),
 )
@@ -109,9 +112,18 @@ def _v2(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE runs ADD COLUMN pr INTEGER"))
 
 
+def _v3(conn: Connection) -> None:
+    # The verdict rules (ci/history/verdicts.py) read a signal or the OOM killer from the
+    # attempt's own exit status, never from a guess; older attempts keep NULL (no rule fires).
+    present = {c["name"] for c in inspect(conn).get_columns("attempts")}
+    if "exit_code" not in present:
+        conn.execute(text("ALTER TABLE attempts ADD COLUMN exit_code INTEGER"))
+
+
 # (version, what it does, the step). Append only: a store at version N runs N+1… in order.
 MIGRATIONS: tuple[tuple[int, str, Callable[[Connection], None]], ...] = (
     (1, "runs, entry attempts and e2e metric series", _v1),
     (2, "runs say whether they ran trusted code (`trusted`) and for which pull request (`pr`)", _v2),
+    (3, "attempts keep their own exit status (`exit_code`: a signal, the OOM killer's kill)", _v3),
 )
 LATEST = MIGRATIONS[-1][0]

@@ -119,6 +119,8 @@ class AttemptRow:
     num_gpus: int
     trusted: bool = True
     pr: int | None = None
+    exit_code: int | None = None  # the attempt's own exit status (schema 3); None: not recorded
+    node: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,7 +236,7 @@ class HistoryStore:
                     conn.execute(schema.attempts.insert(), [
                         {"run_id": run_id, **{k: getattr(a, k) for k in (
                             "entry_id", "path", "attempt", "final", "outcome", "passed", "failed",
-                            "skipped", "num_gpus", "devices", "node", "seconds", "reason")}}
+                            "skipped", "num_gpus", "devices", "node", "seconds", "reason", "exit_code")}}
                         for a in run.attempts])
                 if run.metrics:
                     conn.execute(schema.metrics.insert(), [
@@ -248,9 +250,11 @@ class HistoryStore:
 
     def attempts(self, *, suite: str | None = None, hardware: str | None = None,
                  branch: str | None = None, entries: Iterable[str] | None = None,
-                 last_runs: int = 500, trusted_only: bool = False) -> list[AttemptRow]:
+                 last_runs: int = 500, trusted_only: bool = False, pr: int | None = None,
+                 run_uid: str | None = None) -> list[AttemptRow]:
         """Attempts of the newest `last_runs` matching runs, oldest first; `trusted_only` leaves
-        out runs of pull requests' code (never a baseline)."""
+        out runs of pull requests' code (never a baseline); `pr` keeps one pull request's runs,
+        `run_uid` one run (a unique prefix of its uid)."""
         from sqlalchemy import select
         from sqlalchemy.exc import SQLAlchemyError
 
@@ -266,10 +270,14 @@ class HistoryStore:
             newest = newest.where(r.c.branch == branch)
         if trusted_only:
             newest = newest.where(r.c.trusted.is_(True))
+        if pr is not None:
+            newest = newest.where(r.c.pr == pr)
+        if run_uid is not None:
+            newest = newest.where(r.c.uid.startswith(run_uid, autoescape=True))
         query = (select(r.c.uid, r.c.suite, r.c.commit, r.c.branch, r.c.event, r.c.hardware,
                         r.c.started_at, r.c.trusted, r.c.pr, a.c.entry_id, a.c.path, a.c.attempt,
                         a.c.final, a.c.outcome,
-                        a.c.seconds, a.c.reason, a.c.num_gpus)
+                        a.c.seconds, a.c.reason, a.c.num_gpus, a.c.exit_code, a.c.node)
                  .join(a, a.c.run_id == r.c.id)
                  .where(r.c.id.in_(newest.scalar_subquery()))
                  .order_by(r.c.started_at, r.c.id, a.c.entry_id, a.c.attempt))
@@ -282,7 +290,8 @@ class HistoryStore:
                                    entry_id=x.entry_id, path=x.path, attempt=x.attempt,
                                    final=bool(x.final), outcome=x.outcome, seconds=x.seconds,
                                    reason=x.reason, num_gpus=x.num_gpus,
-                                   trusted=bool(x.trusted), pr=x.pr)
+                                   trusted=bool(x.trusted), pr=x.pr, exit_code=x.exit_code,
+                                   node=x.node)
                         for x in conn.execute(query)]
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None

@@ -104,7 +104,7 @@ def test_a_newer_schema_is_refused_and_left_alone(store_url):
         from ci.history import schema
         with store.engine.begin() as conn:
             conn.execute(schema.meta.update().values(value="99"))
-    with pytest.raises(StoreError, match=r"schema version 99, newer than this slime-ci knows \(2\)"):
+    with pytest.raises(StoreError, match=r"schema version 99, newer than this slime-ci knows \(3\)"):
         open_store(store_url)
 
 
@@ -117,6 +117,7 @@ def _version_1_store(url):
     with open_store(url) as store, store.engine.begin() as conn:
         conn.execute(text("ALTER TABLE runs DROP COLUMN trusted"))
         conn.execute(text("ALTER TABLE runs DROP COLUMN pr"))
+        conn.execute(text("ALTER TABLE attempts DROP COLUMN exit_code"))
         conn.execute(schema.meta.update().values(value="1"))
         conn.execute(text("INSERT INTO runs (uid, suite, \"commit\", branch, event, host, runner, backend, "
                           "hardware, started_at, ended_at, exit_code) VALUES ('old', 's', 'c', 'main', "
@@ -124,16 +125,18 @@ def _version_1_store(url):
 
 
 def test_a_version_1_store_gains_trust_and_its_runs_stay_trusted(store_url):
+    from ci.history import schema
+
     _version_1_store(store_url)
     with open_store(store_url) as store:
-        assert store.version == 2
+        assert store.version == schema.LATEST
         pr_run = RunRecord(**{**_run("pr-run", started=5).__dict__, "trusted": False, "pr": 17})
         assert store.record(pr_run)
         runs = {r.uid: r for r in store.runs()}
         assert (runs["old"].trusted, runs["old"].pr) == (True, None)
         assert (runs["pr-run"].trusted, runs["pr-run"].pr) == (False, 17)
     with open_store(store_url) as again:  # migrating twice changes nothing
-        assert again.version == 2 and again.counts()["runs"] == 2
+        assert again.version == schema.LATEST and again.counts()["runs"] == 2
 
 
 def test_runs_of_pull_request_code_are_never_a_baseline(store_url):
@@ -190,9 +193,24 @@ def test_sqlite_file_is_a_real_sqlite_database(tmp_path):
     with open_store(url) as store:
         store.record(_run("x"))
     with sqlite3.connect(tmp_path / "h.sqlite") as conn:
-        assert conn.execute("select value from slime_ci_meta").fetchone() == ("2",)
+        assert conn.execute("select value from slime_ci_meta").fetchone() == ("3",)
         assert conn.execute("select count(*) from attempts").fetchone() == (2,)
 
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
+
+
+def test_attempts_keep_their_exit_status_and_read_by_pr_or_run(store_url):
+    """Schema 3: an attempt's own exit status (a signal) reads back; one PR's runs, one run's."""
+    with open_store(store_url) as store:
+        killed = AttemptRecord(entry_id="tests/test_k.py", path="tests/test_k.py", attempt=1, final=True,
+                               outcome="failed", exit_code=-9, node="gpu-3", reason="exit code -9")
+        store.record(RunRecord(**{**_run("pr-a", started=1).__dict__, "trusted": False, "pr": 7,
+                                  "attempts": (killed,)}))
+        store.record(_run("main-b", started=2))
+        rows = store.attempts(pr=7)
+        assert [(r.run_uid, r.exit_code, r.node) for r in rows] == [("pr-a", -9, "gpu-3")]
+        assert {r.run_uid for r in store.attempts(run_uid="main")} == {"main-b"}
+        assert store.attempts(run_uid="%") == [], "a uid prefix is matched literally"
+        assert {r.exit_code for r in store.attempts(run_uid="main-b")} == {None}
