@@ -75,6 +75,9 @@ class Entry:
     # The container's privileges in the Docker context (ci/backends/docker_argv.py): "minimal" unless the
     # entry needs the framework CI's host network, host IPC and --privileged (RDMA, DeepEP).
     container: Isolation = "minimal"
+    # Who answers for it (a GitHub @user or @org/team); "": the suite's, else CODEOWNERS'. Named
+    # in the issue opened when it is quarantined or fails on main (ci/github/flaky_issues.py).
+    owner: str = ""
 
     @property
     def id(self) -> str:
@@ -121,6 +124,11 @@ class Suite:
     quarantine_min_runs: int = AUTO_QUARANTINE_MIN_RUNS
     # Commands its session runs before the suite itself (argv tuples).
     before: tuple[tuple[str, ...], ...] = ()
+    # The verdicts (ci/history/verdicts.py) that fail the PR's `verdict` check for this suite:
+    # by default a new failure and one the history cannot explain; "flaky",
+    # "already-failing" and "infrastructure" are listed there and block nothing.
+    verdict_blocks: tuple[str, ...] = ("new", "unknown")
+    owner: str = ""  # who answers for its entries when an entry names nobody (see Entry.owner)
 
     # What the tier means everywhere else; the rest of the toolkit asks these, not the tier.
     @property
