@@ -41,7 +41,8 @@ _DOCKER_RUN_FAILED = 125  # `docker run` itself failed: the container never star
 # Known lines, as the tools print them. Each is a fact of the attempt's own log, never a guess.
 _OOM = re.compile(r"Out of memory: Killed process|oom-kill|OOMKilled|Memory cgroup out of memory")
 _PULL = re.compile(r"(?i)Unable to find image .* locally|pull access denied|manifest unknown|"
-                   r"toomanyrequests|error pulling image|failed to pull|Error response from daemon:.*\bpull\b")
+                   r"toomanyrequests|error pulling image|failed to pull|"
+                   r"Error response from daemon:.*\bpull\b")
 _RAY_HEAD = re.compile(r"HeadStartTimeout|ray head did not answer on|ray head exited with code .* while "
                        r"starting|another Ray cluster \(session")
 # The GPU allocator's WaitTimeout (ci/gpu/allocator.py): the attempt never got its GPUs.
@@ -238,7 +239,8 @@ def _streak(f: Facts, *, least: int) -> str | None:
         return None
     before = f.main[:len(f.main) - len(tail)]
     good = before[-1].commit if before else ""
-    range_ = f"bisect {short(good)}..{short(tail[0].commit)}" if good else "no passing run of it on main recorded"
+    range_ = (f"bisect {short(good)}..{short(tail[0].commit)}" if good
+              else "no passing run of it on main recorded")
     return (f"failing on {f.branch} since {short(tail[0].commit)} ({when(tail[0].started_at)}), "
             f"{len(tail)} run(s) in a row, last on {short(tail[-1].commit)}: "
             f"{tail[-1].reason or tail[-1].outcome}; {range_}")
@@ -414,4 +416,5 @@ def judge(judged: Sequence[AttemptRow], history: Sequence[AttemptRow], *, base: 
 
 def blocking(verdicts: Iterable[Verdict], suites: Mapping[str, SuiteRules]) -> list[Verdict]:
     """The verdicts that fail the `verdict` check, as each suite declares."""
-    return [v for v in verdicts if v.kind in suites.get(v.suite, SuiteRules(flaky_rate=None, min_runs=10)).blocks]
+    default = SuiteRules(flaky_rate=None, min_runs=10)
+    return [v for v in verdicts if v.kind in suites.get(v.suite, default).blocks]
