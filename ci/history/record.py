@@ -19,8 +19,9 @@ from pathlib import Path
 
 from ci.errors import StoreError
 from ci.history.rows import AttemptRecord, RunRecord
-from ci.history.stats import auto_quarantine, estimates, failed_on_branch, flakiness
+from ci.history.stats import auto_quarantine, estimates, failed_on_branch, flakiness, recovered
 from ci.history.store import HistoryStore, describe, open_store
+from ci.registry.model import AUTO_QUARANTINE_CLEAN_RUNS
 
 PENDING_DIR = ".ci-cache/history-pending"
 # One line per run this checkout recorded or spooled, so a CI job's last step
@@ -81,7 +82,8 @@ class Before:
 
 
 def read_before(url: str | None, *, suite: str, hardware: str, branch: str,
-                quarantine_rate: float | None, min_runs: int, warn: Warn) -> Before:
+                quarantine_rate: float | None, min_runs: int, warn: Warn,
+                clean_runs: int = AUTO_QUARANTINE_CLEAN_RUNS) -> Before:
     """Estimates (same hardware), failures on this branch and flake quarantine; {} when unreachable."""
     if url is None:
         return Before()
@@ -93,6 +95,7 @@ def read_before(url: str | None, *, suite: str, hardware: str, branch: str,
         return Before(error=str(exc))
     auto = (auto_quarantine(flakiness(rows), rate=quarantine_rate, min_runs=min_runs)
             if quarantine_rate is not None else {})
+    auto = recovered(auto, [r for r in rows if r.trusted], clean_runs=clean_runs)
     return Before(estimates=estimates(rows),
                   failed_here=frozenset(failed_on_branch(rows, branch)) if branch else frozenset(),
                   quarantined=auto, available=True)

@@ -94,6 +94,9 @@ class Entry:
 # monitor` reports it. `quarantine_rate=None` on a suite: never held automatically.
 AUTO_QUARANTINE_RATE = 0.1
 AUTO_QUARANTINE_MIN_RUNS = 10
+# A held entry whose last 10 runs all passed at the first try is let go again, and the issue
+# that says it is held closes itself (ci/github/flaky_issues.py).
+AUTO_QUARANTINE_CLEAN_RUNS = 10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +125,7 @@ class Suite:
     # above this (with at least `quarantine_min_runs` runs recorded); None: never.
     quarantine_rate: float | None = AUTO_QUARANTINE_RATE
     quarantine_min_runs: int = AUTO_QUARANTINE_MIN_RUNS
+    quarantine_clean_runs: int = AUTO_QUARANTINE_CLEAN_RUNS
     # Commands its session runs before the suite itself (argv tuples).
     before: tuple[tuple[str, ...], ...] = ()
     # The verdicts (ci/history/verdicts.py) that fail the PR's `verdict` check for this suite:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -97,12 +98,15 @@ def _handler(state: FakeGitHub) -> type[BaseHTTPRequestHandler]:
             if len(parts) == 1 and method == "POST":
                 issue = {"number": len(state.issues) + 1, "title": body["title"], "body": body.get("body", ""),
                          "labels": list(body.get("labels", [])), "assignees": list(body.get("assignees", [])),
-                         "state": "open", "state_reason": None}
+                         "state": "open", "state_reason": None, "closed_at": None}
                 state.issues.append(issue)
                 return 201, issue
             if len(parts) == 2 and method == "PATCH":
                 issue = state.issue(int(parts[1]))
                 issue.update({k: v for k, v in body.items() if k in ("title", "body", "state", "state_reason")})
+                if "state" in body:
+                    closed = body["state"] == "closed"
+                    issue["closed_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) if closed else None
                 return 200, issue
             return 404, {"message": "Not Found"}
 
