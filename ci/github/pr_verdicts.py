@@ -77,7 +77,37 @@ def build_parser() -> argparse.ArgumentParser:
                         "GITHUB_REPOSITORY)")
     p.add_argument("--dry-run", action="store_true", help="with --comment: print the comment, post nothing")
     p.add_argument("--repo", metavar="OWNER/NAME", help="the repository (default: GITHUB_REPOSITORY)")
+    p.add_argument("--needs", metavar="JSON",
+                   help="the run's jobs and results (Actions' toJSON(needs)): a job that failed with no "
+                        "failed entry recorded gets an `unknown` verdict (rule job-unrecorded)")
     return p
+
+
+JOB_UNRECORDED = "job-unrecorded"
+
+
+def unrecorded_jobs(raw: str, verdicts: Sequence[Verdict], job_suites: Mapping[str, str]) -> list[Verdict]:
+    """Jobs that failed although the history holds no failed entry of theirs: an install that
+    broke, a lint, a job that recorded nothing. Unknown, so they block: never silently green."""
+    try:
+        needs = json.loads(raw)
+    except ValueError:
+        raise UsageError("--needs: not JSON; pass Actions' toJSON(needs)") from None
+    if not isinstance(needs, dict):
+        raise UsageError("--needs: expected an object of jobs (Actions' toJSON(needs))")
+    judged = {v.suite for v in verdicts}
+    out = []
+    for job_id, info in sorted(needs.items()):
+        result = info.get("result") if isinstance(info, dict) else None
+        suite = job_suites.get(job_id, job_id)
+        if result != "failure" or suite in judged:
+            continue
+        out.append(Verdict(suite=suite, entry_id=f"(job {job_id})", path="", kind="unknown",
+                           rule=JOB_UNRECORDED,
+                           evidence="the job failed, and the history holds no failed entry of it for this "
+                                    "PR (an install, a check, or a job that recorded nothing): see its log",
+                           outcome="failed", reason="", run_uid="", commit=""))
+    return out
 
 
 def suite_rules(suites: Sequence[Suite]) -> dict[str, SuiteRules]:
@@ -211,6 +241,11 @@ def main(argv: Sequence[str]) -> int:
     if args.base:
         base = base_of(args.base, history, _git_time(root, args.base))
     verdicts = judge(judged, history, base=base, suites=rules, branch=args.branch)
+    if args.needs:
+        from ci.github.job_plan import table
+
+        jobs = {j.id: j.session for j in table(registry.suites, registry.style, registry.sessions)}
+        verdicts += unrecorded_jobs(args.needs, verdicts, jobs)
     blocked = blocking(verdicts, rules)
     commit = judged[-1].commit[:10] if judged else ""
     title = f"PR #{args.pr}" if args.pr is not None else f"run {args.run}"

@@ -23,6 +23,7 @@ from ci.github.job_plan import (
     BASE_BRANCH,
     PLAN_JOB,
     PLAN_OUTPUT,
+    VERDICT_JOB,
     WORKFLOW_NAME,
     Job,
     condition_lines,
@@ -193,7 +194,7 @@ def _history_env(job: Job) -> dict[str, Node]:
     return {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")}
 
 
-def _environment(job: Job) -> dict[str, Node]:
+def _environment(job: Job | None = None) -> dict[str, Node]:
     return {"name": HISTORY_ENVIRONMENT,
             "deployment": Note(False, "its secrets, without a deployment on the PR's timeline")}
 
@@ -237,6 +238,8 @@ def _steps(job: Job, style: Style) -> list[Node]:
         env.update(style.suite_env)
     if job.history_store:
         env.update(_history_env(job))
+    if job.writes_issues:
+        env["GITHUB_TOKEN"] = _expr("github.token")
     if job.self_hosted:
         # The dispatch input reaches the tests only through this variable; on a PR it is "0".
         env["SLIME_TEST_ENABLE_INFINITE_RUN"] = ("1" if job.infinite else
@@ -330,6 +333,49 @@ def plan_job(style: Style) -> dict[str, Node]:
     }
 
 
+# The verdict job.
+#
+# After every job of a PR's run (`always()`: it runs when they fail, that is its point), it
+# asks `python -m ci why` for the verdict of each entry that did not pass (ci/history/verdicts.py),
+# edits the PR's one verdict comment, and fails only when a verdict its suite blocks on is
+# there (new and unknown, by default). Branch protection requires this check rather than the
+# suite jobs (docs/verdicts.md). It reads the shared history, a secret, so it never runs the
+# PR's code: it checks out the base commit, and its token may only write PR comments.
+VERDICT_MINUTES = 15
+_VERDICT_RUN = 'nox -s verdict -- --pr "$PR" --base "$BASE" --needs "$NEEDS" --comment --gate'
+
+
+def verdict_job(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
+    """The PR's `verdict` check: a verdict per failed entry, the sticky comment, the merge gate."""
+    needs = [*([PLAN_JOB] if any(gated_by_plan(j) for j in jobs) else []),
+             *(j.id for j in jobs if not j.scheduled_only)]
+    return {
+        "name": VERDICT_JOB,
+        "needs": Flow(tuple(needs)),
+        "if": "always() && github.event_name == 'pull_request'",
+        "runs-on": style.hosted_runner[0] if len(style.hosted_runner) == 1 else Flow(style.hosted_runner),
+        "permissions": {"contents": Note("read", "actions/checkout reads the repository"),
+                        "pull-requests": Note("write", "the PR's one verdict comment, edited in place")},
+        "environment": _environment(),
+        "concurrency": {"group": f"{WORKFLOW_NAME}-pr{_expr('github.event.pull_request.number')}"
+                                 f"-{VERDICT_JOB}", "cancel-in-progress": True},
+        "timeout-minutes": VERDICT_MINUTES,
+        "steps": [
+            {"name": "Check out the base commit (never the PR's code: this job holds a secret)",
+             "uses": _uses(CHECKOUT),
+             "with": {"persist-credentials": False, "ref": _expr("github.event.pull_request.base.sha")}},
+            {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
+            {"name": "Install nox", "run": style.install},
+            {"name": "python -m ci why (a verdict per failed entry; fails on new ones)",
+             # Values reach the shell through the environment, never through ${{ }} in `run:`.
+             "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}"), "GITHUB_TOKEN": _expr("github.token"),
+                     "PR": _expr("github.event.pull_request.number"),
+                     "BASE": _expr("github.event.pull_request.base.sha"), "NEEDS": _expr("toJSON(needs)")},
+             "run": _VERDICT_RUN},
+        ],
+    }
+
+
 def _job(job: Job, style: Style) -> dict[str, Node]:
     out: dict[str, Node] = {
         "name": job.id if job.shards == 1 else f"{job.id} (shard {_expr('matrix.shard')})",
@@ -343,7 +389,10 @@ def _job(job: Job, style: Style) -> dict[str, Node]:
                               "PRs from forks never reach them (see if:)")
     else:
         out["runs-on"] = job.runs_on[0] if len(job.runs_on) == 1 else Flow(job.runs_on)
-    out["permissions"] = {"contents": Note("read", "actions/checkout reads the repository")}
+    permissions: dict[str, Node] = {"contents": Note("read", "actions/checkout reads the repository")}
+    if job.writes_issues:
+        permissions["issues"] = Note("write", "one issue per held or main-breaking entry")
+    out["permissions"] = permissions
     if uses_shared_history(job):
         out["environment"] = _environment(job)
     out["concurrency"] = {"group": concurrency_group(job), "cancel-in-progress": True}
@@ -378,7 +427,8 @@ def workflow(jobs: Sequence[Job], style: Style | None = None) -> dict[str, Node]
         },
         "permissions": {},
         "jobs": {**({PLAN_JOB: plan_job(style)} if any(gated_by_plan(j) for j in jobs) else {}),
-                 **{j.id: _job(j, style) for j in jobs}},
+                 **{j.id: _job(j, style) for j in jobs},
+                 VERDICT_JOB: verdict_job(jobs, style)},
     }
 
 

@@ -32,6 +32,9 @@ BLOCKING: tuple[Kind, ...] = ("new", "unknown")
 PASSING = frozenset({"passed", "deselected"})  # a final outcome that needs no verdict
 OK = frozenset({"passed", "flaky", "deselected"})
 FLAKE_WINDOW = 50  # runs of the entry the flake rate is measured over (as `history flaky`)
+# A flake rate explains a failure on every one of N tries only while rate**N is at least this:
+# at 15 % two failed tries in a row happen in 2 % of runs, less often than a real break.
+FLAKE_EXPLAINS = 0.05
 
 # Exit statuses of a process killed from outside: SIGKILL, SIGTERM (negative: Popen's way;
 # 128+N: the way `docker run` passes on its container's). SIGSEGV, SIGABRT and the like are
@@ -258,6 +261,9 @@ def _flaky_rate(f: Facts) -> str | None:
     if not f.flaky_by_rate or f.flakes is None or f.flaky_rate is None:
         return None
     x = f.flakes
+    tries = len([a for a in f.trial.attempts if a.outcome not in OK])
+    if tries > 1 and x.rate ** tries < FLAKE_EXPLAINS:
+        return None  # it failed every retry: a flake that rare does not explain it
     return (f"flake rate {x.rate:.0%} ({x.flakes} of {x.runs} runs: {x.retried} passed on a retry, "
             f"{x.split} failed on a commit where it also passed) is above the suite's "
             f"{f.flaky_rate:.0%}; window {when(x.first_at)} .. {when(x.last_at)}")
@@ -318,7 +324,8 @@ RULES: tuple[Rule, ...] = (
     Rule(id="main-broken", verdict="already-failing", match=_main_broken,
          says="its last two or more trusted runs on main failed, the first before this run"),
     Rule(id="flaky-rate", verdict="flaky", match=_flaky_rate,
-         says="its flake rate over the window is above the suite's threshold"),
+         says="its flake rate over the window is above the suite's threshold, and high enough to "
+              "explain failing every retry here (rate^tries ≥ 5 %)"),
     Rule(id="main-failed-last", verdict="already-failing", match=_main_failed_last,
          says="its last trusted run on main failed (and it is not flaky by rate)"),
     Rule(id="no-history", verdict="unknown", match=_no_history,

@@ -204,3 +204,10 @@ MONITOR_SESSION = "monitor"
 MONITOR_REPORT = ".ci-cache/monitor.md"
 MONITOR_COMMAND = ("python", "-m", "ci", "history", "monitor", "--out", MONITOR_REPORT, "--unreachable-ok")
 MONITOR_PURPOSE = "The failure monitor: entries failing 3 consecutive runs on main, with the range to bisect"
+# The monitor job also keeps one issue per held or main-breaking entry (ci/github/flaky_issues.py);
+# without GITHUB_TOKEN (a laptop) it says so in one line and passes.
+ISSUES_COMMAND = ("python", "-m", "ci", "issues", "--unreachable-ok")
+# The PR's `verdict` check (ci/github/pr_verdicts.py): the job passes `-- --pr N --base SHA …`.
+VERDICT_SESSION = "verdict"
+VERDICT_COMMAND = ("python", "-m", "ci", "why")
+VERDICT_PURPOSE = "Why each failed entry of a PR failed (new, on main, flaky, infra); the merge gate"
