@@ -90,6 +90,19 @@ def test_the_evidence_names_what_a_reader_checks():
     assert "flake rate 24% (5 of 21 runs" in v.evidence and "above the suite's 10%" in v.evidence
 
 
+def test_a_flake_rate_explains_failing_every_retry_only_while_it_is_high_enough():
+    def history(every):  # 20 main runs, one flaky in `every`
+        return [row(n, "flaky" if n % every == 0 else "passed") for n in range(1, 21)]
+
+    twice = pr(FAIL, FAIL)  # failed on the retry too
+    [v] = judge(twice, history(4), base=None, suites=CFG)  # 25 %: 6 % of runs fail twice
+    assert v.rule == "flaky-rate", v.evidence
+    [v] = judge(twice, history(6), base=None, suites=CFG)  # 15 %: 2 % of runs fail twice
+    assert v.rule == "new", v.evidence
+    [v] = judge(pr(FAIL), history(6), base=None, suites=CFG)  # one try: the rate explains it
+    assert v.rule == "flaky-rate", v.evidence
+
+
 def test_the_last_rule_says_unknown_rather_than_guess():
     from ci.history.verdicts import Facts, Trial, decide
 
