@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import re
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ci.history.stats import Flakiness, flakiness
@@ -32,9 +32,8 @@ BLOCKING: tuple[Kind, ...] = ("new", "unknown")
 PASSING = frozenset({"passed", "deselected"})  # a final outcome that needs no verdict
 OK = frozenset({"passed", "flaky", "deselected"})
 FLAKE_WINDOW = 50  # runs of the entry the flake rate is measured over (as `history flaky`)
-# A flake rate explains a failure on every one of N tries only while rate**N is at least this:
-# at 15 % two failed tries in a row happen in 2 % of runs, less often than a real break.
-FLAKE_EXPLAINS = 0.05
+_DIGITS = re.compile(r"\d+")
+SAME_FLAKES = 2  # recorded flakes with the very failure that make one below the threshold a flake
 
 # Exit statuses of a process killed from outside: SIGKILL, SIGTERM (negative: Popen's way;
 # 128+N: the way `docker run` passes on its container's). SIGSEGV, SIGABRT and the like are
@@ -91,6 +90,8 @@ class Facts:
     min_runs: int
     base: Base | None  # None: no base given; judged against main's latest runs
     branch: str = "main"
+    # failure_key() of each failure that was a flake -> how many times it was
+    flake_reasons: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def since_base(self) -> tuple[AttemptRow, ...]:
@@ -108,6 +109,10 @@ class Facts:
                 break
             tail.append(r)
         return tuple(reversed(tail))
+
+    def is_flake(self, r: AttemptRow) -> bool:
+        """A failure the way this entry has flaked before (the same reason, numbers aside)."""
+        return r.outcome not in OK and self.flake_reasons.get(failure_key(r.reason), 0) > 0
 
     @property
     def flaky_by_rate(self) -> bool:
@@ -254,19 +259,34 @@ def _main_broken(f: Facts) -> str | None:
 
 
 def _main_failed_last(f: Facts) -> str | None:
-    return None if f.flaky_by_rate else _streak(f, least=1)
+    tail = f.main_failing
+    if f.flaky_by_rate or (tail and f.is_flake(tail[-1])):
+        return None  # one failure on main, the way it flakes: not yet a break
+    return _streak(f, least=1)
 
 
 def _flaky_rate(f: Facts) -> str | None:
     if not f.flaky_by_rate or f.flakes is None or f.flaky_rate is None:
         return None
     x = f.flakes
-    tries = len([a for a in f.trial.attempts if a.outcome not in OK])
-    if tries > 1 and x.rate ** tries < FLAKE_EXPLAINS:
-        return None  # it failed every retry: a flake that rare does not explain it
+    why = failure_key(f.trial.failures[-1].reason) if f.trial.failures else ""
+    if not f.flake_reasons.get(why, 0):
+        return None  # a flaky entry that fails in a way it never flaked: judged as any other
     return (f"flake rate {x.rate:.0%} ({x.flakes} of {x.runs} runs: {x.retried} passed on a retry, "
             f"{x.split} failed on a commit where it also passed) is above the suite's "
-            f"{f.flaky_rate:.0%}; window {when(x.first_at)} .. {when(x.last_at)}")
+            f"{f.flaky_rate:.0%}, and it flaked with this very failure before; "
+            f"window {when(x.first_at)} .. {when(x.last_at)}")
+
+
+def _same_flake(f: Facts) -> str | None:
+    if not f.trial.failures or not f.main or any(not f.is_flake(r) for r in f.main_failing):
+        return None
+    why = failure_key(f.trial.failures[-1].reason)
+    seen = f.flake_reasons.get(why, 0)
+    if seen < SAME_FLAKES:
+        return None
+    return (f"it failed as it flaked {seen} times before ({f.trial.failures[-1].reason[:120]!r}: failed, "
+            f"then passed on a retry or on the same commit), and {f.branch} passes it")
 
 
 def _no_history(f: Facts) -> str | None:
@@ -288,7 +308,7 @@ def _not_since_base(f: Facts) -> str | None:
 
 
 def _new(f: Facts) -> str | None:
-    runs = f.since_base
+    runs = tuple(r for r in f.since_base if not f.is_flake(r))  # main's flakes say nothing here
     if not runs or runs[-1].outcome not in OK:
         return None
     good = [r for r in runs if r.outcome in OK]
@@ -324,10 +344,13 @@ RULES: tuple[Rule, ...] = (
     Rule(id="main-broken", verdict="already-failing", match=_main_broken,
          says="its last two or more trusted runs on main failed, the first before this run"),
     Rule(id="flaky-rate", verdict="flaky", match=_flaky_rate,
-         says="its flake rate over the window is above the suite's threshold, and high enough to "
-              "explain failing every retry here (rate^tries ≥ 5 %)"),
+         says="its flake rate over the window is above the suite's threshold, and it failed here "
+              "as it did in one of its flakes (same reason, numbers aside)"),
     Rule(id="main-failed-last", verdict="already-failing", match=_main_failed_last,
          says="its last trusted run on main failed (and it is not flaky by rate)"),
+    Rule(id="same-flake", verdict="flaky", match=_same_flake,
+         says="below the threshold, but it failed exactly as in two or more of its recorded flakes, "
+              "and main passes it"),
     Rule(id="no-history", verdict="unknown", match=_no_history,
          says="no trusted run of it on main: nothing to compare with"),
     Rule(id="base-unknown", verdict="unknown", match=_base_unknown,
@@ -339,6 +362,20 @@ RULES: tuple[Rule, ...] = (
     Rule(id="no-rule", verdict="unknown", match=_nothing,
          says="none of the rules above applied"),
 )
+
+
+def failure_key(reason: str) -> str:
+    """A failure's reason with its numbers blanked: two flakes of one cause compare equal."""
+    return _DIGITS.sub("N", reason.strip())[:160]
+
+
+def flake_reasons(rows: Sequence[AttemptRow]) -> Counter[str]:
+    """The reasons of an entry's failures that were flakes: the failed tries of runs that passed
+    on a retry, and failures on a commit where another run of it passed (rows oldest first)."""
+    passed_on = {(r.commit, r.hardware) for r in rows if r.final and r.outcome in OK and r.commit}
+    flaky_runs = {r.run_uid for r in rows if r.final and r.outcome == "flaky"}
+    return Counter(failure_key(r.reason) for r in rows if r.outcome not in OK and (
+        r.run_uid in flaky_runs or (r.final and (r.commit, r.hardware) in passed_on)))
 
 
 def decide(facts: Facts) -> tuple[Rule, str]:
@@ -412,7 +449,7 @@ def judge(judged: Sequence[AttemptRow], history: Sequence[AttemptRow], *, base: 
                      and r.outcome not in ("interrupted", "deselected"))
         cfg = suites.get(t.suite, SuiteRules(flaky_rate=None, min_runs=10))
         facts = Facts(trial=t, main=main, flakes=rates, flaky_rate=cfg.flaky_rate, min_runs=cfg.min_runs,
-                      base=base, branch=branch)
+                      base=base, branch=branch, flake_reasons=flake_reasons(rows[-window * 3:]))
         rule, evidence = decide(facts)
         failed = t.failures[-1] if t.failures else t.final
         out.append(Verdict(suite=t.suite, entry_id=t.entry_id, path=t.final.path, kind=rule.verdict,

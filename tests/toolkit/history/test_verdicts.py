@@ -33,6 +33,17 @@ def pr(*attempts):
 
 
 GREEN_MAIN = [row(n, "passed") for n in range(1, 6)]
+
+
+def flaky_history(every, reason):
+    """20 runs on main; one in `every` failed with `reason`, then passed on its retry."""
+    rows = []
+    for n in range(1, 21):
+        if n % every == 0:
+            rows += [row(n, "failed", final=False, reason=reason), row(n, "flaky", attempt=2)]
+        else:
+            rows.append(row(n, "passed"))
+    return rows
 FAIL = ("failed", "E   AssertionError: loss is nan", 1)
 OOM_LINE = "[12345.6] Out of memory: Killed process 4242 (python) total-vm:1234kB"
 
@@ -53,9 +64,9 @@ CASES = {
     "flaky-retry": (pr(FAIL, ("flaky", "failed 1 time(s), then passed", 0)), GREEN_MAIN, None),
     "main-broken": (pr(FAIL), [*GREEN_MAIN, row(7, "failed", reason="boom"), row(8, "failed", reason="boom")],
                     None),
-    "flaky-rate": (pr(FAIL), [row(n, "flaky" if n % 4 == 0 else "passed") for n in range(1, 21)]
-                   + [row(21, "failed")], None),
+    "flaky-rate": (pr(FAIL), [*flaky_history(4, FAIL[1]), row(21, "failed", reason=FAIL[1])], None),
     "main-failed-last": (pr(FAIL), [*GREEN_MAIN, row(7, "failed", reason="boom")], None),
+    "same-flake": (pr(FAIL, FAIL), flaky_history(10, FAIL[1]), None),  # 10 %: not above the threshold
     "no-history": (pr(FAIL), [row(n, "passed", entry="tests/other.py") for n in range(1, 4)], None),
     "base-unknown": (pr(FAIL), GREEN_MAIN, Base(commit="deadbeef00", at=None)),
     "not-since-base": (pr(FAIL), GREEN_MAIN, Base(commit="ma00000009", at=90.0)),
@@ -90,17 +101,25 @@ def test_the_evidence_names_what_a_reader_checks():
     assert "flake rate 24% (5 of 21 runs" in v.evidence and "above the suite's 10%" in v.evidence
 
 
-def test_a_flake_rate_explains_failing_every_retry_only_while_it_is_high_enough():
-    def history(every):  # 20 main runs, one flaky in `every`
-        return [row(n, "flaky" if n % every == 0 else "passed") for n in range(1, 21)]
-
-    twice = pr(FAIL, FAIL)  # failed on the retry too
-    [v] = judge(twice, history(4), base=None, suites=CFG)  # 25 %: 6 % of runs fail twice
-    assert v.rule == "flaky-rate", v.evidence
-    [v] = judge(twice, history(6), base=None, suites=CFG)  # 15 %: 2 % of runs fail twice
+def test_a_flake_rate_explains_only_a_failure_the_entry_flaked_with_before():
+    stalled = ("failed", "TimeoutError: rollout stalled after 600 s", 1)
+    history = flaky_history(4, "TimeoutError: rollout stalled after 412 s")
+    [v] = judge(pr(stalled, stalled), history, base=None, suites=CFG)
+    assert v.rule == "flaky-rate", "the same failure, numbers aside, as its flakes"
+    [v] = judge(pr(FAIL, FAIL), history, base=None, suites=CFG)
+    assert v.rule == "new", "a flaky entry that fails in a new way is judged as any other"
+    once = flaky_history(20, FAIL[1])  # it flaked this way only once: not yet a pattern
+    [v] = judge(pr(FAIL), once, base=None, suites=CFG)
     assert v.rule == "new", v.evidence
-    [v] = judge(pr(FAIL), history(6), base=None, suites=CFG)  # one try: the rate explains it
-    assert v.rule == "flaky-rate", v.evidence
+
+
+def test_one_failure_on_main_the_way_the_entry_flakes_is_not_a_break():
+    history = [*flaky_history(10, FAIL[1]), row(21, "failed", reason=FAIL[1])]
+    [v] = judge(pr(FAIL), history, base=None, suites=CFG)
+    assert v.rule == "same-flake", v.evidence
+    history[-1] = row(21, "failed", reason="ImportError: cannot import name 'x'")
+    [v] = judge(pr(FAIL), history, base=None, suites=CFG)
+    assert v.rule == "main-failed-last", v.evidence
 
 
 def test_the_last_rule_says_unknown_rather_than_guess():
