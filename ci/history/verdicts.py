@@ -347,7 +347,7 @@ RULES: tuple[Rule, ...] = (
          says="its flake rate over the window is above the suite's threshold, and it failed here "
               "as it did in one of its flakes (same reason, numbers aside)"),
     Rule(id="main-failed-last", verdict="already-failing", match=_main_failed_last,
-         says="its last trusted run on main failed (and it is not flaky by rate)"),
+         says="its last trusted run on main failed, not the way it flakes (nor is it flaky by rate)"),
     Rule(id="same-flake", verdict="flaky", match=_same_flake,
          says="below the threshold, but it failed exactly as in two or more of its recorded flakes, "
               "and main passes it"),
