@@ -63,7 +63,7 @@ class World:
 
 def attempt(world: World, entry: str, *, broken: bool, n: int) -> tuple[str, str, int | None, str]:
     """One attempt: (outcome, reason, exit code, planted cause)."""
-    for cause, (p, outcome, reason, code) in INFRA.items():
+    for p, outcome, reason, code in INFRA.values():
         if world.rng.random() < p:
             return outcome, reason.format(n=world.rng.randrange(100)), code, "infrastructure"
     if broken:
