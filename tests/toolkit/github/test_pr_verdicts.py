@@ -163,6 +163,20 @@ def test_the_gate_passes_what_is_not_the_prs_doing(tmp_path, why):
     assert nothing.returncode == 0 and "Nothing of PR #8 is recorded" in nothing.stdout
 
 
+def test_a_failed_job_with_nothing_recorded_is_unknown_and_blocks(tmp_path, why):
+    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
+    root = write(tmp_path / "repo", {"ci/registry/repo_suites.py": registry()})
+    plant_main(url)
+    needs = json.dumps({"gpu": {"result": "failure", "outputs": {}}, "lint": {"result": "success"},
+                        "plan": {"result": "skipped"}})
+    proc = why(root, url, "--pr", "9", "--gate", "--needs", needs)
+    assert proc.returncode == 1 and "gpu: (job gpu): unknown (blocks) [rule job-unrecorded]" in proc.stdout
+    plant_push(url, 1, pr=9)  # now the job's failures are recorded: they speak for it
+    proc = why(root, url, "--pr", "9", "--json", "--needs", needs)
+    assert "job-unrecorded" not in proc.stdout
+    assert why(root, url, "--pr", "9", "--needs", "[1,").returncode == 2
+
+
 def test_one_sticky_comment_after_three_pushes_and_the_step_summary(store_url, tmp_path, why):
     root = write(tmp_path / "repo", {"ci/registry/repo_suites.py": registry()})
     summary = tmp_path / "summary.md"
