@@ -93,9 +93,10 @@ def read_before(url: str | None, *, suite: str, hardware: str, branch: str,
     except StoreError as exc:
         warn(f"history: unavailable ({exc}); planning from durations.json")
         return Before(error=str(exc))
-    auto = (auto_quarantine(flakiness(rows), rate=quarantine_rate, min_runs=min_runs)
+    trusted = [r for r in rows if r.trusted]  # a PR's own flakes never hold an entry
+    auto = (auto_quarantine(flakiness(trusted), rate=quarantine_rate, min_runs=min_runs)
             if quarantine_rate is not None else {})
-    auto = recovered(auto, [r for r in rows if r.trusted], clean_runs=clean_runs)
+    auto = recovered(auto, trusted, clean_runs=clean_runs)
     return Before(estimates=estimates(rows),
                   failed_here=frozenset(failed_on_branch(rows, branch)) if branch else frozenset(),
                   quarantined=auto, available=True)

@@ -53,7 +53,7 @@ CASES = {
     "interrupted": (pr(("interrupted", "interrupted", None)), GREEN_MAIN, None),
     "gpu-wait": (pr(("timeout", "timed out after 600s waiting for 2 GPU(s): GPUs 0,1 held by pid 7", 124)),
                  GREEN_MAIN, None),
-    "oom-killer": (pr(("failed", OOM_LINE, -9)), GREEN_MAIN, None),
+    "oom-killer": (pr(("failed", OOM_LINE, 1)), GREEN_MAIN, None),  # a child killed: the parent exits 1
     "killed": (pr(("failed", "exit code -9", -9)), GREEN_MAIN, None),
     "image-pull": (pr(("failed", "docker: Error response from daemon: pull access denied for x/y", 125)),
                    GREEN_MAIN, None),
