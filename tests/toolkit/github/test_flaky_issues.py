@@ -17,10 +17,11 @@ from _ci import write
 from _github_api import REPO, env_for, fake_github
 from _postgres import fresh_database, server
 
-from ci.github.flaky_issues import LABEL, codeowners, owner_of
+from ci.github.flaky_issues import LABEL, codeowners, owner_of, wanted_issues
 from ci.history.record import read_before
 from ci.history.rows import AttemptRecord, RunRecord
 from ci.history.store import normalise, open_store
+from ci.registry.loader import load_registry
 
 NUM_GPUS = 0
 
@@ -154,6 +155,11 @@ def test_dry_run_changes_nothing_and_bad_input(tmp_path, issues):
     dry = issues(root, url, "--dry-run")
     assert dry.returncode == 0 and "would open an issue: flaky tests/e2e/test_flaky.py" in dry.stdout
     assert "3 action(s), none taken (--dry-run)" in dry.stdout
+    with open_store(url) as store:  # every run, a PR's too: its flakes of test_steady count for nothing
+        every = store.attempts()
+    assert {r.entry_id for r in every if not r.trusted} == {STEADY}
+    wanted = wanted_issues(every, load_registry(root).suites, root, repo=REPO)
+    assert {(w.entry_id, w.kind) for w in wanted} == {(FLAKY, "flaky"), (PINNED, "flaky"), (BROKEN, "broken-main")}
     no_token = issues(root, url, env={"GITHUB_TOKEN": ""})
     assert no_token.returncode == 2 and "set GITHUB_TOKEN" in no_token.stderr
     gone = issues(root, f"sqlite:///{tmp_path / 'not-a-db.sqlite'}", "--dry-run", "--unreachable-ok")
