@@ -285,14 +285,16 @@ class HistoryStore:
             query = query.where(a.c.entry_id.in_(list(entries)))
         try:
             with self.engine.connect() as conn:
-                return [AttemptRow(run_uid=x.uid, suite=x.suite, commit=x.commit, branch=x.branch,
-                                   event=x.event, hardware=x.hardware, started_at=x.started_at,
-                                   entry_id=x.entry_id, path=x.path, attempt=x.attempt,
-                                   final=bool(x.final), outcome=x.outcome, seconds=x.seconds,
-                                   reason=x.reason, num_gpus=x.num_gpus,
-                                   trusted=bool(x.trusted), pr=x.pr, exit_code=x.exit_code,
-                                   node=x.node)
-                        for x in conn.execute(query)]
+                # Rows unpacked by position: a long history is 100,000 rows and more, and a
+                # Row's attributes by name cost several times more than the query itself.
+                return [AttemptRow(run_uid=uid, suite=suite, commit=commit, branch=branch, event=event,
+                                   hardware=hardware, started_at=started_at, entry_id=entry_id, path=path,
+                                   attempt=attempt, final=bool(final), outcome=outcome, seconds=seconds,
+                                   reason=reason, num_gpus=num_gpus, trusted=bool(trusted), pr=pr,
+                                   exit_code=exit_code, node=node)
+                        for (uid, suite, commit, branch, event, hardware, started_at, trusted, pr, entry_id,
+                             path, attempt, final, outcome, seconds, reason, num_gpus, exit_code, node)
+                        in conn.execute(query).tuples().all()]
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
 
