@@ -195,6 +195,14 @@ def test_one_sticky_comment_after_three_pushes_and_the_step_summary(store_url, t
     assert f"at `{commit[:10]}`" in body, "the comment shows the newest push"
     assert "**verdict: fail.** 2 of 5 failed entries block the merge" in body
     assert "| `tests/e2e/test_new.py` | **new** :x: (rule `new`) |" in body
+    for row in ("| `tests/e2e/test_main.py` | already failing on main (rule `main-broken`) | failed: AssertionError: "
+                "broken on main; failing on main since m400000000",
+                "| `tests/e2e/test_flaky.py` | flaky (rule `flaky-retry`) | flaky: TimeoutError: rollout stalled; "
+                "failed 1 time(s) here",
+                "| `tests/e2e/test_infra.py` | infrastructure (rule `node-lost`) | lost: node gpu-7 lost mid-entry;",
+                "| `tests/e2e/test_fresh.py` | **unknown** :x: (rule `no-history`) |"):
+        assert row in body, (row, body)
+    assert "test_ok.py" not in body, "an entry that passed plainly gets no verdict"
     assert "`nox -s gpu -- --emulate-gpus --only tests/e2e/test_new.py`" in body
     assert "comment `/rerun-failed`" in body  # the infrastructure's entry: rerun, nothing to debug
     assert "#### `gpu` (blocks on: new, unknown)" in body
