@@ -197,7 +197,9 @@ def test_adopt_writes_everything_and_reports(adopted, repo: Path) -> None:
     for session in ("cpu_unit", "megatron", "changed"):
         assert f'run: "nox -s history -- record --suite {session} --status \\"$STATUS\\""' in workflow, session
     assert "\n  monitor:\n" in workflow and "run: nox -s monitor\n" in workflow
-    assert workflow.count("name: ci-history\n") == workflow.count("runs-on: [self-hosted]") + 1
+    # GPU jobs, the monitor and the verdict job read the shared history.
+    assert workflow.count("name: ci-history\n") == workflow.count("runs-on: [self-hosted]") + 2
+    assert "\n  verdict:\n" in workflow and "nox -s verdict -- --pr" in workflow
     # Their .gitignore keeps its lines and gains the cache folder (history, durations, JUnit).
     assert "adopt: wrote .gitignore" in out
     assert (repo / ".gitignore").read_text().startswith(".nox/\n# slime-ci: ")
@@ -248,7 +250,7 @@ def test_commands_work_from_the_adopters_root(adopted, toolkit: Path, repo: Path
     listed = _run(toolkit, "python", "-m", "nox", "-l", cwd=repo)
     assert listed.returncode == 0, listed.stderr
     for session in ("cpu_unit", "agent_adapter", "megatron", "image", "changed", "workflows", "history",
-                    "monitor"):
+                    "monitor", "verdict"):
         assert f"* {session} " in listed.stdout, session
     assert _run(toolkit, "slime-ci", "workflows", "--check", cwd=repo).returncode == 0
     audit = _run(toolkit, "slime-ci", "audit", cwd=repo)
