@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                 epilog="Exit codes: 0 nothing blocks, 1 a blocking verdict (with --gate), 2 bad input, "
                        "4 the history store cannot be used. docs/verdicts.md says what each verdict means.")
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--pr", type=int, metavar="N", help="the pull request's newest recorded commit")
+    which.add_argument("--pr", type=int, metavar="N",
+                       help="judge pull request N (the newest commit of it the history holds)")
     which.add_argument("--run", metavar="ID", help="one recorded run (its uid, or a unique prefix)")
     p.add_argument("--base", metavar="SHA",
                    help="the PR's merge base: `new` needs a pass on main at or after it (default: "
