@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -190,7 +192,7 @@ def score(main_runs: list[RunRecord], prs: list[tuple[RunRecord, str, dict[str, 
 def comment_timing(main_runs: list[RunRecord], prs: list[tuple[RunRecord, str, dict[str, str]]],
                    repeat: int) -> tuple[float, float, int]:
     """Seconds to build the comment of one PR run of the suite: from memory; through SQLite."""
-    run, base, _ = max(prs, key=lambda p: len(p[2]))
+    run, base, truth = max(prs, key=lambda p: len(p[2]))
     history = [r for m in main_runs[-WINDOW:] for r in as_rows(m)]
     suites = {SUITE: Suite(name=SUITE, tier="gpu", purpose="p", profile="e2e", label="run-ci-megatron",
                            entries=tuple(Entry(path=e.entry_id) for e in run.attempts if e.final))}
@@ -203,7 +205,7 @@ def comment_timing(main_runs: list[RunRecord], prs: list[tuple[RunRecord, str, d
     memory = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        build_comment(as_rows(run), history)
+        body = build_comment(as_rows(run), history)
         memory.append(time.perf_counter() - t0)
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{tmp}/history.sqlite"
@@ -211,14 +213,21 @@ def comment_timing(main_runs: list[RunRecord], prs: list[tuple[RunRecord, str, d
             for m in main_runs[-WINDOW:]:
                 store.record(m)
             store.record(run)
+        # The command a maintainer runs, in a process of its own: start, read, judge, render.
+        paths = ", ".join(f"Entry(path={e.entry_id!r})" for e in run.attempts if e.final)
+        (Path(tmp) / "ci/registry").mkdir(parents=True)
+        (Path(tmp) / "ci/registry/repo_suites.py").write_text(
+            "from ci.registry import Entry, Suite\n"
+            f"SUITES = (Suite(name={SUITE!r}, tier='gpu', purpose='p', profile='e2e', label='run-ci-x', "
+            f"entries=({paths},)),)\n", encoding="utf-8")
         stored = []
         for _ in range(repeat):
             t0 = time.perf_counter()
-            with open_store(url) as store:
-                judged = store.attempts(pr=run.pr, last_runs=WINDOW)
-                rows = store.attempts(suite=SUITE, trusted_only=True, last_runs=WINDOW)
-            body = build_comment(judged, rows)
+            done = subprocess.run([sys.executable, "-m", "ci", "why", "--pr", str(run.pr), "--base", base,
+                                   "--history", url, "--root", tmp, "--json"], cwd=ROOT, capture_output=True,
+                                  text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
             stored.append(time.perf_counter() - t0)
+        assert len(json.loads(done.stdout)) == len(truth), "the command judged what was planted"
     return statistics.median(memory), statistics.median(stored), len(body)
 
 
@@ -251,11 +260,11 @@ def main() -> int:
     if wrong:
         print("misjudged (planted -> given): " + ", ".join(f"{w} -> {g}: {n}" for n, w, g in wrong))
     memory, stored, size = comment_timing(main_runs, prs, args.repeat)
-    print(f"\njudging one PR run against {WINDOW} runs x {args.entries} entries (median over PRs): "
+    print(f"\njudging one PR run against up to {WINDOW} runs x {args.entries} entries (median over PRs): "
           f"{per_pr * 1000:.0f} ms")
     print(f"the comment of a {args.entries}-entry suite ({size} characters), median of {args.repeat}: "
-          f"{memory * 1000:.0f} ms from rows in memory, {stored * 1000:.0f} ms from a SQLite store "
-          f"of {WINDOW} runs (read + judge + render)")
+          f"{memory * 1000:.0f} ms from rows in memory; `python -m ci why --pr N` on a SQLite store of "
+          f"{min(WINDOW, len(main_runs))} runs, start to end: {stored * 1000:.0f} ms")
     return 0 if ok else 1
 
 
