@@ -23,7 +23,7 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -31,7 +31,7 @@ from typing import Literal, NoReturn
 
 from ci.errors import EXIT_OK, StoreError, UsageError
 from ci.github.rest_client import GitHub, GitHubError
-from ci.history.stats import auto_quarantine, clean_tail, flakiness, streaks
+from ci.history.stats import after_lifts, auto_quarantine, clean_tail, flakiness, streaks
 from ci.history.store import HISTORY_ENV, HISTORY_FILE, AttemptRow, open_store, resolve_url
 from ci.history.verdicts import OK, infra_cause, short, when
 from ci.registry.loader import load_registry
@@ -40,6 +40,8 @@ from ci.registry.model import Suite
 IssueKind = Literal["flaky", "broken-main"]
 LABEL = "slime-ci"
 MARKER_RE = re.compile(r"<!-- slime-ci:entry=(.+?) kind=(flaky|broken-main) -->")
+# Added to the body when the monitor closes an issue: one closed without it was closed by hand.
+CLOSED_MARK = "<!-- slime-ci:closed-by-monitor -->"
 CODEOWNERS_PATHS = (".github/CODEOWNERS", "CODEOWNERS", "docs/CODEOWNERS")
 STREAK_RUNS = 3  # as the monitor: failing this many runs in a row on main
 HISTORY_RUNS = 500
@@ -108,6 +110,8 @@ class Wanted:
     body: str
     owner: str
     since: float  # when what it reports last happened (a flake, a failure on main)
+    suite: str = ""
+    by_registry: bool = False  # held by Entry.quarantine, not by its rate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,18 +123,24 @@ class Existing:
     kind: IssueKind
     state: str
     closed_at: float | None
+    body: str = ""
+
+    @property
+    def closed_by_hand(self) -> bool:
+        return self.state == "closed" and CLOSED_MARK not in self.body
 
 
 @dataclass(frozen=True, kw_only=True)
 class Action:
     """One thing to do on GitHub, and why."""
 
-    verb: Literal["open", "update", "close", "reopen", "keep"]
+    verb: Literal["open", "update", "close", "reopen", "keep", "lift"]
     entry_id: str
     kind: IssueKind
     number: int | None
     why: str
     wanted: Wanted | None = None
+    body: str = ""  # the issue's body as it is (a close keeps it, with CLOSED_MARK added)
 
 
 def _links(server: str, repo: str, rows: Sequence[AttemptRow]) -> list[str]:
@@ -144,7 +154,8 @@ def _links(server: str, repo: str, rows: Sequence[AttemptRow]) -> list[str]:
 
 
 def wanted_issues(rows: Sequence[AttemptRow], suites: Sequence[Suite], root: Path, *, repo: str,
-                  server: str = "https://github.com", k: int = STREAK_RUNS) -> list[Wanted]:
+                  server: str = "https://github.com", k: int = STREAK_RUNS,
+                  lifts: Mapping[tuple[str, str], float] | None = None) -> list[Wanted]:
     """The issues the trusted history calls for: one per held entry, one per entry failing on main."""
     rules = codeowners(root)
     out: list[Wanted] = []
@@ -154,9 +165,10 @@ def wanted_issues(rows: Sequence[AttemptRow], suites: Sequence[Suite], root: Pat
         entries = {e.id: e for e in suite.entries}
         held: dict[str, str] = {}
         if suite.quarantine_rate is not None:
-            held = auto_quarantine(flakiness(mine), rate=suite.quarantine_rate,
+            counted = after_lifts(mine, lifts or {})  # as the run's quarantine counts them
+            held = auto_quarantine(flakiness(counted), rate=suite.quarantine_rate,
                                    min_runs=suite.quarantine_min_runs)
-            tail = clean_tail(mine)
+            tail = clean_tail(counted)
             held = {e: why for e, why in held.items() if tail.get(e, 0) < suite.quarantine_clean_runs}
         held.update({e: f"quarantined in the registry: {x.quarantine}"
                      for e, x in entries.items() if x.quarantine})
@@ -178,9 +190,10 @@ def wanted_issues(rows: Sequence[AttemptRow], suites: Sequence[Suite], root: Pat
                 f"Reproduce: `nox -s {suite.name} -- --only {path}`; the rate: "
                 f"`python -m ci history flaky --suite {suite.name}`.",
             ])
-            out.append(Wanted(entry_id=entry_id, kind="flaky", owner=owner, body=body,
+            out.append(Wanted(entry_id=entry_id, kind="flaky", owner=owner, body=body, suite=suite.name,
                               title=f"Flaky: {entry_id} ({suite.name})",
-                              since=max((r.started_at for r in bad), default=0.0)))
+                              since=max((r.started_at for r in bad), default=0.0),
+                              by_registry=bool(e is not None and e.quarantine)))
         for s in streaks([r for r in mine if infra_cause(r) is None], branch="main", k=k):
             e = entries.get(s.entry_id)
             path = e.path if e is not None else s.entry_id.split(" ", 1)[0]
@@ -223,7 +236,8 @@ def existing_issues(items: Sequence[object]) -> list[Existing]:
         if found:
             kind: IssueKind = "flaky" if found.group(2) == "flaky" else "broken-main"
             out.append(Existing(number=int(i["number"]), entry_id=found.group(1), kind=kind,
-                                state=str(i.get("state", "open")), closed_at=_closed_at(i.get("closed_at"))))
+                                state=str(i.get("state", "open")), closed_at=_closed_at(i.get("closed_at")),
+                                body=str(i.get("body") or "")))
     return out
 
 
@@ -244,6 +258,12 @@ def plan(wanted: Sequence[Wanted], existing: Sequence[Existing], rows: Sequence[
             actions.append(Action(verb="reopen", entry_id=w.entry_id, kind=w.kind, number=x.number, wanted=w,
                                   why=f"{'flaked' if w.kind == 'flaky' else 'failed on main'} again "
                                       f"on {when(w.since)}, after the issue was closed"))
+        elif w.kind == "flaky" and x.closed_by_hand and x.closed_at is not None and not w.by_registry:
+            # A person closed it: the entry is trusted again. Its flakes before then are
+            # forgotten (the store keeps the lift), so the quarantine lets it go.
+            actions.append(Action(verb="lift", entry_id=w.entry_id, kind=w.kind, number=x.number, wanted=w,
+                                  why=f"#{x.number} was closed by hand on {when(x.closed_at)}: the "
+                                      "quarantine is lifted, its flakes before then forgotten"))
     want = {(w.entry_id, w.kind) for w in wanted}
     trusted = [r for r in rows if r.trusted]
     tail = clean_tail(trusted)
@@ -255,6 +275,7 @@ def plan(wanted: Sequence[Wanted], existing: Sequence[Existing], rows: Sequence[
             n = clean_runs.get(x.entry_id, 10)
             if tail.get(x.entry_id, 0) >= n:
                 actions.append(Action(verb="close", entry_id=x.entry_id, kind=x.kind, number=x.number,
+                                      body=x.body,
                                       why=f"its last {tail[x.entry_id]} runs passed at the first try "
                                           f"(needed {n}); the quarantine lets it go"))
             else:
@@ -265,7 +286,7 @@ def plan(wanted: Sequence[Wanted], existing: Sequence[Existing], rows: Sequence[
                     and infra_cause(r) is None]
             if last and last[-1].outcome in OK:
                 actions.append(Action(verb="close", entry_id=x.entry_id, kind=x.kind, number=x.number,
-                                      why=f"main passed it again at {short(last[-1].commit)}"))
+                                      body=x.body, why=f"main passed it again at {short(last[-1].commit)}"))
     return actions
 
 
@@ -292,8 +313,11 @@ def apply(gh: GitHub, actions: Sequence[Action]) -> list[str]:
             done.append(f"{verb} #{a.number}: {a.entry_id} ({a.why})")
         elif a.verb == "close":
             gh.call("POST", f"/issues/{a.number}/comments", {"body": f"Closing: {a.why}."})
-            gh.call("PATCH", f"/issues/{a.number}", {"state": "closed", "state_reason": "completed"})
+            gh.call("PATCH", f"/issues/{a.number}", {"state": "closed", "state_reason": "completed",
+                                                     "body": f"{a.body}\n{CLOSED_MARK}"})
             done.append(f"closed #{a.number}: {a.entry_id} ({a.why})")
+        elif a.verb == "lift":
+            done.append(f"lifted the quarantine of {a.entry_id} ({a.why})")
         else:
             done.append(f"kept #{a.number} open: {a.entry_id} ({a.why})")
     return done
@@ -339,12 +363,13 @@ def main(argv: Sequence[str]) -> int:
     try:
         with open_store(url) as store:
             rows = store.attempts(trusted_only=True, last_runs=HISTORY_RUNS)
+            lifts = store.lifts()
     except StoreError as exc:
         if args.unreachable_ok:
             print(f"issues: skipped, the history store cannot be used ({exc})", file=sys.stderr)
             return EXIT_OK
         raise
-    wanted = wanted_issues(rows, registry.suites, root, repo=repo, k=args.k,
+    wanted = wanted_issues(rows, registry.suites, root, repo=repo, k=args.k, lifts=lifts,
                            server=os.environ.get("GITHUB_SERVER_URL", "https://github.com"))
     existing: list[Existing] = []
     if gh is not None:
@@ -360,6 +385,14 @@ def main(argv: Sequence[str]) -> int:
                   f"{a.kind} {a.entry_id} ({a.why})")
         print(f"issues: {len(actions)} action(s), none taken (--dry-run)")
         return EXIT_OK
+    lifting = [a for a in actions if a.verb == "lift" and a.wanted is not None]
+    if lifting:
+        # The store learns first: a lift that GitHub's side never hears of still lets the entry go.
+        with open_store(url) as store:
+            for a in lifting:
+                closed = next(x.closed_at for x in existing if x.number == a.number)
+                store.lift(suite=a.wanted.suite if a.wanted else "", entry_id=a.entry_id,
+                           at=closed or 0.0, why=a.why)
     try:
         for line in apply(gh, actions):
             print(line)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ci.errors import StoreError
 from ci.history.rows import AttemptRecord, RunRecord
-from ci.history.stats import auto_quarantine, estimates, failed_on_branch, flakiness, recovered
+from ci.history.stats import after_lifts, auto_quarantine, estimates, failed_on_branch, flakiness, recovered
 from ci.history.store import HistoryStore, describe, open_store
 from ci.registry.model import AUTO_QUARANTINE_CLEAN_RUNS
 
@@ -90,10 +90,12 @@ def read_before(url: str | None, *, suite: str, hardware: str, branch: str,
     try:
         with open_store(url) as store:
             rows = store.attempts(suite=suite, hardware=hardware, last_runs=300)
+            lifted = store.lifts(suite)
     except StoreError as exc:
         warn(f"history: unavailable ({exc}); planning from durations.json")
         return Before(error=str(exc))
-    trusted = [r for r in rows if r.trusted]  # a PR's own flakes never hold an entry
+    # A PR's own flakes never hold an entry, nor flakes before its issue was closed by hand.
+    trusted = after_lifts([r for r in rows if r.trusted], lifted)
     auto = (auto_quarantine(flakiness(trusted), rate=quarantine_rate, min_runs=min_runs)
             if quarantine_rate is not None else {})
     auto = recovered(auto, trusted, clean_runs=clean_runs)

@@ -96,6 +96,19 @@ metrics = Table(
 )
 
 
+# An entry's quarantine lifted by hand (its issue closed by a person, ci/github/flaky_issues.py):
+# its flakes before `at` no longer count toward its rate.
+lifts = Table(
+    "quarantine_lifts", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("suite", String(128), nullable=False),
+    Column("entry_id", Text, nullable=False),
+    Column("at", Float, nullable=False),
+    Column("why", Text, nullable=False),
+    UniqueConstraint("suite", "entry_id", "at", name="lift_once"),
+)
+
+
 def _v1(conn: Connection) -> None:
     for table in (runs, attempts, metrics):
         table.create(conn, checkfirst=True)
@@ -120,10 +133,15 @@ def _v3(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE attempts ADD COLUMN exit_code INTEGER"))
 
 
+def _v4(conn: Connection) -> None:
+    lifts.create(conn, checkfirst=True)
+
+
 # (version, what it does, the step). Append only: a store at version N runs N+1… in order.
 MIGRATIONS: tuple[tuple[int, str, Callable[[Connection], None]], ...] = (
     (1, "runs, entry attempts and e2e metric series", _v1),
     (2, "runs say whether they ran trusted code (`trusted`) and for which pull request (`pr`)", _v2),
     (3, "attempts keep their own exit status (`exit_code`: a signal, the OOM killer's kill)", _v3),
+    (4, "quarantine lifts: an entry's issue closed by hand forgets its flakes before then", _v4),
 )
 LATEST = MIGRATIONS[-1][0]

@@ -104,6 +104,12 @@ def auto_quarantine(flakes: Mapping[str, Flakiness], *, rate: float, min_runs: i
             for k, f in flakes.items() if f.runs >= min_runs and f.rate > rate}
 
 
+def after_lifts(rows: Iterable[AttemptRow], lifts: Mapping[tuple[str, str], float]) -> list[AttemptRow]:
+    """The rows that still count toward a flake rate: an entry's runs before the hand-lift of
+    its quarantine (its issue closed by a person) are forgotten."""
+    return [r for r in rows if r.started_at >= lifts.get((r.suite, r.entry_id), float("-inf"))]
+
+
 def clean_tail(rows: Iterable[AttemptRow]) -> dict[str, int]:
     """Per entry, how many of its last final attempts in a row passed plainly (first try)."""
     tail: dict[str, int] = defaultdict(int)

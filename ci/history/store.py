@@ -350,6 +350,43 @@ class HistoryStore:
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
 
+    def lift(self, *, suite: str, entry_id: str, at: float, why: str) -> bool:
+        """Record that an entry's quarantine was lifted at `at`; False when it already was."""
+        from sqlalchemy import select
+        from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+        from ci.history import schema
+
+        t = schema.lifts
+        try:
+            with self.engine.begin() as conn:
+                if conn.execute(select(t.c.id).where(t.c.suite == suite, t.c.entry_id == entry_id,
+                                                     t.c.at == at)).first():
+                    return False
+                conn.execute(t.insert().values(suite=suite, entry_id=entry_id, at=at, why=why[:500]))
+        except IntegrityError:
+            return False
+        except SQLAlchemyError as exc:
+            raise self._fail(exc, "record the lift") from None
+        return True
+
+    def lifts(self, suite: str | None = None) -> dict[tuple[str, str], float]:
+        """(suite, entry) -> when its quarantine was last lifted by hand."""
+        from sqlalchemy import func, select
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ci.history import schema
+
+        t = schema.lifts
+        query = select(t.c.suite, t.c.entry_id, func.max(t.c.at)).group_by(t.c.suite, t.c.entry_id)
+        if suite is not None:
+            query = query.where(t.c.suite == suite)
+        try:
+            with self.engine.connect() as conn:
+                return {(s, e): float(at) for s, e, at in conn.execute(query).tuples()}
+        except SQLAlchemyError as exc:
+            raise self._fail(exc, "read it") from None
+
     def counts(self) -> dict[str, int]:
         """Rows per table (for `history show` and the tests)."""
         from sqlalchemy import func, select

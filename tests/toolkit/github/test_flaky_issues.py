@@ -148,6 +148,31 @@ def test_open_stay_open_close_after_clean_runs_reopen_on_a_new_flake(store_url, 
         assert "Reopened: flaked again" in gh.comments[flaky["number"]][-1]["body"]
 
 
+def test_closing_the_issue_by_hand_lifts_the_quarantine_until_it_flakes_again(store_url, tmp_path, issues):
+    root = write(tmp_path / "repo", {"ci/registry/repo_suites.py": REGISTRY})
+    plant(store_url)
+    with fake_github() as (api, gh):
+        env = env_for(api)
+        issues(root, store_url, env=env)
+        flaky = next(i for i in gh.issues if f"entry={FLAKY} " in i["body"])
+        flaky["state"], flaky["closed_at"] = "closed", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        assert held(store_url) == {FLAKY}, "closed on GitHub, but the store does not know yet"
+        lifted = issues(root, store_url, env=env)
+        assert f"lifted the quarantine of {FLAKY} (#{flaky['number']} was closed by hand" in lifted.stdout
+        assert held(store_url) == set(), "a person closed it: the entry is trusted again"
+        with open_store(store_url) as store:
+            assert set(store.lifts()) == {("gpu", FLAKY)}
+        quiet = issues(root, store_url, env=env)
+        assert flaky["state"] == "closed" and "lifted" not in quiet.stdout and len(gh.issues) == 3
+        now = time.time()
+        for n in range(30, 42):  # it flakes again after the lift: 3 of 12
+            record(store_url, n, now + n, {FLAKY: "flaky" if n % 4 == 0 else "passed", BROKEN: "passed",
+                                           STEADY: "passed", PINNED: "passed"})
+        assert held(store_url) == {FLAKY}
+        again = issues(root, store_url, env=env)
+        assert flaky["state"] == "open" and f"reopened #{flaky['number']}" in again.stdout
+
+
 def test_dry_run_changes_nothing_and_bad_input(tmp_path, issues):
     url = f"sqlite:///{tmp_path / 'h.sqlite'}"
     root = write(tmp_path / "repo", {"ci/registry/repo_suites.py": REGISTRY})

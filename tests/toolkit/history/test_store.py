@@ -104,7 +104,7 @@ def test_a_newer_schema_is_refused_and_left_alone(store_url):
         from ci.history import schema
         with store.engine.begin() as conn:
             conn.execute(schema.meta.update().values(value="99"))
-    with pytest.raises(StoreError, match=r"schema version 99, newer than this slime-ci knows \(3\)"):
+    with pytest.raises(StoreError, match=r"schema version 99, newer than this slime-ci knows \(4\)"):
         open_store(store_url)
 
 
@@ -193,7 +193,7 @@ def test_sqlite_file_is_a_real_sqlite_database(tmp_path):
     with open_store(url) as store:
         store.record(_run("x"))
     with sqlite3.connect(tmp_path / "h.sqlite") as conn:
-        assert conn.execute("select value from slime_ci_meta").fetchone() == ("3",)
+        assert conn.execute("select value from slime_ci_meta").fetchone() == ("4",)
         assert conn.execute("select count(*) from attempts").fetchone() == (2,)
 
 
