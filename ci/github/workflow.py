@@ -52,6 +52,7 @@ from ci.github.yaml_writer import (  # the writer lives apart so ci/github/gatew
 from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_FILE, HISTORY_SECRET, HISTORY_SESSION
 from ci.registry.job_timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES, SETUP_MINUTES
 from ci.registry.loader import REGISTRY, REGISTRY_PATHS, Registry, load_registry, registry_path
+from ci.registry.model import VERDICT_PURPOSE
 from ci.registry.u_files import generated as u_generated
 from ci.registry.workflow_style import NOX_VERSION, Style
 
@@ -485,7 +486,8 @@ def readme(root: Path, jobs: Sequence[Job]) -> dict[str, str]:
     begin, end = text.find(TABLE_BEGIN), text.find(TABLE_END)
     if begin < 0 or end < begin:
         return {}
-    table_text = f"{TABLE_BEGIN}\n{session_table(jobs)}\n"
+    verdict = (VERDICT_JOB, "every PR, after its other jobs", f"{VERDICT_PURPOSE} (docs/verdicts.md)")
+    table_text = f"{TABLE_BEGIN}\n{session_table(jobs, extra=[verdict])}\n"
     return {README_PATH: text[:begin] + table_text + text[end:]}
 
 
