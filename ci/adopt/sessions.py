@@ -23,7 +23,16 @@ from ci.github.job_plan import CHECK_SESSION
 from ci.history.store import HISTORY_SESSION
 from ci.registry import profiles
 from ci.registry.loader import Registry, load_registry
-from ci.registry.model import MONITOR_COMMAND, MONITOR_PURPOSE, MONITOR_SESSION, Suite
+from ci.registry.model import (
+    ISSUES_COMMAND,
+    MONITOR_COMMAND,
+    MONITOR_PURPOSE,
+    MONITOR_SESSION,
+    VERDICT_COMMAND,
+    VERDICT_PURPOSE,
+    VERDICT_SESSION,
+    Suite,
+)
 
 # Posargs that make a GPU session run its entries in this environment instead of Docker.
 LOCAL_FLAGS = frozenset({"--no-docker", "--emulate-gpus"})
@@ -130,14 +139,21 @@ def _history_sessions(nox: Any, toolkit: str) -> None:
 
     def monitor(session: Any) -> None:
         session.install(toolkit, *toolkit_extra("history"))
+        session.run(*ISSUES_COMMAND)
         session.run(*MONITOR_COMMAND, *session.posargs)
+
+    def verdict(session: Any) -> None:
+        session.install(toolkit, *toolkit_extra("history"))
+        session.run(*VERDICT_COMMAND, *session.posargs)
 
     history.__doc__ = ("The run history: show, flaky, monitor; in CI each job's last step records its "
                        "run (`-- record`).")
     monitor.__doc__ = f"{MONITOR_PURPOSE} (the hourly CI job)."
+    verdict.__doc__ = f"{VERDICT_PURPOSE} (the PR's verdict job)."
     # Not tagged ci: `nox -t ci` runs suites; these are a job's last step and a schedule's job.
     nox.session(name=HISTORY_SESSION, tags=[])(history)
     nox.session(name=MONITOR_SESSION, tags=[])(monitor)
+    nox.session(name=VERDICT_SESSION, tags=[])(verdict)
 
 
 def _session(nox: Any, suite: Suite, registry: Registry, toolkit: str) -> None:

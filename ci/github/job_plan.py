@@ -38,6 +38,7 @@ from ci.registry.model import (
     MONITOR_PURPOSE,
     MONITOR_REPORT,
     MONITOR_SESSION,
+    VERDICT_SESSION,
     Check,
     Smoke,
     Suite,
@@ -79,6 +80,7 @@ class Job:
     infinite: bool = False  # runs its suite with SLIME_TEST_ENABLE_INFINITE_RUN=1
     kind: JobKind = "suite"  # a suite; a check (commands, ci.suites.Check); a smoke (ci.suites.Smoke)
     history_store: bool = False  # a check that reads the shared run history (its secret)
+    writes_issues: bool = False  # the monitor: it keeps the issues of held entries (GITHUB_TOKEN)
     report: str | None = None  # a check's file, uploaded as an artifact
 
     @property
@@ -172,7 +174,7 @@ def monitor_job(style: Style) -> Job | None:
         return None
     return Job(id=MONITOR_SESSION, session=MONITOR_SESSION, tier="cpu", runs_on=style.hosted_runner,
                purpose=MONITOR_PURPOSE, minutes=MONITOR_MINUTES, kind="check", crons=crons,
-               scheduled_only=True, history_store=True, report=MONITOR_REPORT)
+               scheduled_only=True, history_store=True, report=MONITOR_REPORT, writes_issues=True)
 
 
 # A repository that adopted the toolkit checks its generated workflow in CI with this job
@@ -207,7 +209,7 @@ def table(suites: Sequence[Suite] = SUITES, style: Style | None = None,
     if style.check_job:
         extra = (*extra, check_job(style.check_job, style))
     jobs = (*(job_for(s, style) for s in suites), *extra)
-    ids = [j.id for j in jobs] + [PLAN_JOB]  # the workflow's own plan job takes that id
+    ids = [j.id for j in jobs] + [PLAN_JOB, VERDICT_JOB]  # the workflow's own jobs take these ids
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise UsageError(f"two CI jobs named {', '.join(dupes)}: rename the suite in {style.registry}")
@@ -305,6 +307,7 @@ SAME_REPO = "github.event.pull_request.head.repo.full_name == github.repository"
 # publishes the ids of the jobs it runs; a job it gates asks that list. Only GPU jobs are
 # gated: the diff decides nothing for a CPU job, and they need not wait for it.
 PLAN_JOB = "plan"
+VERDICT_JOB = VERDICT_SESSION  # the PR's merge gate (ci/github/workflow.py renders it)
 PLAN_OUTPUT = "jobs"
 
 

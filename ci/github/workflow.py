@@ -26,6 +26,7 @@ from ci.github.job_plan import (
     BASE_BRANCH,
     PLAN_JOB,
     PLAN_OUTPUT,
+    VERDICT_JOB,
     WORKFLOW_NAME,
     Job,
     condition_lines,
@@ -55,6 +56,7 @@ from ci.history.ingest import ARTIFACT_PREFIX, EXPORT_DIR
 from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_FILE, HISTORY_SECRET, HISTORY_SESSION
 from ci.registry.job_timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES, SETUP_MINUTES
 from ci.registry.loader import REGISTRY, REGISTRY_PATHS, Registry, load_registry, registry_path
+from ci.registry.model import VERDICT_PURPOSE
 from ci.registry.u_files import generated as u_generated
 from ci.registry.workflow_style import NOX_VERSION, Style
 
@@ -212,7 +214,7 @@ def _history_env(job: Job) -> dict[str, Node]:
     return {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")}
 
 
-def _environment(job: Job) -> dict[str, Node]:
+def _environment(job: Job | None = None) -> dict[str, Node]:
     return {"name": HISTORY_ENVIRONMENT,
             "deployment": Note(False, "its secret, without a deployment record")}
 
@@ -260,6 +262,8 @@ def _steps(job: Job, style: Style) -> list[Node]:
         env.update(style.suite_env)
     if job.history_store:
         env.update(_history_env(job))
+    if job.writes_issues:
+        env["GITHUB_TOKEN"] = _expr("github.token")
     if job.self_hosted:
         # The dispatch input reaches the tests only through this variable; on a PR it is "0".
         env["SLIME_TEST_ENABLE_INFINITE_RUN"] = ("1" if job.infinite else
@@ -361,6 +365,49 @@ def plan_job(style: Style) -> dict[str, Node]:
     }
 
 
+# The verdict job.
+#
+# After every job of a PR's run (`always()`: it runs when they fail, that is its point), it
+# asks `python -m ci why` for the verdict of each entry that did not pass (ci/history/verdicts.py),
+# edits the PR's one verdict comment, and fails only when a verdict its suite blocks on is
+# there (new and unknown, by default). Branch protection requires this check rather than the
+# suite jobs (docs/verdicts.md). It reads the shared history, a secret, so it never runs the
+# PR's code: it checks out the base commit, and its token may only write PR comments.
+VERDICT_MINUTES = 15
+_VERDICT_RUN = 'nox -s verdict -- --pr "$PR" --base "$BASE" --needs "$NEEDS" --comment --gate'
+
+
+def verdict_job(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
+    """The PR's `verdict` check: a verdict per failed entry, the sticky comment, the merge gate."""
+    needs = [*([PLAN_JOB] if any(gated_by_plan(j) for j in jobs) else []),
+             *(j.id for j in jobs if not j.scheduled_only)]
+    return {
+        "name": VERDICT_JOB,
+        "needs": Flow(tuple(needs)),
+        "if": "always() && github.event_name == 'pull_request'",
+        "runs-on": style.hosted_runner[0] if len(style.hosted_runner) == 1 else Flow(style.hosted_runner),
+        "permissions": {"contents": Note("read", "actions/checkout reads the repository"),
+                        "pull-requests": Note("write", "the PR's one verdict comment, edited in place")},
+        "environment": _environment(),
+        "concurrency": {"group": f"{WORKFLOW_NAME}-pr{_expr('github.event.pull_request.number')}"
+                                 f"-{VERDICT_JOB}", "cancel-in-progress": True},
+        "timeout-minutes": VERDICT_MINUTES,
+        "steps": [
+            {"name": "Check out the base commit (never the PR's code: this job holds a secret)",
+             "uses": _uses(CHECKOUT),
+             "with": {"persist-credentials": False, "ref": _expr("github.event.pull_request.base.sha")}},
+            {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
+            {"name": "Install nox", "run": style.install},
+            {"name": "python -m ci why (a verdict per failed entry; fails on new ones)",
+             # Values reach the shell through the environment, never through ${{ }} in `run:`.
+             "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}"), "GITHUB_TOKEN": _expr("github.token"),
+                     "PR": _expr("github.event.pull_request.number"),
+                     "BASE": _expr("github.event.pull_request.base.sha"), "NEEDS": _expr("toJSON(needs)")},
+             "run": _VERDICT_RUN},
+        ],
+    }
+
+
 def _job(job: Job, style: Style) -> dict[str, Node]:
     out: dict[str, Node] = {
         "name": job.id if job.shards == 1 else f"{job.id} (shard {_expr('matrix.shard')})",
@@ -377,6 +424,8 @@ def _job(job: Job, style: Style) -> dict[str, Node]:
     permissions: dict[str, Node] = {"contents": Note("read", "actions/checkout reads the repository")}
     if starts_bisects(job, style):
         permissions["actions"] = Note("write", f"dispatch {BISECT_WORKFLOW} for each streak")
+    if job.writes_issues:
+        permissions["issues"] = Note("write", "one issue per held or main-breaking entry")
     out["permissions"] = permissions
     if uses_shared_history(job):
         out["environment"] = _environment(job)
@@ -412,7 +461,8 @@ def workflow(jobs: Sequence[Job], style: Style | None = None) -> dict[str, Node]
         },
         "permissions": {},
         "jobs": {**({PLAN_JOB: plan_job(style)} if any(gated_by_plan(j) for j in jobs) else {}),
-                 **{j.id: _job(j, style) for j in jobs}},
+                 **{j.id: _job(j, style) for j in jobs},
+                 VERDICT_JOB: verdict_job(jobs, style)},
     }
 
 
@@ -480,7 +530,8 @@ def readme(root: Path, jobs: Sequence[Job]) -> dict[str, str]:
     begin, end = text.find(TABLE_BEGIN), text.find(TABLE_END)
     if begin < 0 or end < begin:
         return {}
-    table_text = f"{TABLE_BEGIN}\n{session_table(jobs)}\n"
+    verdict = (VERDICT_JOB, "every PR, after its other jobs", f"{VERDICT_PURPOSE} (docs/verdicts.md)")
+    table_text = f"{TABLE_BEGIN}\n{session_table(jobs, extra=[verdict])}\n"
     return {README_PATH: text[:begin] + table_text + text[end:]}
 
 

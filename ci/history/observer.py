@@ -56,7 +56,8 @@ def begin(url: str | None, *, suite: Suite, root: Path, env: Mapping[str, str], 
     context = run_context(root, env)
     before = read_before(url, suite=suite.name, hardware=hardware, branch=context.get("branch", ""),
                          quarantine_rate=suite.quarantine_rate,
-                         min_runs=suite.quarantine_min_runs, warn=warn)
+                         min_runs=suite.quarantine_min_runs, warn=warn,
+                         clean_runs=suite.quarantine_clean_runs)
     source = registry_path(root)
     return HistoryRun(url=url, uid=new_uid(), suite=suite, hardware=hardware, context=context,
                       before=before, started_at=time.time(),

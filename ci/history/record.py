@@ -19,8 +19,9 @@ from pathlib import Path
 
 from ci.errors import StoreError
 from ci.history.rows import AttemptRecord, RunRecord
-from ci.history.stats import auto_quarantine, estimates, failed_on_branch, flakiness
+from ci.history.stats import after_lifts, auto_quarantine, estimates, failed_on_branch, flakiness, recovered
 from ci.history.store import HistoryStore, RecordRefused, describe, open_store
+from ci.registry.model import AUTO_QUARANTINE_CLEAN_RUNS
 
 PENDING_DIR = ".ci-cache/history-pending"
 # A spooled record the store refuses (a value no column holds) is renamed with this suffix:
@@ -84,7 +85,8 @@ class Before:
 
 
 def read_before(url: str | None, *, suite: str, hardware: str, branch: str,
-                quarantine_rate: float | None, min_runs: int, warn: Warn) -> Before:
+                quarantine_rate: float | None, min_runs: int, warn: Warn,
+                clean_runs: int = AUTO_QUARANTINE_CLEAN_RUNS) -> Before:
     """Estimates (same hardware), failures on this branch and flake quarantine; {} when unreachable.
 
     Estimates and quarantine read trusted runs only: a pull request's runs never lift or
@@ -98,11 +100,15 @@ def read_before(url: str | None, *, suite: str, hardware: str, branch: str,
             rows = store.attempts(suite=suite, hardware=hardware, last_runs=300, trusted_only=True)
             mine = (store.attempts(suite=suite, hardware=hardware, branch=branch, last_runs=50)
                     if branch else [])
+            lifted = store.lifts(suite)
     except StoreError as exc:
         warn(f"history: unavailable ({exc}); planning from durations.json")
         return Before(error=str(exc))
-    auto = (auto_quarantine(flakiness(rows), rate=quarantine_rate, min_runs=min_runs)
+    # A PR's own flakes never hold an entry, nor flakes before its issue was closed by hand.
+    trusted = after_lifts([r for r in rows if r.trusted], lifted)
+    auto = (auto_quarantine(flakiness(trusted), rate=quarantine_rate, min_runs=min_runs)
             if quarantine_rate is not None else {})
+    auto = recovered(auto, trusted, clean_runs=clean_runs)
     return Before(estimates=estimates(rows),
                   failed_here=frozenset(failed_on_branch(mine, branch)) if branch else frozenset(),
                   quarantined=auto, available=True)

@@ -40,6 +40,7 @@ class AttemptRecord:
     node: str = ""
     seconds: float = 0.0
     reason: str = ""
+    exit_code: int | None = None  # the process's status; negative: killed by that signal
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,13 +85,19 @@ def _seconds(value: float) -> float:
     return round(value, 3) if math.isfinite(value) else 0.0
 
 
+def _exit_code(code: int | None) -> int | None:
+    """The attempt's exit status as the store's 32-bit column holds it (None beyond that)."""
+    return code if code is None or -(2**31) <= code < 2**31 else None
+
+
 def _attempt(result: Result, number: int, final: bool) -> AttemptRecord:
     return AttemptRecord(
         entry_id=storable(result.entry.id), path=storable(result.entry.path), attempt=number, final=final,
         outcome=result.outcome, passed=result.passed, failed=result.failed,
         skipped=result.skipped, num_gpus=result.entry.num_gpus,
         devices=storable(",".join(map(str, result.devices)), 256), node=storable(result.node, 256),
-        seconds=_seconds(result.seconds), reason=storable(result.reason, 500))
+        seconds=_seconds(result.seconds), reason=storable(result.reason, 500),
+        exit_code=_exit_code(result.returncode))
 
 
 def attempt_records(results: Iterable[Result]) -> tuple[AttemptRecord, ...]:

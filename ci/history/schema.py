@@ -76,6 +76,9 @@ attempts = Table(
     Column("node", String(256), nullable=False),
     Column("seconds", Float, nullable=False),
     Column("reason", Text, nullable=False),
+    # The attempt's own exit status as the runner saw it (a negative number: killed by that
+    # signal); None for attempts recorded before version 3, or that never started a process.
+    Column("exit_code", Integer, nullable=True),
     UniqueConstraint("run_id", "entry_id", "attempt", name="attempt_once"),
     Index("attempts_by_entry", "entry_id"),
 )
@@ -120,6 +123,19 @@ bisects = Table(
 )
 
 
+# An entry's quarantine lifted by hand (its issue closed by a person, ci/github/flaky_issues.py):
+# its flakes before `at` no longer count toward its rate.
+lifts = Table(
+    "quarantine_lifts", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("suite", String(128), nullable=False),
+    Column("entry_id", Text, nullable=False),
+    Column("at", Float, nullable=False),
+    Column("why", Text, nullable=False),
+    UniqueConstraint("suite", "entry_id", "at", name="lift_once"),
+)
+
+
 def _v1(conn: Connection) -> None:
     for table in (runs, attempts, metrics):
         table.create(conn, checkfirst=True)
@@ -140,10 +156,24 @@ def _v3(conn: Connection) -> None:
     bisects.create(conn, checkfirst=True)
 
 
+def _v4(conn: Connection) -> None:
+    # The verdict rules (ci/history/verdicts.py) read a signal or the OOM killer from the
+    # attempt's own exit status, never from a guess; older attempts keep NULL (no rule fires).
+    present = {c["name"] for c in inspect(conn).get_columns("attempts")}
+    if "exit_code" not in present:
+        conn.execute(text("ALTER TABLE attempts ADD COLUMN exit_code INTEGER"))
+
+
+def _v5(conn: Connection) -> None:
+    lifts.create(conn, checkfirst=True)
+
+
 # (version, what it does, the step). Append only: a store at version N runs N+1… in order.
 MIGRATIONS: tuple[tuple[int, str, Callable[[Connection], None]], ...] = (
     (1, "runs, entry attempts and e2e metric series", _v1),
     (2, "runs say whether they ran trusted code (`trusted`) and for which pull request (`pr`)", _v2),
     (3, "bisect answers (`python -m ci bisect`): range, first bad commit or rate rise, cost", _v3),
+    (4, "attempts keep their own exit status (`exit_code`: a signal, the OOM killer's kill)", _v4),
+    (5, "quarantine lifts: an entry's issue closed by hand forgets its flakes before then", _v5),
 )
 LATEST = MIGRATIONS[-1][0]

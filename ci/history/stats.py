@@ -104,6 +104,29 @@ def auto_quarantine(flakes: Mapping[str, Flakiness], *, rate: float, min_runs: i
             for k, f in flakes.items() if f.runs >= min_runs and f.rate > rate}
 
 
+def after_lifts(rows: Iterable[AttemptRow], lifts: Mapping[tuple[str, str], float]) -> list[AttemptRow]:
+    """The rows that still count toward a flake rate: an entry's runs before the hand-lift of
+    its quarantine (its issue closed by a person) are forgotten."""
+    return [r for r in rows if r.started_at >= lifts.get((r.suite, r.entry_id), float("-inf"))]
+
+
+def clean_tail(rows: Iterable[AttemptRow]) -> dict[str, int]:
+    """Per entry, how many of its last final attempts in a row passed plainly (first try)."""
+    tail: dict[str, int] = defaultdict(int)
+    for r in finals(rows):
+        if r.outcome in ("interrupted", "deselected"):
+            continue
+        tail[r.entry_id] = tail[r.entry_id] + 1 if r.outcome == "passed" else 0
+    return dict(tail)
+
+
+def recovered(flakes: Mapping[str, str], rows: Iterable[AttemptRow], *, clean_runs: int) -> dict[str, str]:
+    """The auto-quarantined entries still held: one whose last `clean_runs` runs all passed
+    plainly is let go, though old flakes still weigh in its rate (its issue closes then too)."""
+    tail = clean_tail(rows)
+    return {k: v for k, v in flakes.items() if tail.get(k, 0) < clean_runs}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Streak:
     """An entry failing run after run on a branch: the range to bisect and why it failed."""

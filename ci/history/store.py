@@ -136,6 +136,8 @@ class AttemptRow:
     num_gpus: int
     trusted: bool = True
     pr: int | None = None
+    exit_code: int | None = None  # the attempt's own exit status (schema 3); None: not recorded
+    node: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,9 +292,11 @@ class HistoryStore:
 
     def attempts(self, *, suite: str | None = None, hardware: str | None = None,
                  branch: str | None = None, entries: Iterable[str] | None = None,
-                 last_runs: int = 500, trusted_only: bool = False) -> list[AttemptRow]:
+                 last_runs: int = 500, trusted_only: bool = False, pr: int | None = None,
+                 run_uid: str | None = None) -> list[AttemptRow]:
         """Attempts of the newest `last_runs` matching runs, oldest first; `trusted_only` leaves
-        out runs of pull requests' code (never a baseline)."""
+        out runs of pull requests' code (never a baseline); `pr` keeps one pull request's runs,
+        `run_uid` one run (a unique prefix of its uid)."""
         from sqlalchemy import select
         from sqlalchemy.exc import SQLAlchemyError
 
@@ -308,10 +312,14 @@ class HistoryStore:
             newest = newest.where(r.c.branch == branch)
         if trusted_only:
             newest = newest.where(r.c.trusted.is_(True))
+        if pr is not None:
+            newest = newest.where(r.c.pr == pr)
+        if run_uid is not None:
+            newest = newest.where(r.c.uid.startswith(run_uid, autoescape=True))
         query = (select(r.c.uid, r.c.suite, r.c.commit, r.c.branch, r.c.event, r.c.hardware,
                         r.c.started_at, r.c.trusted, r.c.pr, a.c.entry_id, a.c.path, a.c.attempt,
                         a.c.final, a.c.outcome,
-                        a.c.seconds, a.c.reason, a.c.num_gpus)
+                        a.c.seconds, a.c.reason, a.c.num_gpus, a.c.exit_code, a.c.node)
                  .join(a, a.c.run_id == r.c.id)
                  .where(r.c.id.in_(newest.scalar_subquery()))
                  .order_by(r.c.started_at, r.c.id, a.c.entry_id, a.c.attempt))
@@ -319,13 +327,16 @@ class HistoryStore:
             query = query.where(a.c.entry_id.in_(list(entries)))
         try:
             with self.engine.connect() as conn:
-                return [AttemptRow(run_uid=x.uid, suite=x.suite, commit=x.commit, branch=x.branch,
-                                   event=x.event, hardware=x.hardware, started_at=x.started_at,
-                                   entry_id=x.entry_id, path=x.path, attempt=x.attempt,
-                                   final=bool(x.final), outcome=x.outcome, seconds=x.seconds,
-                                   reason=x.reason, num_gpus=x.num_gpus,
-                                   trusted=bool(x.trusted), pr=x.pr)
-                        for x in conn.execute(query)]
+                # Rows unpacked by position: a long history is 100,000 rows and more, and a
+                # Row's attributes by name cost several times more than the query itself.
+                return [AttemptRow(run_uid=uid, suite=suite, commit=commit, branch=branch, event=event,
+                                   hardware=hardware, started_at=started_at, entry_id=entry_id, path=path,
+                                   attempt=attempt, final=bool(final), outcome=outcome, seconds=seconds,
+                                   reason=reason, num_gpus=num_gpus, trusted=bool(trusted), pr=pr,
+                                   exit_code=exit_code, node=node)
+                        for (uid, suite, commit, branch, event, hardware, started_at, trusted, pr, entry_id,
+                             path, attempt, final, outcome, seconds, reason, num_gpus, exit_code, node)
+                        in conn.execute(query).tuples().all()]
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
 
@@ -396,6 +407,43 @@ class HistoryStore:
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
 
+    def lift(self, *, suite: str, entry_id: str, at: float, why: str) -> bool:
+        """Record that an entry's quarantine was lifted at `at`; False when it already was."""
+        from sqlalchemy import select
+        from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+        from ci.history import schema
+
+        t = schema.lifts
+        try:
+            with self.engine.begin() as conn:
+                if conn.execute(select(t.c.id).where(t.c.suite == suite, t.c.entry_id == entry_id,
+                                                     t.c.at == at)).first():
+                    return False
+                conn.execute(t.insert().values(suite=suite, entry_id=entry_id, at=at, why=why[:500]))
+        except IntegrityError:
+            return False
+        except SQLAlchemyError as exc:
+            raise self._fail(exc, "record the lift") from None
+        return True
+
+    def lifts(self, suite: str | None = None) -> dict[tuple[str, str], float]:
+        """(suite, entry) -> when its quarantine was last lifted by hand."""
+        from sqlalchemy import func, select
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ci.history import schema
+
+        t = schema.lifts
+        query = select(t.c.suite, t.c.entry_id, func.max(t.c.at)).group_by(t.c.suite, t.c.entry_id)
+        if suite is not None:
+            query = query.where(t.c.suite == suite)
+        try:
+            with self.engine.connect() as conn:
+                return {(s, e): float(at) for s, e, at in conn.execute(query).tuples()}
+        except SQLAlchemyError as exc:
+            raise self._fail(exc, "read it") from None
+
     def counts(self) -> dict[str, int]:
         """Rows per table (for `history show` and the tests)."""
         from sqlalchemy import func, select
@@ -412,7 +460,7 @@ class HistoryStore:
 
 
 _ATTEMPT_FIELDS = ("entry_id", "path", "attempt", "final", "outcome", "passed", "failed", "skipped",
-                   "num_gpus", "devices", "node", "seconds", "reason")
+                   "num_gpus", "devices", "node", "seconds", "reason", "exit_code")
 # PostgreSQL's INTEGER is 32-bit; SQLite's would take more, but a store may move.
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 

@@ -21,6 +21,7 @@ from ci.registry.model import (
     MONITOR_REPORT,
     MONITOR_SESSION,
     TEST_IMAGE,
+    VERDICT_SESSION,
     Check,
     Entry,
     Isolation,
@@ -35,6 +36,6 @@ from ci.registry.model import (
 __all__ = [
     "AUTO_QUARANTINE_MIN_RUNS", "AUTO_QUARANTINE_RATE", "CPU_TIER", "FRAMEWORK_IMAGE", "GPU_RUNNER_LABELS",
     "GPU_TIER", "JOB_MINUTES", "MONITOR_COMMAND", "MONITOR_PURPOSE", "MONITOR_REPORT", "MONITOR_SESSION",
-    "TEST_IMAGE", "Check", "Entry", "Isolation", "MetricGate", "Profile", "Registry", "Smoke",
-    "SmokeRun", "Suite", "Tier", "load_registry",
+    "TEST_IMAGE", "VERDICT_SESSION", "Check", "Entry", "Isolation", "MetricGate", "Profile", "Registry",
+    "Smoke", "SmokeRun", "Suite", "Tier", "load_registry",
 ]

@@ -75,6 +75,9 @@ class Entry:
     # The container's privileges in the Docker context (ci/backends/docker_argv.py): "minimal" unless the
     # entry needs the framework CI's host network, host IPC and --privileged (RDMA, DeepEP).
     container: Isolation = "minimal"
+    # Who answers for it (a GitHub @user or @org/team); "": the suite's, else CODEOWNERS'. Named
+    # in the issue opened when it is quarantined or fails on main (ci/github/flaky_issues.py).
+    owner: str = ""
 
     @property
     def id(self) -> str:
@@ -91,6 +94,9 @@ class Entry:
 # monitor` reports it. `quarantine_rate=None` on a suite: never held automatically.
 AUTO_QUARANTINE_RATE = 0.1
 AUTO_QUARANTINE_MIN_RUNS = 10
+# A held entry whose last 10 runs all passed at the first try is let go again, and the issue
+# that says it is held closes itself (ci/github/flaky_issues.py).
+AUTO_QUARANTINE_CLEAN_RUNS = 10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,8 +125,14 @@ class Suite:
     # above this (with at least `quarantine_min_runs` runs recorded); None: never.
     quarantine_rate: float | None = AUTO_QUARANTINE_RATE
     quarantine_min_runs: int = AUTO_QUARANTINE_MIN_RUNS
+    quarantine_clean_runs: int = AUTO_QUARANTINE_CLEAN_RUNS
     # Commands its session runs before the suite itself (argv tuples).
     before: tuple[tuple[str, ...], ...] = ()
+    # The verdicts (ci/history/verdicts.py) that fail the PR's `verdict` check for this suite:
+    # by default a new failure and one the history cannot explain; "flaky",
+    # "already-failing" and "infrastructure" are listed there and block nothing.
+    verdict_blocks: tuple[str, ...] = ("new", "unknown")
+    owner: str = ""  # who answers for its entries when an entry names nobody (see Entry.owner)
 
     # What the tier means everywhere else; the rest of the toolkit asks these, not the tier.
     @property
@@ -206,3 +218,10 @@ MONITOR_BISECT_PLAN = ".ci-cache/bisect-plan.jsonl"
 MONITOR_COMMAND = ("python", "-m", "ci", "history", "monitor", "--out", MONITOR_REPORT,
                    "--bisect-plan", MONITOR_BISECT_PLAN, "--unreachable-ok")
 MONITOR_PURPOSE = "The failure monitor: entries failing 3 consecutive runs on main, with the range to bisect"
+# The monitor job also keeps one issue per held or main-breaking entry (ci/github/flaky_issues.py);
+# without GITHUB_TOKEN (a laptop) it says so in one line and passes.
+ISSUES_COMMAND = ("python", "-m", "ci", "issues", "--unreachable-ok")
+# The PR's `verdict` check (ci/github/pr_verdicts.py): the job passes `-- --pr N --base SHA …`.
+VERDICT_SESSION = "verdict"
+VERDICT_COMMAND = ("python", "-m", "ci", "why")
+VERDICT_PURPOSE = "Why each failed entry of a PR failed (new, on main, flaky, infra); the merge gate"

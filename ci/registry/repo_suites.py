@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from ci.registry.model import (
     FRAMEWORK_IMAGE,
+    ISSUES_COMMAND,
     MONITOR_COMMAND,
     MONITOR_PURPOSE,
     MONITOR_SESSION,
     TEST_IMAGE,
+    VERDICT_COMMAND,
+    VERDICT_PURPOSE,
+    VERDICT_SESSION,
     Check,
     Entry,
     MetricGate,
@@ -237,7 +241,9 @@ SESSIONS: tuple[Check | Smoke, ...] = (
                   "(`-- record`)",
           commands=(("python", "-m", "ci", "history"),)),
     Check(name=MONITOR_SESSION, profiles=("history",), tags=(), posargs=True, purpose=MONITOR_PURPOSE,
-          commands=(MONITOR_COMMAND,)),
+          commands=(ISSUES_COMMAND, MONITOR_COMMAND)),
+    Check(name=VERDICT_SESSION, profiles=("history",), tags=(), posargs=True, purpose=VERDICT_PURPOSE,
+          commands=(VERDICT_COMMAND,)),
     Check(name="mutation", profiles=("mutation",), tags=("nightly",), cadences=("nightly",),
           posargs=True, minutes=240,
           purpose="Mutation score per core module (ci.suites.MUTATION_TARGETS); nightly and on demand, "

@@ -1,7 +1,7 @@
 """Every `python -m ci` command, driven with generated arguments (Hypothesis), keeps the contract:
 
 - the exit code is one of the documented ones (0, 1, 2, 3, 124, 130; `lock-gpus` also
-  passes its command's code through);
+  passes its command's code through; `why` and `issues` read a pinned store, so never 4);
 - no traceback: in this process an exception escaping `main` fails the example;
 - a refusal (exit 2) is exactly one line on stderr, starting with `error:`;
 - nothing is left running.
@@ -162,6 +162,12 @@ def options(world: World) -> dict[str, Options]:
                     "--affected": None, "--json": None},
         "workflows": {"--check": None, "--dry-run": None, "--root": p},
         "import-workflow": {"--root": p, "--dry-run": None, "--force": None},
+        # The history store is pinned (aimed): a store that cannot be opened is exit 4, by design.
+        "why": {"--pr": NUMBERS, "--run": ANY, "--base": ANY, "--suite": ANY, "--branch": ANY,
+                "--json": None, "--gate": None, "--comment": None, "--dry-run": None, "--repo": ANY,
+                "--needs": st.one_of(ANY, st.sampled_from(['{"unit": {"result": "failure"}}', "[]", "{"])),
+                "--root": p},
+        "issues": {"--repo": ANY, "-k": NUMBERS, "--dry-run": None, "--unreachable-ok": None, "--root": p},
     }
 
 
@@ -193,6 +199,8 @@ def aimed(command: str, argv: list[str], world: World) -> list[str]:
         return [*pinned, "--timeout", "2", *argv, "--", "true"]
     if command in ("audit", "plan", "changed", "workflows"):
         return ["--root", str(world.checkout), *argv]
+    if command in ("why", "issues"):  # GitHub is never reached: no token in the environment
+        return ["--history", f"sqlite:///{world.base / 'history.sqlite'}", "--root", str(world.checkout), *argv]
     if command == "import-workflow":
         template = str(world.adopt / ".github" / "workflows" / "pr-test.yml.j2")
         return [template, "--root", str(world.adopt), *argv]
@@ -253,7 +261,7 @@ def call(command: str, argv: list[str], world: World) -> None:
 
 
 COMMANDS = ["run", "audit", "plan", "lock-gpus", "gpu-status", "changed", "workflows",
-            "import-workflow"]
+            "import-workflow", "why", "issues"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -200,6 +200,7 @@ def test_adopt_writes_everything_and_reports(adopted, repo: Path) -> None:
     assert "\n  monitor:\n" in workflow and "run: nox -s monitor\n" in workflow
     # Only the monitor holds the store's secret there; GPU jobs export their runs to the ingest.
     assert workflow.count("name: ci-history\n") == 1 and "adopt: wrote .github/workflows/history-ingest.yml" in out
+    assert "\n  verdict:\n" in workflow and "nox -s verdict -- --pr" in workflow
     # Their .gitignore keeps its lines and gains the cache folder (history, durations, JUnit).
     assert "adopt: wrote .gitignore" in out
     assert (repo / ".gitignore").read_text().startswith(".nox/\n# slime-ci: ")
@@ -250,7 +251,7 @@ def test_commands_work_from_the_adopters_root(adopted, toolkit: Path, repo: Path
     listed = _run(toolkit, "python", "-m", "nox", "-l", cwd=repo)
     assert listed.returncode == 0, listed.stderr
     for session in ("cpu_unit", "agent_adapter", "megatron", "image", "changed", "workflows", "history",
-                    "monitor"):
+                    "monitor", "verdict"):
         assert f"* {session} " in listed.stdout, session
     assert _run(toolkit, "slime-ci", "workflows", "--check", cwd=repo).returncode == 0
     audit = _run(toolkit, "slime-ci", "audit", cwd=repo)

@@ -99,9 +99,9 @@ def test_one_job_per_session_each_running_nox() -> None:
     # After the stability job, the scheduled checks (ci.suites.SESSIONS with cadences), then
     # the hourly failure monitor.
     assert list(jobs) == ["plan", *(s.name for s in SUITES), "lint", "gpu_smoke", "megatron_stability",
-                          *SCHEDULED_CHECKS, "monitor"]
+                          *SCHEDULED_CHECKS, "monitor", "verdict"]
     for job_id, job in jobs.items():
-        if job_id in ("megatron_stability", "plan"):  # their own shape: tests/toolkit/github/test_job_plan_events.py
+        if job_id in ("megatron_stability", "plan", "verdict"):  # their own shape: tested on their own
             continue
         last = _nox_step(job)
         assert last["run"] == f"nox -s {job_id}"
@@ -114,6 +114,27 @@ def test_one_job_per_session_each_running_nox() -> None:
     assert jobs["changed"]["steps"][0]["with"]["fetch-depth"] == 0
     assert "fetch-depth" not in jobs["megatron"]["steps"][0]["with"]
     assert jobs["cpu_unit"]["env"]["SLIME_CI_TORCH_INDEX"].endswith("/whl/cpu")
+
+
+def test_the_verdict_job_judges_every_pr_job_from_the_base_code_with_a_comment_token_only() -> None:
+    jobs = _workflow()["jobs"]
+    verdict = jobs["verdict"]
+    pr_jobs = [j for j in jobs if j not in ("verdict", "megatron_stability", "monitor", *SCHEDULED_CHECKS)]
+    assert verdict["needs"] == pr_jobs, "it judges after every job a PR can run"
+    assert verdict["if"] == "always() && github.event_name == 'pull_request'", "a failed job must not skip it"
+    checkout = verdict["steps"][0]
+    assert checkout["uses"].startswith("actions/checkout@")
+    assert checkout["with"] == {"persist-credentials": False, "ref": "${{ github.event.pull_request.base.sha }}"}, \
+        "it holds the history's secret: it must never check out the PR's code"
+    assert verdict["permissions"] == {"contents": "read", "pull-requests": "write"}
+    why = verdict["steps"][-1]
+    assert why["run"].startswith("nox -s verdict -- --pr \"$PR\" --base \"$BASE\"") and "--gate" in why["run"]
+    assert "${{" not in why["run"], "values reach the shell through the environment"
+    assert why["env"]["GITHUB_TOKEN"] == "${{ github.token }}" and why["env"]["NEEDS"] == "${{ toJSON(needs) }}"
+    monitor = jobs["monitor"]
+    assert monitor["permissions"] == {"contents": "read", "issues": "write"}
+    assert _nox_step(monitor)["env"]["GITHUB_TOKEN"] == "${{ github.token }}"
+    assert all("issues" not in j.get("permissions", {}) for k, j in jobs.items() if k != "monitor")
 
 
 def test_jobs_install_the_nox_that_the_ci_entry_point_pins() -> None:
@@ -168,7 +189,7 @@ def test_suite_jobs_restore_durations_from_main_before_the_run_and_save_after_it
     assert not any("actions/cache" in s.get("uses", "") for s in jobs["lint"]["steps"])
     keys = set()
     for job_id, job in jobs.items():
-        if job_id in ("lint", "megatron_stability", "plan", *SCHEDULED_CHECKS, "monitor"):  # checks; infinite
+        if job_id in ("lint", "megatron_stability", "plan", *SCHEDULED_CHECKS, "monitor", "verdict"):  # checks; infinite
             continue
         restore_at, restore, save_at, save = _cache_steps(job)
         nox_at = job["steps"].index(_nox_step(job))
@@ -261,7 +282,6 @@ def test_least_privilege_and_no_credentials_left_on_disk() -> None:
         # Only the scheduled monitor opens the shared store here (GPU jobs export their runs to
         # the ingest workflow); it alone names the environment, and no deployment.
         opens = "secrets." in json.dumps(job)
-        assert opens == (job_id in {j.id for j in table() if j.history_store and not j.self_hosted}), job_id
         assert opens == (job_id == "monitor"), job_id
         assert job.get("environment") == ({"name": "ci-history", "deployment": False} if opens else None)
         for step in job["steps"]:
@@ -271,15 +291,22 @@ def test_least_privilege_and_no_credentials_left_on_disk() -> None:
     for job_id, job in wf["jobs"].items():
         # The monitor alone may dispatch (bisect.yml, one run per streak), from a step that
         # holds the token and no secret; the step holding the store's secret holds no token.
-        dispatches = {"actions": "write"} if job_id == "monitor" else {}
-        assert job["permissions"] == {"contents": "read", **dispatches}
+        # Beyond reading: the monitor keeps its issues; the verdict job reads this run's
+        # exported runs (actions) and edits its PR comment.
+        extra = {"monitor": {"actions": "write", "issues": "write"},
+                 "verdict": {"actions": "read", "pull-requests": "write"}}.get(job_id, {})
+        assert job["permissions"] == {"contents": "read", **extra}, job_id
         for step in job["steps"]:
             env = json.dumps(step.get("env", {}))
             assert not ("github.token" in env and "secrets." in env), (job_id, step["name"])
-            assert ("gh workflow run" in step.get("run", "")) <= bool(dispatches)
+            assert ("gh workflow run" in step.get("run", "")) <= (job_id == "monitor")
         checkout = job["steps"][0]
         assert checkout["uses"].startswith("actions/checkout@")
         assert checkout["with"]["persist-credentials"] is False
+
+
+# The verdict job's actions: checkout (the base), the trusted snapshot's restore, setup-python.
+VERDICT_ACTIONS = 3
 
 
 def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> None:
@@ -290,7 +317,7 @@ def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> No
     # job checks out and sets up Python; a check with a report uploads it.
     # A GPU suite job restores the ingest job's trusted snapshot and uploads its runs for it.
     assert len(uses) == sum((2 if j.kind == "check" or j.infinite else 4) + bool(j.report)
-                            + 2 * (j.self_hosted and j.kind != "check") for j in table()) + 2
+                            + 2 * (j.self_hosted and j.kind != "check") for j in table()) + 2 + VERDICT_ACTIONS
     for ref, rest in uses:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40}", ref), ref
         assert re.fullmatch(r"  # v\d+\.\d+\.\d+", rest), rest

@@ -239,11 +239,14 @@ def _monitor_job_command():
     assert job["environment"] == {"name": "ci-history", "deployment": False}
     (step,) = [s for s in job["steps"] if s.get("run", "").startswith("nox -s ")]
     assert step["run"] == "nox -s monitor"
-    assert step["env"] == {"SLIME_CI_HISTORY_URL": "${{ secrets.SLIME_CI_HISTORY_URL }}"}
+    # The store's secret, and the job's token for the issues of held entries (ci/github/flaky_issues.py).
+    assert step["env"] == {"SLIME_CI_HISTORY_URL": "${{ secrets.SLIME_CI_HISTORY_URL }}",
+                           "GITHUB_TOKEN": "${{ github.token }}"}
     (upload,) = [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
     assert upload["if"] == "always()" and upload["with"]["path"] == MONITOR_REPORT
     (session,) = [x for x in SESSIONS if x.name == "monitor"]
-    (command,) = session.commands  # what `nox -s monitor` runs in its venv
+    issues, command = session.commands  # what `nox -s monitor` runs in its venv: issues, then the monitor
+    assert issues[:4] == ("python", "-m", "ci", "issues")
     assert command[0] == "python"
     return [sys.executable, *command[1:]], MONITOR_REPORT
 

@@ -119,6 +119,8 @@ def _version_1_store(url):
         conn.execute(text("ALTER TABLE runs DROP COLUMN trusted"))
         conn.execute(text("ALTER TABLE runs DROP COLUMN pr"))
         conn.execute(text("DROP TABLE bisects"))  # version 3's
+        conn.execute(text("ALTER TABLE attempts DROP COLUMN exit_code"))  # version 4's
+        conn.execute(text("DROP TABLE quarantine_lifts"))  # version 5's
         conn.execute(schema.meta.update().values(value="1"))
         conn.execute(text("INSERT INTO runs (uid, suite, \"commit\", branch, event, host, runner, backend, "
                           "hardware, started_at, ended_at, exit_code) VALUES ('old', 's', 'c', 'main', "
@@ -126,6 +128,8 @@ def _version_1_store(url):
 
 
 def test_a_version_1_store_gains_trust_and_its_runs_stay_trusted(store_url):
+    from ci.history import schema
+
     _version_1_store(store_url)
     with open_store(store_url) as store:
         assert store.version == LATEST
@@ -200,3 +204,18 @@ def test_sqlite_file_is_a_real_sqlite_database(tmp_path):
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
+
+
+def test_attempts_keep_their_exit_status_and_read_by_pr_or_run(store_url):
+    """Schema 3: an attempt's own exit status (a signal) reads back; one PR's runs, one run's."""
+    with open_store(store_url) as store:
+        killed = AttemptRecord(entry_id="tests/test_k.py", path="tests/test_k.py", attempt=1, final=True,
+                               outcome="failed", exit_code=-9, node="gpu-3", reason="exit code -9")
+        store.record(RunRecord(**{**_run("pr-a", started=1).__dict__, "trusted": False, "pr": 7,
+                                  "attempts": (killed,)}))
+        store.record(_run("main-b", started=2))
+        rows = store.attempts(pr=7)
+        assert [(r.run_uid, r.exit_code, r.node) for r in rows] == [("pr-a", -9, "gpu-3")]
+        assert {r.run_uid for r in store.attempts(run_uid="main")} == {"main-b"}
+        assert store.attempts(run_uid="%") == [], "a uid prefix is matched literally"
+        assert {r.exit_code for r in store.attempts(run_uid="main-b")} == {None}

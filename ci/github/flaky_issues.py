@@ -1,0 +1,404 @@
+"""`python -m ci issues`: one GitHub issue per quarantined entry and per entry failing on main.
+
+The scheduled monitor job runs it. Nothing is held without an issue that says so: every entry
+the quarantine holds (its flake rate, `ci.history.stats.auto_quarantine`, or the registry's
+`Entry.quarantine`) gets an issue naming its owner (`Entry.owner`, else `Suite.owner`, else
+CODEOWNERS), its rate and its last failures; every entry failing run after run on main gets
+one with the range to bisect. An issue is found again by its marker,
+
+    <!-- slime-ci:entry=<entry id> kind=<flaky|broken-main> -->
+
+and the `slime-ci` label, so each entry has one issue per kind, whatever its title becomes.
+A flaky issue closes itself once the entry's last `quarantine_clean_runs` runs all passed at
+the first try (the quarantine lets it go then too); a broken-main issue once main passes it
+again. A closed issue reopens when the entry flakes or breaks again after it was closed.
+
+Exit codes: 0 done (or nothing to do), 2 bad input, 4 the history store cannot be used
+(`--unreachable-ok`: one line and 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Literal, NoReturn
+
+from ci.errors import EXIT_OK, StoreError, UsageError
+from ci.github.rest_client import GitHub, GitHubError
+from ci.history.stats import after_lifts, auto_quarantine, clean_tail, flakiness, streaks
+from ci.history.store import HISTORY_ENV, HISTORY_FILE, AttemptRow, open_store, resolve_url
+from ci.history.verdicts import OK, infra_cause, short, when
+from ci.registry.loader import load_registry
+from ci.registry.model import Suite
+
+IssueKind = Literal["flaky", "broken-main"]
+LABEL = "slime-ci"
+MARKER_RE = re.compile(r"<!-- slime-ci:entry=(.+?) kind=(flaky|broken-main) -->")
+# Added to the body when the monitor closes an issue: one closed without it was closed by hand.
+CLOSED_MARK = "<!-- slime-ci:closed-by-monitor -->"
+CODEOWNERS_PATHS = (".github/CODEOWNERS", "CODEOWNERS", "docs/CODEOWNERS")
+STREAK_RUNS = 3  # as the monitor: failing this many runs in a row on main
+HISTORY_RUNS = 500
+LAST_FAILURES = 5
+
+
+def marker(entry_id: str, kind: IssueKind) -> str:
+    return f"<!-- slime-ci:entry={entry_id} kind={kind} -->"
+
+
+# --- owners -----------------------------------------------------------------------------------
+
+def _pattern(raw: str) -> re.Pattern[str]:
+    """A CODEOWNERS pattern (gitignore-like) as a regular expression over repository paths."""
+    body = raw.strip("/")
+    rx = ""
+    i = 0
+    while i < len(body):
+        if body.startswith("**", i):
+            rx, i = rx + ".*", i + 2
+        elif body[i] == "*":
+            rx, i = rx + "[^/]*", i + 1
+        elif body[i] == "?":
+            rx, i = rx + "[^/]", i + 1
+        else:
+            rx, i = rx + re.escape(body[i]), i + 1
+    anywhere = not raw.startswith("/") and "/" not in body
+    return re.compile(("(?:.*/)?" if anywhere else "") + rx + "(?:/.*)?")
+
+
+def codeowners(root: Path) -> list[tuple[re.Pattern[str], tuple[str, ...]]]:
+    """The rules of the repository's CODEOWNERS file, in file order (the last match wins)."""
+    for rel in CODEOWNERS_PATHS:
+        path = root / rel
+        if path.is_file():
+            rules = []
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                parts = line.split("#", 1)[0].split()
+                if parts:
+                    rules.append((_pattern(parts[0]), tuple(parts[1:])))
+            return rules
+    return []
+
+
+def owner_of(path: str, entry_owner: str, suite_owner: str,
+             rules: Sequence[tuple[re.Pattern[str], tuple[str, ...]]]) -> str:
+    """Who answers for an entry: the registry's word first, then CODEOWNERS' last matching rule."""
+    if entry_owner or suite_owner:
+        return entry_owner or suite_owner
+    found: tuple[str, ...] = ()
+    for rx, owners in rules:
+        if rx.fullmatch(path):
+            found = owners
+    return " ".join(found)
+
+
+# --- what should be tracked -------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class Wanted:
+    """An issue that should be open: its entry, kind, title and body."""
+
+    entry_id: str
+    kind: IssueKind
+    title: str
+    body: str
+    owner: str
+    since: float  # when what it reports last happened (a flake, a failure on main)
+    suite: str = ""
+    by_registry: bool = False  # held by Entry.quarantine, not by its rate
+
+
+@dataclass(frozen=True, kw_only=True)
+class Existing:
+    """An issue the label and marker found."""
+
+    number: int
+    entry_id: str
+    kind: IssueKind
+    state: str
+    closed_at: float | None
+    body: str = ""
+
+    @property
+    def closed_by_hand(self) -> bool:
+        return self.state == "closed" and CLOSED_MARK not in self.body
+
+
+@dataclass(frozen=True, kw_only=True)
+class Action:
+    """One thing to do on GitHub, and why."""
+
+    verb: Literal["open", "update", "close", "reopen", "keep", "lift"]
+    entry_id: str
+    kind: IssueKind
+    number: int | None
+    why: str
+    wanted: Wanted | None = None
+    body: str = ""  # the issue's body as it is (a close keeps it, with CLOSED_MARK added)
+
+
+def _links(server: str, repo: str, rows: Sequence[AttemptRow]) -> list[str]:
+    out = []
+    for r in rows[-LAST_FAILURES:]:
+        commit = f"[{short(r.commit)}]({server}/{repo}/commit/{r.commit})" if r.commit and repo else \
+            f"`{short(r.commit)}`"
+        out.append(f"- {when(r.started_at)} on {r.branch or '?'} at {commit}: {r.outcome}"
+                   + (f": {r.reason}" if r.reason else ""))
+    return out
+
+
+def wanted_issues(rows: Sequence[AttemptRow], suites: Sequence[Suite], root: Path, *, repo: str,
+                  server: str = "https://github.com", k: int = STREAK_RUNS,
+                  lifts: Mapping[tuple[str, str], float] | None = None) -> list[Wanted]:
+    """The issues the trusted history calls for: one per held entry, one per entry failing on main."""
+    rules = codeowners(root)
+    out: list[Wanted] = []
+    trusted = [r for r in rows if r.trusted]
+    for suite in suites:
+        mine = [r for r in trusted if r.suite == suite.name]
+        entries = {e.id: e for e in suite.entries}
+        held: dict[str, str] = {}
+        if suite.quarantine_rate is not None:
+            counted = after_lifts(mine, lifts or {})  # as the run's quarantine counts them
+            held = auto_quarantine(flakiness(counted), rate=suite.quarantine_rate,
+                                   min_runs=suite.quarantine_min_runs)
+            tail = clean_tail(counted)
+            held = {e: why for e, why in held.items() if tail.get(e, 0) < suite.quarantine_clean_runs}
+        held.update({e: f"quarantined in the registry: {x.quarantine}"
+                     for e, x in entries.items() if x.quarantine})
+        for entry_id, why in sorted(held.items()):
+            e = entries.get(entry_id)
+            path = e.path if e is not None else entry_id.split(" ", 1)[0]
+            owner = owner_of(path, e.owner if e else "", suite.owner, rules)
+            bad = [r for r in mine if r.entry_id == entry_id and r.outcome not in ("passed", "deselected")
+                   and (r.final or r.outcome not in OK)]
+            body = "\n".join([
+                marker(entry_id, "flaky"),
+                f"`{entry_id}` (suite `{suite.name}`) is **quarantined**: it still runs on every job, "
+                "but its failures do not fail them.", "",
+                f"- why: {why}",
+                f"- owner: {owner or 'nobody named (set Entry.owner, Suite.owner or CODEOWNERS)'}",
+                f"- closes itself after {suite.quarantine_clean_runs} runs in a row that pass at the "
+                "first try, and the quarantine lets the entry go then", "",
+                "Its last failures:", *(_links(server, repo, bad) or ["- none recorded"]), "",
+                f"Reproduce: `nox -s {suite.name} -- --only {path}`; the rate: "
+                f"`python -m ci history flaky --suite {suite.name}`.",
+            ])
+            out.append(Wanted(entry_id=entry_id, kind="flaky", owner=owner, body=body, suite=suite.name,
+                              title=f"Flaky: {entry_id} ({suite.name})",
+                              since=max((r.started_at for r in bad), default=0.0),
+                              by_registry=bool(e is not None and e.quarantine)))
+        for s in streaks([r for r in mine if infra_cause(r) is None], branch="main", k=k):
+            e = entries.get(s.entry_id)
+            path = e.path if e is not None else s.entry_id.split(" ", 1)[0]
+            owner = owner_of(path, e.owner if e else "", suite.owner, rules)
+            fails = [r for r in mine if r.entry_id == s.entry_id and r.final and r.branch == "main"
+                     and r.started_at >= s.since]
+            good = s.last_passing_commit
+            body = "\n".join([
+                marker(s.entry_id, "broken-main"),
+                f"`{s.entry_id}` (suite `{suite.name}`) has failed its last {s.failures} runs on `main`.", "",
+                f"- owner: {owner or 'nobody named (set Entry.owner, Suite.owner or CODEOWNERS)'}",
+                f"- first failing commit: `{s.first_failing_commit}` ({when(s.since)})",
+                f"- range to bisect: `{good}..{s.first_failing_commit}`" if good
+                else "- no passing run of it on main is recorded",
+                "- why: " + "; ".join(s.reasons), "",
+                "Its failures:", *_links(server, repo, fails), "",
+                "This issue closes itself when main passes it again.",
+            ])
+            out.append(Wanted(entry_id=s.entry_id, kind="broken-main", owner=owner, body=body,
+                              title=f"Failing on main: {s.entry_id} ({suite.name})", since=s.since))
+    return out
+
+
+def _closed_at(raw: object) -> float | None:
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def existing_issues(items: Sequence[object]) -> list[Existing]:
+    """The issues (open or closed) that carry a marker; pull requests are left out."""
+    out = []
+    for i in items:
+        if not isinstance(i, dict) or "pull_request" in i:
+            continue
+        found = MARKER_RE.search(str(i.get("body") or ""))
+        if found:
+            kind: IssueKind = "flaky" if found.group(2) == "flaky" else "broken-main"
+            out.append(Existing(number=int(i["number"]), entry_id=found.group(1), kind=kind,
+                                state=str(i.get("state", "open")), closed_at=_closed_at(i.get("closed_at")),
+                                body=str(i.get("body") or "")))
+    return out
+
+
+def plan(wanted: Sequence[Wanted], existing: Sequence[Existing], rows: Sequence[AttemptRow],
+         suites: Sequence[Suite]) -> list[Action]:
+    """What to do: open what is missing, reopen what came back, close what recovered."""
+    by_key = {(x.entry_id, x.kind): x for x in sorted(existing, key=lambda x: x.number)}
+    actions: list[Action] = []
+    for w in wanted:
+        x = by_key.get((w.entry_id, w.kind))
+        if x is None:
+            actions.append(Action(verb="open", entry_id=w.entry_id, kind=w.kind, number=None, wanted=w,
+                                  why="held by the quarantine" if w.kind == "flaky" else "failing on main"))
+        elif x.state == "open":
+            actions.append(Action(verb="update", entry_id=w.entry_id, kind=w.kind, number=x.number, wanted=w,
+                                  why="still held" if w.kind == "flaky" else "still failing on main"))
+        elif x.closed_at is not None and w.since > x.closed_at:
+            actions.append(Action(verb="reopen", entry_id=w.entry_id, kind=w.kind, number=x.number, wanted=w,
+                                  why=f"{'flaked' if w.kind == 'flaky' else 'failed on main'} again "
+                                      f"on {when(w.since)}, after the issue was closed"))
+        elif w.kind == "flaky" and x.closed_by_hand and x.closed_at is not None and not w.by_registry:
+            # A person closed it: the entry is trusted again. Its flakes before then are
+            # forgotten (the store keeps the lift), so the quarantine lets it go.
+            actions.append(Action(verb="lift", entry_id=w.entry_id, kind=w.kind, number=x.number, wanted=w,
+                                  why=f"#{x.number} was closed by hand on {when(x.closed_at)}: the "
+                                      "quarantine is lifted, its flakes before then forgotten"))
+    want = {(w.entry_id, w.kind) for w in wanted}
+    trusted = [r for r in rows if r.trusted]
+    tail = clean_tail(trusted)
+    clean_runs = {e.id: s.quarantine_clean_runs for s in suites for e in s.entries}
+    for x in by_key.values():
+        if x.state != "open" or (x.entry_id, x.kind) in want:
+            continue
+        if x.kind == "flaky":
+            n = clean_runs.get(x.entry_id, 10)
+            if tail.get(x.entry_id, 0) >= n:
+                actions.append(Action(verb="close", entry_id=x.entry_id, kind=x.kind, number=x.number,
+                                      body=x.body,
+                                      why=f"its last {tail[x.entry_id]} runs passed at the first try "
+                                          f"(needed {n}); the quarantine lets it go"))
+            else:
+                actions.append(Action(verb="keep", entry_id=x.entry_id, kind=x.kind, number=x.number,
+                                      why=f"{tail.get(x.entry_id, 0)} of {n} clean runs so far"))
+        else:
+            last = [r for r in trusted if r.entry_id == x.entry_id and r.final and r.branch == "main"
+                    and infra_cause(r) is None]
+            if last and last[-1].outcome in OK:
+                actions.append(Action(verb="close", entry_id=x.entry_id, kind=x.kind, number=x.number,
+                                      body=x.body, why=f"main passed it again at {short(last[-1].commit)}"))
+    return actions
+
+
+def apply(gh: GitHub, actions: Sequence[Action]) -> list[str]:
+    """Carry the actions out; one line each."""
+    done = []
+    for a in actions:
+        w = a.wanted
+        if a.verb == "open" and w is not None:
+            body: dict[str, object] = {"title": w.title, "body": w.body, "labels": [LABEL]}
+            users = [o.lstrip("@") for o in w.owner.split() if o.startswith("@") and "/" not in o]
+            if users:
+                body["assignees"] = users
+            made = gh.call("POST", "/issues", body)
+            number = made.get("number") if isinstance(made, dict) else "?"
+            done.append(f"opened #{number}: {w.title} ({a.why})")
+        elif a.verb in ("update", "reopen") and w is not None:
+            change: dict[str, object] = {"title": w.title, "body": w.body}
+            if a.verb == "reopen":
+                change["state"] = "open"
+                gh.call("POST", f"/issues/{a.number}/comments", {"body": f"Reopened: {a.why}."})
+            gh.call("PATCH", f"/issues/{a.number}", change)
+            verb = "reopened" if a.verb == "reopen" else "updated"
+            done.append(f"{verb} #{a.number}: {a.entry_id} ({a.why})")
+        elif a.verb == "close":
+            gh.call("POST", f"/issues/{a.number}/comments", {"body": f"Closing: {a.why}."})
+            gh.call("PATCH", f"/issues/{a.number}", {"state": "closed", "state_reason": "completed",
+                                                     "body": f"{a.body}\n{CLOSED_MARK}"})
+            done.append(f"closed #{a.number}: {a.entry_id} ({a.why})")
+        elif a.verb == "lift":
+            done.append(f"lifted the quarantine of {a.entry_id} ({a.why})")
+        else:
+            done.append(f"kept #{a.number} open: {a.entry_id} ({a.why})")
+    return done
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `python -m ci issues --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m ci issues", allow_abbrev=False,
+                description="Open, update, close and reopen one GitHub issue per quarantined entry and per "
+                            "entry failing on main, from the trusted run history (the monitor job runs it).",
+                epilog="Exit codes: 0 done, 2 bad input, 4 the history store cannot be used.")
+    p.add_argument("--history", metavar="URL",
+                   help=f"store URL (default: {HISTORY_ENV}, else {HISTORY_FILE})")
+    p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: .)")
+    p.add_argument("--repo", metavar="OWNER/NAME", help="the repository (default: GITHUB_REPOSITORY)")
+    p.add_argument("-k", type=int, default=STREAK_RUNS,
+                   help=f"failures in a row on main that open a broken-main issue (default: {STREAK_RUNS})")
+    p.add_argument("--dry-run", action="store_true", help="say what would be done; change nothing on GitHub")
+    p.add_argument("--unreachable-ok", action="store_true",
+                   help="no GITHUB_TOKEN, or a store that cannot be used: one line and exit 0 "
+                        "(the scheduled job's mode; `nox -s monitor` on a laptop)")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    if args.k < 1:
+        raise UsageError("-k must be at least 1")
+    root = args.root.resolve()
+    url = resolve_url(args.history, os.environ, root)
+    if url is None:
+        raise UsageError("--history off: there is no store to read")
+    registry = load_registry(root)
+    if args.unreachable_ok and not args.dry_run and not os.environ.get("GITHUB_TOKEN", "").strip():
+        print("issues: skipped, no GITHUB_TOKEN (the monitor job's token opens the issues)", file=sys.stderr)
+        return EXIT_OK
+    gh = None if args.dry_run else GitHub.from_env(os.environ, args.repo)
+    repo = gh.repo if gh is not None else (args.repo or os.environ.get("GITHUB_REPOSITORY", ""))
+    try:
+        with open_store(url) as store:
+            rows = store.attempts(trusted_only=True, last_runs=HISTORY_RUNS)
+            lifts = store.lifts()
+    except StoreError as exc:
+        if args.unreachable_ok:
+            print(f"issues: skipped, the history store cannot be used ({exc})", file=sys.stderr)
+            return EXIT_OK
+        raise
+    wanted = wanted_issues(rows, registry.suites, root, repo=repo, k=args.k, lifts=lifts,
+                           server=os.environ.get("GITHUB_SERVER_URL", "https://github.com"))
+    existing: list[Existing] = []
+    if gh is not None:
+        try:
+            existing = existing_issues(gh.pages(f"/issues?labels={LABEL}&state=all"))
+        except GitHubError as exc:
+            raise UsageError(f"cannot list the {LABEL} issues: {exc}; "
+                             "the job needs `issues: write`") from None
+    actions = plan(wanted, existing, rows, registry.suites)
+    if gh is None:
+        for a in actions:
+            print(f"would {a.verb} {'#' + str(a.number) if a.number else 'an issue'}: "
+                  f"{a.kind} {a.entry_id} ({a.why})")
+        print(f"issues: {len(actions)} action(s), none taken (--dry-run)")
+        return EXIT_OK
+    lifting = [a for a in actions if a.verb == "lift" and a.wanted is not None]
+    if lifting:
+        # The store learns first: a lift that GitHub's side never hears of still lets the entry go.
+        with open_store(url) as store:
+            for a in lifting:
+                closed = next(x.closed_at for x in existing if x.number == a.number)
+                store.lift(suite=a.wanted.suite if a.wanted else "", entry_id=a.entry_id,
+                           at=closed or 0.0, why=a.why)
+    try:
+        for line in apply(gh, actions):
+            print(line)
+    except GitHubError as exc:
+        raise UsageError(f"GitHub refused an issue change: {exc}; the job needs `issues: write`") from None
+    print(f"issues: {len(wanted)} entr{'y' if len(wanted) == 1 else 'ies'} tracked, "
+          f"{sum(a.verb != 'keep' for a in actions)} change(s)")
+    return EXIT_OK
+

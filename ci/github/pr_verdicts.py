@@ -1,0 +1,289 @@
+"""`python -m ci why`: the verdict of every entry a PR's run did not pass, as a table, a sticky
+PR comment and the `verdict` merge gate.
+
+The rules are `ci.history.verdicts.RULES`; this module reads the history, renders the tables
+(one per suite: entry, verdict, evidence, the command that reproduces it) and, in CI, keeps
+one comment on the PR up to date: it finds its own comment by `MARKER` and edits it, so a
+PR gets one comment however often it is pushed. `--gate` exits 1 when a verdict that its
+suite says blocks (`Suite.verdict_blocks`: new and unknown by default) is among them.
+
+Exit codes: 0 nothing blocks, 1 a blocking verdict (--gate), 2 bad input, 4 the history
+store cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import NoReturn
+
+from ci.errors import EXIT_FAILED, EXIT_OK, UsageError
+from ci.github.rest_client import GitHub, GitHubError
+from ci.history.store import HISTORY_ENV, HISTORY_FILE, AttemptRow, open_store, resolve_url
+from ci.history.verdicts import (
+    KINDS,
+    LABELS,
+    RULES,
+    Base,
+    SuiteRules,
+    Verdict,
+    base_of,
+    blocking,
+    head_rows,
+    judge,
+)
+from ci.log import Log
+from ci.registry.loader import load_registry
+from ci.registry.model import AUTO_QUARANTINE_RATE, Suite
+
+MARKER = "<!-- slime-ci:verdicts -->"
+HISTORY_RUNS = 400  # the newest trusted runs of a suite read as its baseline
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `python -m ci why --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m ci why", allow_abbrev=False,
+                description="Why did each entry of a PR's (or one run's) newest run not pass? A verdict per "
+                            "entry (new, already failing on main, flaky, infrastructure, unknown) with its "
+                            "evidence, from the run and the trusted history.",
+                epilog="Exit codes: 0 nothing blocks, 1 a blocking verdict (with --gate), 2 bad input, "
+                       "4 the history store cannot be used. docs/verdicts.md says what each verdict means.")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--pr", type=int, metavar="N",
+                       help="judge pull request N (the newest commit of it the history holds)")
+    which.add_argument("--run", metavar="ID", help="one recorded run (its uid, or a unique prefix)")
+    p.add_argument("--base", metavar="SHA",
+                   help="the PR's merge base: `new` needs a pass on main at or after it (default: "
+                        "judged against main's latest runs, and the table says so)")
+    p.add_argument("--suite", help="only this suite")
+    p.add_argument("--branch", default="main", help="the trusted branch to compare with (default: main)")
+    p.add_argument("--history", metavar="URL",
+                   help=f"store URL (default: {HISTORY_ENV}, else {HISTORY_FILE})")
+    p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: .)")
+    p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    p.add_argument("--gate", action="store_true",
+                   help="exit 1 when a verdict blocks the merge (the CI `verdict` check)")
+    p.add_argument("--comment", action="store_true",
+                   help="create or update this PR's verdict comment (needs --pr, GITHUB_TOKEN, "
+                        "GITHUB_REPOSITORY)")
+    p.add_argument("--dry-run", action="store_true", help="with --comment: print the comment, post nothing")
+    p.add_argument("--repo", metavar="OWNER/NAME", help="the repository (default: GITHUB_REPOSITORY)")
+    p.add_argument("--needs", metavar="JSON",
+                   help="the run's jobs and results (Actions' toJSON(needs)): a job that failed with no "
+                        "failed entry recorded gets an `unknown` verdict (rule job-unrecorded)")
+    return p
+
+
+JOB_UNRECORDED = "job-unrecorded"
+
+
+def unrecorded_jobs(raw: str, verdicts: Sequence[Verdict], job_suites: Mapping[str, str]) -> list[Verdict]:
+    """Jobs that failed although the history holds no failed entry of theirs: an install that
+    broke, a lint, a job that recorded nothing. Unknown, so they block: never silently green."""
+    try:
+        needs = json.loads(raw)
+    except ValueError:
+        raise UsageError("--needs: not JSON; pass Actions' toJSON(needs)") from None
+    if not isinstance(needs, dict):
+        raise UsageError("--needs: expected an object of jobs (Actions' toJSON(needs))")
+    judged = {v.suite for v in verdicts}
+    out = []
+    for job_id, info in sorted(needs.items()):
+        result = info.get("result") if isinstance(info, dict) else None
+        suite = job_suites.get(job_id, job_id)
+        if result != "failure" or suite in judged:
+            continue
+        out.append(Verdict(suite=suite, entry_id=f"(job {job_id})", path="", kind="unknown",
+                           rule=JOB_UNRECORDED,
+                           evidence="the job failed, and the history holds no failed entry of it for this "
+                                    "PR (an install, a check, or a job that recorded nothing): see its log",
+                           outcome="failed", reason="", run_uid="", commit=""))
+    return out
+
+
+def suite_rules(suites: Sequence[Suite]) -> dict[str, SuiteRules]:
+    """What each suite declares for its verdicts; unknown verdict names are a registry error."""
+    out = {}
+    for s in suites:
+        bad = [k for k in s.verdict_blocks if k not in KINDS]
+        if bad:
+            raise UsageError(f"suite {s.name}: verdict_blocks names {bad[0]!r}; "
+                             f"use some of {', '.join(KINDS)}")
+        rate = s.quarantine_rate if s.quarantine_rate is not None else AUTO_QUARANTINE_RATE
+        out[s.name] = SuiteRules(flaky_rate=rate, min_runs=s.quarantine_min_runs,
+                                 blocks=tuple(s.verdict_blocks))
+    return out
+
+
+def reproduce(v: Verdict, suite: Suite | None) -> str:
+    """What reproduces it: the local command, or the comment that reruns it on the PR."""
+    only = f"'{v.entry_id}'" if " " in v.entry_id else v.entry_id
+    if v.kind == "infrastructure":
+        return "comment `/rerun-failed`"
+    if suite is not None and suite.needs_gpus:
+        return f"`nox -s {v.suite} -- --emulate-gpus --only {only}`; comment `/rerun-test {v.path}`"
+    return f"`nox -s {v.suite} -- --only {only}`"
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.replace("|", "\\|").split())[:400]
+
+
+def markdown(verdicts: Sequence[Verdict], blocked: Sequence[Verdict], *, title: str, note: str,
+             suites: Mapping[str, Suite], rules: Mapping[str, SuiteRules]) -> str:
+    """The comment (and step summary): the gate's outcome, then one table per suite."""
+    lines = [MARKER, f"### slime CI verdicts: {title}", ""]
+    if not verdicts:
+        lines.append(f"**verdict: pass.** {note or 'Every recorded entry passed.'}")
+        return "\n".join(lines) + "\n"
+    counts = ", ".join(f"{sum(v.kind == k for v in verdicts)} {LABELS[k]}" for k in KINDS
+                       if any(v.kind == k for v in verdicts))
+    if blocked:
+        lines.append(f"**verdict: fail.** {len(blocked)} of {len(verdicts)} failed entries block the merge "
+                     f"({counts}).")
+    else:
+        lines.append(f"**verdict: pass.** {len(verdicts)} entries did not pass, none of them because of "
+                     f"this PR as far as the history shows ({counts}).")
+    if note:
+        lines += ["", note]
+    for suite in sorted({v.suite for v in verdicts}):
+        blocks = ", ".join(rules[suite].blocks) if suite in rules else "new, unknown"
+        lines += ["", f"#### `{suite}` (blocks on: {blocks})", "",
+                  "| entry | verdict | evidence | reproduce |", "|---|---|---|---|"]
+        ours = sorted((v for v in verdicts if v.suite == suite),
+                      key=lambda v: (KINDS.index(v.kind), v.entry_id))
+        for v in ours:
+            mark = f"**{v.label}** :x:" if v in blocked else v.label
+            failed = f"{v.outcome}: {v.reason}" if v.reason else v.outcome
+            lines.append(f"| `{_cell(v.entry_id)}` | {mark} (rule `{v.rule}`) | {_cell(failed)}; "
+                         f"{_cell(v.evidence)} | {reproduce(v, suites.get(suite))} |")
+    lines += ["", "<sub>Verdict rules: docs/verdicts.md; locally: `python -m ci why --pr N`.</sub>"]
+    return "\n".join(lines) + "\n"
+
+
+def text_table(verdicts: Sequence[Verdict], blocked: Sequence[Verdict]) -> str:
+    if not verdicts:
+        return "every recorded entry passed"
+    out = []
+    for v in sorted(verdicts, key=lambda v: (v.suite, KINDS.index(v.kind), v.entry_id)):
+        flag = " (blocks)" if v in blocked else ""
+        out.append(f"{v.suite}: {v.entry_id}: {v.label}{flag} [rule {v.rule}]")
+        out.append(f"    {v.outcome}: {v.reason}" if v.reason else f"    {v.outcome}")
+        out.append(f"    {v.evidence}")
+    return "\n".join(out)
+
+
+def upsert_comment(gh: GitHub, pr: int, body: str) -> str:
+    """Edit this PR's verdict comment (found by MARKER), or post it when there is none; what was done."""
+    for c in gh.pages(f"/issues/{pr}/comments"):
+        if isinstance(c, dict) and str(c.get("body", "")).startswith(MARKER):
+            if c.get("body") == body:
+                return f"comment {c.get('id')} unchanged"
+            gh.call("PATCH", f"/issues/comments/{c['id']}", {"body": body})
+            return f"updated comment {c.get('id')}"
+    made = gh.call("POST", f"/issues/{pr}/comments", {"body": body})
+    return f"posted comment {made.get('id') if isinstance(made, dict) else '?'}"
+
+
+def _git_time(root: Path, commit: str) -> float | None:
+    try:
+        out = subprocess.run(["git", "-C", str(root), "show", "-s", "--format=%ct", commit, "--"],
+                             capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = out.stdout.strip().splitlines()[:1]
+    return float(first[0]) if out.returncode == 0 and first and first[0].isdigit() else None
+
+
+def _judged(store_rows: list[AttemptRow], args: argparse.Namespace) -> list[AttemptRow]:
+    rows = [r for r in store_rows if args.suite is None or r.suite == args.suite]
+    if args.run is not None:
+        uids = {r.run_uid for r in rows}
+        if len(uids) > 1:
+            raise UsageError(f"--run {args.run!r} matches {len(uids)} runs; give more of the uid")
+        return rows
+    return head_rows(rows)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    if args.comment and args.pr is None:
+        raise UsageError("--comment needs --pr N (the pull request to comment on)")
+    root = args.root.resolve()
+    url = resolve_url(args.history, os.environ, root)
+    if url is None:
+        raise UsageError("--history off: there is no store to read")
+    registry = load_registry(root)
+    suites = {s.name: s for s in registry.suites}
+    rules = suite_rules(registry.suites)
+    gh = None
+    if args.comment and not args.dry_run:
+        gh = GitHub.from_env(os.environ, args.repo)  # before the store: a bad setup says so first
+    with open_store(url) as store:
+        found = store.attempts(pr=args.pr, run_uid=args.run, last_runs=HISTORY_RUNS)
+        if args.run is not None and not found:
+            raise UsageError(f"no run {args.run!r} in the history; "
+                             "`python -m ci history show` lists the last ones")
+        judged = _judged(found, args)
+        names = sorted({r.suite for r in judged})
+        history = [r for s in names
+                   for r in store.attempts(suite=s, trusted_only=True, last_runs=HISTORY_RUNS)]
+    base: Base | None = None
+    if args.base:
+        base = base_of(args.base, history, _git_time(root, args.base))
+    verdicts = judge(judged, history, base=base, suites=rules, branch=args.branch)
+    if args.needs:
+        from ci.github.job_plan import table
+
+        jobs = {j.id: j.session for j in table(registry.suites, registry.style, registry.sessions)}
+        verdicts += unrecorded_jobs(args.needs, verdicts, jobs)
+    blocked = blocking(verdicts, rules)
+    commit = judged[-1].commit[:10] if judged else ""
+    title = f"PR #{args.pr}" if args.pr is not None else f"run {args.run}"
+    title += f" at `{commit}`" if commit else ""
+    note = ""
+    if not judged:
+        note = (f"Nothing of PR #{args.pr} is recorded in the history yet: no verdict to give."
+                if args.pr is not None else "")
+    elif base is None:
+        note = f"No merge base given: judged against `{args.branch}`'s latest trusted runs."
+    body = markdown(verdicts, blocked, title=title, note=note, suites=suites, rules=rules)
+    log = Log.from_env()
+    if args.json:
+        print(json.dumps([{**asdict(v), "blocks": v in blocked} for v in verdicts], indent=1))
+    else:
+        print(f"{title}: " + (note if not verdicts and note else text_table(verdicts, blocked)))
+        if verdicts and note:
+            print(note)
+    log.summary(body)
+    if args.comment:
+        if args.dry_run:
+            print(body)
+        elif gh is not None:
+            try:
+                print(f"why: {upsert_comment(gh, args.pr, body)} on PR #{args.pr}")
+            except GitHubError as exc:
+                # A fork's PR gets a read-only token: the check still says what blocks.
+                print(f"warning: the verdict comment was not written ({exc})", file=sys.stderr)
+    if blocked:
+        print(f"why: {len(blocked)} blocking verdict(s): " + ", ".join(f"{v.suite}: {v.entry_id} ({v.label})"
+                                                                      for v in blocked), file=sys.stderr)
+    return EXIT_FAILED if args.gate and blocked else EXIT_OK
+
+
+def rule_table() -> str:
+    """The rule table as Markdown (docs/verdicts.md holds a copy; a test keeps them equal)."""
+    rows = ["| order | rule | verdict | when |", "|---:|---|---|---|"]
+    rows += [f"| {i} | `{r.id}` | {LABELS[r.verdict]} | {r.says} |" for i, r in enumerate(RULES, 1)]
+    return "\n".join(rows)
+

@@ -1,0 +1,87 @@
+"""A small client of GitHub's REST API: the PR comment, the issues of flaky and broken entries.
+
+Standard library only. The token is the job's GITHUB_TOKEN, with the least permissions the
+generated workflow grants the job (`pull-requests: write` for the verdict comment, `issues:
+write` for the monitor's issues); it is never printed. `GITHUB_API_URL` points it elsewhere
+(GitHub Enterprise, or a test's loopback stand-in).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+from ci.errors import UsageError
+from ci.github.teams import API_ENV, DEFAULT_API
+
+TOKEN_ENV = "GITHUB_TOKEN"
+REPO_ENV = "GITHUB_REPOSITORY"
+_TIMEOUT_S = 20.0
+_PAGES = 20  # at most 2000 items of one listing
+
+
+class GitHubError(Exception):
+    """GitHub refused or could not be reached; the message is one line."""
+
+
+class GitHub:
+    """One repository's REST API, with a token."""
+
+    def __init__(self, *, api: str, repo: str, token: str) -> None:
+        self.api = api.rstrip("/")
+        self.repo = repo
+        self._token = token
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], repo: str | None = None) -> GitHub:
+        """From Actions' variables; a missing token or repository is a UsageError (exit 2)."""
+        token = env.get(TOKEN_ENV, "").strip()
+        name = (repo or env.get(REPO_ENV, "")).strip()
+        if not token:
+            raise UsageError(f"set {TOKEN_ENV} (the job's token) to talk to GitHub, or use --dry-run")
+        if name.count("/") != 1:
+            raise UsageError(f"name the repository as OWNER/NAME (--repo, or {REPO_ENV}); got {name!r}")
+        return cls(api=env.get(API_ENV, "").strip() or DEFAULT_API, repo=name, token=token)
+
+    def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        """One request under /repos/OWNER/NAME (or an absolute API path); the parsed answer."""
+        url = path if path.startswith("http") else f"{self.api}/repos/{self.repo}{path}"
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(url, data=data, method=method, headers={
+            "Authorization": f"Bearer {self._token}", "Accept": "application/vnd.github+json",
+            "X-GitHub-Api-Version": "2022-11-28", "User-Agent": "slime-ci",
+            **({"Content-Type": "application/json"} if data is not None else {})})
+        try:
+            with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as answer:
+                raw = answer.read()
+        except urllib.error.HTTPError as exc:
+            detail = ""
+            with contextlib.suppress(ValueError, AttributeError):
+                detail = str(json.loads(exc.read() or b"{}").get("message", ""))
+            raise GitHubError(f"GitHub answered HTTP {exc.code} to {method} {urllib.parse.urlsplit(url).path}"
+                              + (f": {detail}" if detail else "")) from None
+        except (OSError, urllib.error.URLError) as exc:
+            raise GitHubError(f"GitHub's API at {self.api} could not be reached ({exc.__class__.__name__})") \
+                from None
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            raise GitHubError(f"GitHub's answer to {method} {path} is not JSON") from None
+
+    def pages(self, path: str) -> list[Any]:
+        """Every item of a listing, page by page (100 a page)."""
+        out: list[Any] = []
+        sep = "&" if "?" in path else "?"
+        for page in range(1, _PAGES + 1):
+            items = self.call("GET", f"{path}{sep}per_page=100&page={page}")
+            if not isinstance(items, list):
+                raise GitHubError(f"GitHub's answer to GET {path} is not a list")
+            out += items
+            if len(items) < 100:
+                break
+        return out
