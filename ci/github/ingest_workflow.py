@@ -53,6 +53,14 @@ _FETCH = Script((
 ))
 
 
+def fetch_exports(run: str) -> dict[str, Node]:
+    """The step that fetches the `history-*` artifacts of workflow run `run` (an expression)
+    into DOWNLOADED, as zip files the API serves, never unpacked."""
+    return {"name": "Fetch the run's exported runs (zip files, never unpacked or executed)",
+            "env": {"GH_TOKEN": _expr("github.token"), "REPO": _expr("github.repository"), "RUN": run},
+            "run": _FETCH}
+
+
 def upload_history(name: str) -> dict[str, Node]:
     """The step of a job that runs PR code or runs on a GPU host: hand its exported runs
     (`history record --export`) to this workflow, also after a failure."""
@@ -92,10 +100,7 @@ def ingest(style: Style, watched: tuple[str, ...]) -> dict[str, Node]:
             {"name": "Install nox", "run": style.install},
             # The artifacts' zip files as the API serves them, never unpacked: `history ingest`
             # reads their members in memory. Most finished runs (a PR's CPU jobs) export none.
-            {"name": "Fetch the run's exported runs (zip files, never unpacked or executed)",
-             "env": {"GH_TOKEN": _expr("github.token"), "REPO": _expr("github.repository"),
-                     "RUN": _expr("github.event.workflow_run.id")},
-             "run": _FETCH},
+            fetch_exports(_expr("github.event.workflow_run.id")),
             {"name": "Validate and record them, trust and PR from the event", "id": "ingest",
              "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")},
              "run": f'nox -s {HISTORY_SESSION} -- ingest "{DOWNLOADED}" --event-file "$GITHUB_EVENT_PATH"'},

@@ -21,7 +21,13 @@ from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
 from ci.github.bisect_workflow import BISECT_PATH, bisect_workflow, dispatch_step, has_bisect
 from ci.github.gateway import BISECT_WORKFLOW
-from ci.github.ingest_workflow import ingest_files, restore_snapshot, upload_history
+from ci.github.ingest_workflow import (
+    DOWNLOADED,
+    fetch_exports,
+    ingest_files,
+    restore_snapshot,
+    upload_history,
+)
 from ci.github.job_plan import (
     BASE_BRANCH,
     PLAN_JOB,
@@ -371,9 +377,13 @@ def plan_job(style: Style) -> dict[str, Node]:
 # asks `python -m ci why` for the verdict of each entry that did not pass (ci/history/verdicts.py),
 # edits the PR's one verdict comment, and fails only when a verdict its suite blocks on is
 # there (new and unknown, by default). Branch protection requires this check rather than the
-# suite jobs (docs/verdicts.md). It reads the shared history, a secret, so it never runs the
-# PR's code: it checks out the base commit, and its token may only write PR comments.
+# suite jobs (docs/verdicts.md). It holds no secret, as no job of a PR's workflow does: its
+# baseline is the trusted snapshot the ingest job keeps (main's runs), and the PR's runs are
+# the ones this workflow run's jobs exported, recorded into that local file as untrusted runs
+# of this PR. It checks out the base commit; its token may read this run's artifacts and
+# write PR comments.
 VERDICT_MINUTES = 15
+_VERDICT_INGEST = f'nox -s {HISTORY_SESSION} -- ingest "{DOWNLOADED}" --pr "$PR"'
 _VERDICT_RUN = 'nox -s verdict -- --pr "$PR" --base "$BASE" --needs "$NEEDS" --comment --gate'
 
 
@@ -387,20 +397,24 @@ def verdict_job(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
         "if": "always() && github.event_name == 'pull_request'",
         "runs-on": style.hosted_runner[0] if len(style.hosted_runner) == 1 else Flow(style.hosted_runner),
         "permissions": {"contents": Note("read", "actions/checkout reads the repository"),
+                        "actions": Note("read", "this run's exported runs (artifacts)"),
                         "pull-requests": Note("write", "the PR's one verdict comment, edited in place")},
-        "environment": _environment(),
         "concurrency": {"group": f"{WORKFLOW_NAME}-pr{_expr('github.event.pull_request.number')}"
                                  f"-{VERDICT_JOB}", "cancel-in-progress": True},
         "timeout-minutes": VERDICT_MINUTES,
         "steps": [
-            {"name": "Check out the base commit (never the PR's code: this job holds a secret)",
+            {"name": "Check out the base commit (the verdict's code, never the PR's)",
              "uses": _uses(CHECKOUT),
              "with": {"persist-credentials": False, "ref": _expr("github.event.pull_request.base.sha")}},
+            restore_snapshot(),
             {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
             {"name": "Install nox", "run": style.install},
+            fetch_exports(_expr("github.run_id")),
+            {"name": "Record them beside the snapshot, untrusted, as this PR's runs",
+             "env": {"PR": _expr("github.event.pull_request.number")}, "run": _VERDICT_INGEST},
             {"name": "python -m ci why (a verdict per failed entry; fails on new ones)",
              # Values reach the shell through the environment, never through ${{ }} in `run:`.
-             "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}"), "GITHUB_TOKEN": _expr("github.token"),
+             "env": {"GITHUB_TOKEN": _expr("github.token"),
                      "PR": _expr("github.event.pull_request.number"),
                      "BASE": _expr("github.event.pull_request.base.sha"), "NEEDS": _expr("toJSON(needs)")},
              "run": _VERDICT_RUN},

@@ -132,7 +132,10 @@ _ATTEMPT: dict[str, tuple[str, float]] = {
     "outcome": (_STR, 32), "passed": (_INT, 1 << 31), "failed": (_INT, 1 << 31),
     "skipped": (_INT, 1 << 31), "num_gpus": (_INT, 4096), "devices": (_STR, 256),
     "node": (_STR, 256), "seconds": (_FLOAT, 1e8), "reason": (_STR, 500),
+    "exit_code": (_OPT_INT, (1 << 31) - 1),  # the process's own status (schema 4)
 }
+# Keys an exporter older than the key may leave out (a PR branched before it), with their value then.
+_ATTEMPT_LATER = {"exit_code": None}
 _METRIC: dict[str, tuple[str, float]] = {
     "entry_id": (_STR, 1024), "step": (_INT, _INT64 - 1), "name": (_STR, 256), "value": (_FLOAT, math.inf),
 }
@@ -190,6 +193,9 @@ def parse_record(text: str, *, trigger: Trigger) -> RunRecord:
         raise ValueError(f"the run claims PR #{data['pr']}, but {trigger.describe()} is "
                          + (f"PR #{trigger.pr}'s" if trigger.pr else "no PR's"))
     for i, a in enumerate(data["attempts"]):
+        if isinstance(a, dict):
+            for key, value in _ATTEMPT_LATER.items():
+                a.setdefault(key, value)
         _check(a, _ATTEMPT, f"attempt {i}")
     for i, m in enumerate(data["metrics"]):
         _check(m, _METRIC, f"metric point {i}")

@@ -74,8 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
                               "(DIR: its artifacts), trust and PR taken from its event")
     ing.add_argument("dir", type=Path,
                      help="the artifacts' zip files as the API serves them (or folders of <uid>.json)")
-    ing.add_argument("--event-file", type=Path, required=True,
-                     help="the workflow_run event payload ($GITHUB_EVENT_PATH)")
+    source = ing.add_mutually_exclusive_group(required=True)
+    source.add_argument("--event-file", type=Path,
+                        help="the workflow_run event payload ($GITHUB_EVENT_PATH)")
+    source.add_argument("--pr", type=int, metavar="N",
+                        help="record them as untrusted runs of pull request N into a local SQLite "
+                             "store only (the verdict job, which holds no credential; the shared "
+                             "store takes trust from the event alone)")
     ing.add_argument("--dry-run", action="store_true",
                      help="validate and say what would be recorded; open no store, write nothing")
     snap = sub.add_parser("snapshot", parents=[common],
@@ -195,8 +200,9 @@ def _export(root: Path, url: str, uids: list[str], folder: Path, log: Log) -> No
 
 
 def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
-    """`ingest DIR --event-file F`: validate every exported run, then record them all."""
-    from ci.history.ingest import ONE_FILE_WORKFLOW, collect, ingest, read_event, trigger
+    """`ingest DIR --event-file F` (or `--pr N`, into a local store): validate every exported
+    run, then record them all."""
+    from ci.history.ingest import ONE_FILE_WORKFLOW, Trigger, collect, ingest, read_event, trigger
 
     folder = args.dir if args.dir.is_absolute() else root / args.dir
     # The step output `trusted`: how many trusted runs were added; the ingest job refreshes the
@@ -205,7 +211,17 @@ def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
         log.line(f"ingest: no exported run in {folder}; nothing to do")
         log.output("trusted", "0")
         return EXIT_OK
-    source = trigger(read_event(args.event_file), run_file=ONE_FILE_WORKFLOW)
+    if args.pr is not None:
+        if args.pr < 1:
+            raise UsageError(f"--pr {args.pr}: a pull request number is 1 or more")
+        if not url.startswith("sqlite:"):
+            raise UsageError(f"--pr records into a local SQLite store only, not {describe(url)}: "
+                             "the shared store takes trust and PR from the workflow_run event "
+                             "(--event-file)")
+        source = Trigger(run_id=0, workflow="this workflow run", event="pull_request", trusted=False,
+                         pr=args.pr)
+    else:
+        source = trigger(read_event(args.event_file), run_file=ONE_FILE_WORKFLOW)
     runs = collect(folder, trigger=source)
     if args.dry_run:
         log.line(f"ingest: {source.describe()}: {len(runs)} valid run(s) would be recorded "

@@ -50,7 +50,7 @@ def test_bisect_runs_on_the_tier_s_runner_with_the_whole_history(files):
 
 def test_the_monitor_dispatches_with_the_token_and_without_the_secret(files):
     monitor = yaml.safe_load(files[WORKFLOW_PATH])["jobs"]["monitor"]
-    assert monitor["permissions"] == {"contents": "read", "actions": "write"}
+    assert monitor["permissions"] == {"contents": "read", "actions": "write", "issues": "write"}
     dispatch = monitor["steps"][-1]
     assert dispatch["if"] == "failure()"
     assert "secrets." not in json.dumps(dispatch)

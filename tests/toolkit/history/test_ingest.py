@@ -290,6 +290,27 @@ def test_a_pr_jobs_export_is_ingested_untrusted_with_its_pr(tmp_path: Path, shar
         assert len(store.attempts()) == 1
 
 
+def test_the_verdict_job_records_its_own_runs_into_a_local_store_only(tmp_path: Path, exported: Path) -> None:
+    """`--pr N`: the verdict job (no credential) puts this run's exports beside the trusted
+    snapshot, untrusted and of PR N; the shared store is never reached this way."""
+    artifacts = _zip(tmp_path / "downloaded" / "4242.zip", {exported.name: exported.read_bytes()}).parent
+    env = {k: "" for k in os.environ if k.startswith("GITHUB_")} | {"SLIME_CI_HISTORY_URL": ""}
+    local = tmp_path / "local.sqlite"
+    done = run_ci("history", "ingest", str(artifacts), "--pr", "31", "--history", f"sqlite:///{local}",
+                  "--root", str(tmp_path), env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open_store(f"sqlite:///{local}") as store:
+        (run,) = store.runs()
+        assert (run.trusted, run.pr, run.event) == (False, 31, "pull_request")
+    remote = run_ci("history", "ingest", str(artifacts), "--pr", "31", "--history",
+                    "postgresql://ci@127.0.0.1:1/history", "--root", str(tmp_path), env=env)
+    assert remote.returncode == 2
+    assert remote.stderr.startswith("error: --pr records into a local SQLite store only")
+    both = run_ci("history", "ingest", str(artifacts), "--pr", "31", "--event-file", str(tmp_path / "e.json"),
+                  "--root", str(tmp_path), env=env)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+
+
 def test_a_refused_artifact_writes_nothing_and_says_why_in_one_line(tmp_path: Path) -> None:
     artifacts = tmp_path / "downloaded" / "history-megatron"
     artifacts.mkdir(parents=True)

@@ -128,7 +128,6 @@ def _version_1_store(url):
 
 
 def test_a_version_1_store_gains_trust_and_its_runs_stay_trusted(store_url):
-    from ci.history import schema
 
     _version_1_store(store_url)
     with open_store(store_url) as store:
