@@ -392,6 +392,10 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
         OWNER_VAR: token,
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
+        # A private head on loopback: no token, whatever ~/.ray/auth_token holds (Ray writes
+        # one the first time any `ray.init()` starts a local cluster on this account, and a
+        # head that finds it then refuses drivers that bring none).
+        "RAY_AUTH_MODE": "disabled",
     }
     argv = ray_start_argv(ray_cli or ray_executable(), ports=ports, temp_dir=str(temp_dir),
                           num_gpus=num_gpus)

@@ -229,6 +229,30 @@ def test_a_process_of_the_head_left_behind_its_raylet_is_stopped_in_seconds(tmp_
             straggler.wait()
 
 
+def test_a_token_left_in_the_home_by_another_ray_does_not_lock_drivers_out(tmp_path):
+    """The first `ray.init()` that starts a local cluster on an account writes
+    ~/.ray/auth_token; a head started later on that account would then refuse every driver
+    that brings no token (a test run that hung for minutes). A private head takes none."""
+    import subprocess
+
+    from slime.utils.external_utils import ray_head as RH
+
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("0" * 64)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"} | {
+        "TMPDIR": str(tmp_path), "HOME": str(home)}
+    env.pop("SLIME_CI_PORT_BASE", None)
+    with RH.private_head(num_gpus=0, env=env) as head:
+        # A driver of another account (no token of its own) joins and runs a task.
+        bare = {**env, "HOME": str(tmp_path / "elsewhere")}
+        code = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
+                "print(ray.get(ray.remote(lambda: 42).remote()))")
+        joined = subprocess.run([sys.executable, "-c", code, head.gcs_address], env=bare,
+                                capture_output=True, text=True, timeout=120)
+    assert joined.returncode == 0 and joined.stdout.strip().endswith("42"), joined.stderr[-2000:]
+
+
 # A stand-in for `ray` on a loaded host: this machine cannot be made slow enough on demand for
 # Ray's fixed 30 s raylet wait to run out, so the first `ray start` prints what Ray prints then
 # and exits 1, as it does; later calls run the real CLI.
