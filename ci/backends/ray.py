@@ -12,6 +12,15 @@ scheduler here; this module only turns Ray's answers into the runner's results.
 
 A node that dies mid-entry ends the task with a Ray error; the entry is then
 reported `lost` (naming the node) and the runner retries it once, elsewhere.
+
+Two watches cover a cluster that falls apart under the run. On the driver, `_Watchdog`
+asks the head every second whether a live node can still hold the largest entry in
+flight; when the head does not answer, or no such node exists, for
+SLIME_CI_RAY_UNREACHABLE_S seconds (default 120), the run stops its entries, records
+what it has and ends with one line and exit 5 (`ClusterUnreachable`). On each node,
+the task checks that the head still answers (`ci.backends.ray_task`); cut off from it
+for as long, it stops its entry and frees the node's GPU locks, since no one can
+collect the result any more and a retry may already be running elsewhere.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import IO, Any
 
-from ci.backends.base import AttemptEvents, AttemptPaths, Backend, EntryEnv, Launch, Lease
+from ci.backends.base import AttemptEvents, AttemptPaths, Backend, EntryEnv, Launch, Lease, RunContext
 from ci.backends.ray_task import Ended, NodeJob, Output, Started, run_on_node
 from ci.errors import UsageError
 from ci.gpu.allocator import DEFAULT_PATTERN
@@ -38,6 +47,8 @@ EMULATED_NODE_LOCKS = "/tmp/slime-ci-emulated-locks-{node}/gpu_{gpu_id}.lock"
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL of an entry's process group on its node
 # How long a task error may take to show up as a dead node in the GCS (its health checks).
 NODE_DEATH_WAIT = 60.0
+UNREACHABLE_ENV = "SLIME_CI_RAY_UNREACHABLE_S"
+UNREACHABLE_AFTER = 120.0  # seconds without a head that answers, or a node that can hold the entries
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +114,10 @@ class RayBackend(Backend):
         self._names: dict[str, str] = {}
         self._task: Any = None
         self._connected = False
+        self.unreachable_after = unreachable_after(self.env)
+        self._needs: dict[str, int] = {}  # attempt name -> GPUs it needs on one node
+        self._lost = ""
+        self._watchdog: _Watchdog | None = None
 
     def check(self) -> None:
         """Join the cluster as a driver, and refuse entries no node can hold (one line, exit 2)."""
@@ -155,6 +170,34 @@ class RayBackend(Backend):
         self._connected = True
         # A generator function: Ray streams each message it yields to this driver.
         self._task = ray.remote(run_on_node)
+
+    def open_run(self, run: RunContext) -> None:
+        super().open_run(run)
+        self._watchdog = _Watchdog(self, self.unreachable_after)
+        self._watchdog.start()
+
+    def close_run(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
+
+    @property
+    def lost(self) -> str:
+        return self._lost
+
+    def give_up(self, why: str) -> None:
+        """The cluster is gone: stop the run as Ctrl-C would, and say why at its end."""
+        with self._lock:
+            if self._lost:
+                return
+            self._lost = why
+        self.run_context.note(f"cluster unreachable: {why}; stopping the run")
+        self.run_context.groups.stopping.set()
+        self.interrupt()
+
+    def largest_in_flight(self) -> int:
+        with self._lock:
+            return max(self._needs.values(), default=-1)
 
     def close(self) -> None:
         import ray
@@ -209,7 +252,8 @@ class RayBackend(Backend):
         job = NodeJob(entry=entry, root=self.root, env=self.env, jobs=self.jobs, pytest_args=(),
                       emulate_gpus=self._emulated, lock_pattern=self.node_lock_pattern,
                       lock_timeout=self.lock_timeout, node_gpus=self.node_gpus, grace=GRACE,
-                      run_token=self.run_token, attempt_name=paths.name)
+                      run_token=self.run_token, attempt_name=paths.name,
+                      head=self.address, head_timeout=self.unreachable_after)
         queued_at = time.time()
         # A task's resources always come from one node, so `num_gpus` alone already means
         # "NUM_GPUS on one node" (what a one-bundle STRICT_PACK placement group would say),
@@ -220,6 +264,7 @@ class RayBackend(Backend):
                                  name=f"slime-ci:{entry.id}"[:200]).remote(job)
         with self._lock:
             self._inflight[paths.name] = gen
+            self._needs[paths.name] = entry.num_gpus
         if stopping.is_set():  # stopped while this one was being submitted: interrupt() missed it
             ray.cancel(gen)
         watch = _Watch(backend=self, events=events, paths=paths, queued_at=queued_at)
@@ -229,6 +274,7 @@ class RayBackend(Backend):
         finally:
             with self._lock:
                 self._inflight.pop(paths.name, None)
+                self._needs.pop(paths.name, None)
         return replace(attempt, interrupted=attempt.interrupted or stopping.is_set(), ended_at=time.time())
 
     def _lost_node(self, node_id: str) -> str:
@@ -241,6 +287,64 @@ class RayBackend(Backend):
                 return f"node {self._name(node_id)} lost mid-entry"
             time.sleep(0.5)
         return ""
+
+
+def unreachable_after(env: Mapping[str, str]) -> float:
+    raw = env.get(UNREACHABLE_ENV, "")
+    try:
+        value = float(raw) if raw else UNREACHABLE_AFTER
+    except ValueError:
+        raise UsageError(f"{UNREACHABLE_ENV}={raw!r} is not a number of seconds; "
+                         f"e.g. {UNREACHABLE_ENV}=120") from None
+    if value <= 0:
+        raise UsageError(f"{UNREACHABLE_ENV}={raw!r} must be more than 0 seconds")
+    return value
+
+
+class _Watchdog(threading.Thread):
+    """Ends the run when the cluster cannot finish it: no answer from the head, or no live
+    node with the GPUs of the largest entry in flight, for `after` seconds in a row."""
+
+    def __init__(self, backend: RayBackend, after: float, period: float = 1.0) -> None:
+        super().__init__(daemon=True, name="ray-watchdog")
+        self.backend, self.after, self.period = backend, after, period
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(10)
+
+    def trouble(self) -> str:
+        """What is wrong with the cluster right now ('' when it can run what is in flight)."""
+        need = self.backend.largest_in_flight()
+        if need < 0:
+            return ""
+        host, _, port = self.backend.address.rpartition(":")
+        if port.isdigit():
+            try:
+                socket.create_connection((host, int(port)), timeout=2.0).close()
+            except OSError as exc:
+                return f"the head at {self.backend.address} does not answer ({exc.strerror or exc})"
+        try:
+            alive = [n for n in self.backend.nodes() if n.alive]
+        except Exception as exc:  # the GCS call failed: as good as no answer
+            return f"the head at {self.backend.address} does not answer ({type(exc).__name__})"
+        if not any(n.gpus >= need for n in alive):
+            live = ", ".join(f"{n.name} ({n.gpus} GPUs)" for n in alive) or "none"
+            return f"no live node has the {need} GPUs an entry needs (live: {live})"
+        return ""
+
+    def run(self) -> None:
+        since: float | None = None
+        while not self._stop.wait(self.period):
+            why = self.trouble()
+            if not why:
+                since = None
+                continue
+            since = time.monotonic() if since is None else since
+            if time.monotonic() - since >= self.after:
+                self.backend.give_up(f"{why} for {self.after:.0f}s")
+                return
 
 
 class _Watch:
