@@ -25,12 +25,13 @@ collect the result any more and a retry may already be running elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import IO, Any
 
@@ -47,6 +48,8 @@ EMULATED_NODE_LOCKS = "/tmp/slime-ci-emulated-locks-{node}/gpu_{gpu_id}.lock"
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL of an entry's process group on its node
 # How long a task error may take to show up as a dead node in the GCS (its health checks).
 NODE_DEATH_WAIT = 60.0
+POLL = 1.0  # seconds between looks at a running task's node while it is silent
+STOP_WAIT = 15.0  # seconds a stopping run waits for a cancelled task's answer
 UNREACHABLE_ENV = "SLIME_CI_RAY_UNREACHABLE_S"
 UNREACHABLE_AFTER = 120.0  # seconds without a head that answers, or a node that can hold the entries
 
@@ -117,6 +120,7 @@ class RayBackend(Backend):
         self.unreachable_after = unreachable_after(self.env)
         self._needs: dict[str, int] = {}  # attempt name -> GPUs it needs on one node
         self._lost = ""
+        self._dead: set[str] = set()  # node ids the head has declared dead (as last asked)
         self._watchdog: _Watchdog | None = None
 
     def check(self) -> None:
@@ -195,6 +199,11 @@ class RayBackend(Backend):
         self.run_context.groups.stopping.set()
         self.interrupt()
 
+    def declared_dead(self, node_id: str) -> bool:
+        """Whether the head declared this node dead (as the watchdog last asked it, each second)."""
+        with self._lock:
+            return node_id in self._dead
+
     def largest_in_flight(self) -> int:
         with self._lock:
             return max(self._needs.values(), default=-1)
@@ -214,6 +223,7 @@ class RayBackend(Backend):
         names = node_names(raw)
         with self._lock:
             self._names.update(names)
+            self._dead.update(str(n["NodeID"]) for n in raw if not n.get("Alive"))
         return [Node(node_id=str(n["NodeID"]), name=names[str(n["NodeID"])],
                      gpus=int(n.get("Resources", {}).get("GPU", 0)), alive=bool(n.get("Alive")))
                 for n in raw]
@@ -270,7 +280,7 @@ class RayBackend(Backend):
         watch = _Watch(backend=self, events=events, paths=paths, queued_at=queued_at)
         try:
             with paths.log.open("wb") as log:
-                attempt = watch.follow((ray.get(ref) for ref in gen), log, stopping)
+                attempt = watch.follow(gen, log, stopping)
         finally:
             with self._lock:
                 self._inflight.pop(paths.name, None)
@@ -308,10 +318,10 @@ class _Watchdog(threading.Thread):
     def __init__(self, backend: RayBackend, after: float, period: float = 1.0) -> None:
         super().__init__(daemon=True, name="ray-watchdog")
         self.backend, self.after, self.period = backend, after, period
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(10)
 
     def trouble(self) -> str:
@@ -336,7 +346,7 @@ class _Watchdog(threading.Thread):
 
     def run(self) -> None:
         since: float | None = None
-        while not self._stop.wait(self.period):
+        while not self._halt.wait(self.period):
             why = self.trouble()
             if not why:
                 since = None
@@ -357,12 +367,35 @@ class _Watch:
         self.attempt = Attempt(returncode=None, seconds=0.0, timed_out=False, interrupted=False,
                                node="", queued_at=queued_at, ended_at=queued_at)
 
-    def follow(self, messages: Iterable[object], log: IO[bytes], stopping: threading.Event) -> Attempt:
+    def follow(self, gen: Any, log: IO[bytes], stopping: threading.Event) -> Attempt:
+        """Take the task's messages as they come. Between them, every POLL seconds: a node the
+        head has declared dead ends the attempt as lost (a cut link never fails the stream
+        itself), and a run that has been stopping for STOP_WAIT seconds stops waiting for a
+        cancellation that cannot reach the node."""
         import ray
 
+        stop_seen: float | None = None
         try:
-            for msg in messages:
-                self._take(msg, log)
+            while True:
+                ready, _ = ray.wait([gen], timeout=POLL)
+                if ready:
+                    try:
+                        ref = next(gen)
+                    except StopIteration:
+                        break
+                    self._take(ray.get(ref), log)
+                    continue
+                if stopping.is_set():
+                    stop_seen = time.monotonic() if stop_seen is None else stop_seen
+                    if time.monotonic() - stop_seen > STOP_WAIT:
+                        self.attempt = replace(self.attempt, interrupted=True)
+                        break
+                elif self.node_id and self.backend.declared_dead(self.node_id):
+                    with contextlib.suppress(Exception):
+                        ray.cancel(gen)
+                    self._failed(RuntimeError("the head declared its node dead; the task no longer "
+                                              "answers"), log)
+                    break
         except ray.exceptions.TaskCancelledError:
             self.attempt = replace(self.attempt, interrupted=True)
         except ray.exceptions.RayError as exc:

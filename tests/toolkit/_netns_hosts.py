@@ -53,6 +53,7 @@ RAY_ENV = {
     "RAY_health_check_failure_threshold": "3",
     "RAY_gcs_rpc_server_reconnect_timeout_s": "5",
     "RAY_raylet_liveness_self_check_interval_ms": "1000",
+    "RAY_enable_worker_prestart": "0",  # less start-up work on a loaded machine
 }
 SHM_DIR = "/dev/shm/slime-ci-hosts"  # the GPU lock files' directory, as each host sees it
 _counter = itertools.count()
@@ -227,24 +228,28 @@ class NetnsCluster:
         self.build(workers)
         for h in self.workers:
             h.gpus, h.cpus = gpus, cpus
-        self._spawn(self.head)
-        self.wait_alive(1, timeout)
-        for h in self.workers:
-            self._spawn(h)
-        self.wait_alive(len(self.hosts), timeout)
+        for h in self.hosts:
+            self.restart(h, timeout)
 
-    def restart(self, host: Host, timeout: float = 120) -> None:
-        """Start the host's node again (after its raylet died or its link came back)."""
-        self.end_host(host)
-        self._spawn(host)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if host.hostname in self.alive_hosts():
-                return
-            if host.proc is not None and host.proc.poll() is not None:
-                raise RuntimeError(f"{host.hostname} exited: {host.log.read_text()[-2000:]}")
-            time.sleep(1)
-        raise RuntimeError(f"{host.hostname} did not rejoin in {timeout:.0f}s")
+    def restart(self, host: Host, timeout: float = 120, tries: int = 3) -> None:
+        """Start the host's node (again, after its raylet died or its link came back).
+
+        `ray start` gives a raylet 30 s to register (fixed in Ray), which a loaded machine
+        can miss; a node that missed it is started again."""
+        for attempt in range(1, tries + 1):
+            self.end_host(host)
+            seen = host.log.stat().st_size if host.log.exists() else 0
+            self._spawn(host)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                # `ray start` prints this once its node has registered with the head.
+                if b"Ray runtime started." in host.log.read_bytes()[seen:]:
+                    return
+                if host.proc is not None and host.proc.poll() is not None:
+                    break
+                time.sleep(0.5)
+            if attempt == tries:
+                raise RuntimeError(f"{host.hostname} did not join: {host.log.read_text()[-2000:]}")
 
     def alive_hosts(self) -> list[str]:
         """Hostnames of the live nodes, as the head sees them (asked from the head's host)."""
