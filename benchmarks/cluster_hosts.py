@@ -1,6 +1,6 @@
 """The megatron-shaped matrix across three hosts (network namespaces) vs on loopback nodes, side by side.
 
-    sudo python benchmarks/cluster_hosts.py [--scale 0.15] [--keep]
+    sudo python benchmarks/cluster_hosts.py [--scale 0.3] [--keep]
 
 Three runs of one matrix through the real CLI (`python -m ci run --emulate-gpus
 --ray-address …`), each on a head and three workers of 8 logical GPUs:
@@ -55,7 +55,7 @@ def run_on(cluster_address: str, root: Path, record: Path, durations: dict[str, 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scale", type=float, default=0.15, help="seconds of sleep per real minute")
+    parser.add_argument("--scale", type=float, default=0.3, help="seconds of sleep per real minute")
     parser.add_argument("--keep", action="store_true", help="keep the checkout (logs, timelines)")
     parser.add_argument("--no-slow", action="store_true", help="skip the slow-link run")
     args = parser.parse_args()

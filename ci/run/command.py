@@ -191,5 +191,5 @@ def main(argv: Sequence[str], *, observers: Sequence[RunObserver] | None = None)
     reported = pipeline.report(pipeline.judge(ran, observer=watch), log=log)
     pipeline.record(reported, observer=watch)
     if held.cfg.backend.lost:  # recorded above: the history keeps every result gathered so far
-        raise ClusterUnreachable(held.cfg.backend.lost)
+        raise ClusterUnreachable(f"cluster unreachable: {held.cfg.backend.lost}")
     return interrupts.exit_code(reported.exit_code)

@@ -93,6 +93,7 @@ class Host:
     address: str
     hostname: str
     shm: Path  # bind-mounted at /dev/shm on this host
+    home: Path
     temp: Path
     log: Path
     gpus: int = 0
@@ -147,8 +148,9 @@ class NetnsCluster:
             ns = f"{self.prefix}h{i}"
             base = self.root / f"h{i}"
             host = Host(index=i, ns=ns, address=f"{SUBNET}.{i + 1}", hostname=f"{self.prefix}-h{i}",
-                        shm=base / "shm", temp=base / "ray", log=base / "ray.log")
+                        shm=base / "shm", home=base / "home", temp=base / "ray", log=base / "ray.log")
             host.shm.mkdir(parents=True)
+            host.home.mkdir()
             host.shm.chmod(0o1777)
             host.temp.mkdir()
             _sh(IP, "netns", "add", ns)
@@ -212,10 +214,11 @@ class NetnsCluster:
         return self.in_host(host, ray)
 
     def in_host(self, host: Host, argv: list[str]) -> list[str]:
-        """`argv` run as on `host`: its network, hostname and /dev/shm."""
-        script = 'hostname "$1" && mount --bind "$2" /dev/shm && shift 2 && exec "$@"'
+        """`argv` run as on `host`: its network, hostname, /dev/shm and home directory (so
+        nothing in this machine's ~/.ray, such as an auth token, reaches the test hosts)."""
+        script = 'hostname "$1" && mount --bind "$2" /dev/shm && export HOME="$3" && shift 3 && exec "$@"'
         return [IP, "netns", "exec", host.ns, "unshare", "--uts", "--mount", "--propagation", "private",
-                "sh", "-c", script, "sh", host.hostname, str(host.shm), *argv]
+                "sh", "-c", script, "sh", host.hostname, str(host.shm), str(host.home), *argv]
 
     def _spawn(self, host: Host) -> None:
         env = {**os.environ, **RAY_ENV, "TMPDIR": str(host.temp)}

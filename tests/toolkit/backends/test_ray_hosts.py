@@ -91,8 +91,8 @@ def hosts():
 
 @pytest.fixture
 def cluster(hosts):
-    """The module's hosts, whole again after each test: links up and unshaped, every node back."""
-    yield hosts
+    """The module's hosts, made whole before each test (a fault test leaves them broken, and
+    the last one's are only removed): links up and unshaped, every node back."""
     for h in hosts.hosts:
         hosts.unshape(h)
         hosts.mend(h)
@@ -100,6 +100,7 @@ def cluster(hosts):
     for h in hosts.hosts:
         if h.hostname not in alive or (h.proc is not None and h.proc.poll() is not None):
             hosts.restart(h)
+    return hosts
 
 
 @pytest.fixture
