@@ -249,6 +249,12 @@ def test_a_raylet_killed_under_its_entries_frees_its_gpus_and_they_rerun(cluster
     victim = next(h for h in cluster.workers if h.hostname == first["l1"]["host"])
     assert _held_locks(cluster, victim) != []  # the entry holds its GPUs there
     cluster.kill_raylet(victim)
+    # The entry (14 s of sleep) dies with its node, and with it its hold on the host's GPUs.
+    deadline = time.monotonic() + 10
+    while _alive(first["l1"]["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(first["l1"]["pid"]), "the entry outlived its node's raylet"
+    assert _held_locks(cluster, victim) == []
     out, err = _finish(proc)
     assert proc.returncode == 0, out[-4000:] + err[-3000:]
     assert any(line.strip().startswith("LOST ") and victim.hostname in line for line in out.splitlines()), out
@@ -256,7 +262,6 @@ def test_a_raylet_killed_under_its_entries_frees_its_gpus_and_they_rerun(cluster
     reruns = [r for r in _records(tmp_path, "start") if r["tag"] == "l1"]
     assert len(reruns) == 2, reruns
     _no_overlap_on_one_gpu(tmp_path)
-    assert not _alive(first["l1"]["pid"])  # the entry died with its node
     cluster.restart(victim)  # the host comes back: its GPUs are free, no lock of a dead holder
     assert _held_locks(cluster, victim) == []
 
