@@ -289,7 +289,10 @@ class NetnsCluster:
 
     def end_host(self, host: Host, grace: float = 10.0) -> None:
         """End every process group this host's nodes ever had (SIGTERM, then SIGKILL)."""
-        groups = list(host.past_groups)
+        self._end([host], grace)
+
+    def _end(self, hosts: list[Host], grace: float) -> None:
+        groups = [g for h in hosts for g in h.past_groups]
         for g in groups:
             _killpg(g, signal.SIGTERM)
         deadline = time.monotonic() + grace
@@ -297,15 +300,16 @@ class NetnsCluster:
             time.sleep(0.2)
         for g in groups:
             _killpg(g, signal.SIGKILL)
-        if host.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                host.proc.wait(5)
+        for h in hosts:
+            if h.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    h.proc.wait(5)
 
     def stop(self) -> None:
-        """End every node's group, delete every namespace (their links go with them), the files."""
-        for h in [*self.workers, *self.hosts[:1]]:
-            with contextlib.suppress(Exception):
-                self.end_host(h)
+        """End every node's group (all at once), delete every namespace (their links go with
+        them), then the files."""
+        with contextlib.suppress(Exception):
+            self._end(self.hosts, grace=10.0)
         for ns in reversed(self._made_ns):
             subprocess.run([IP, "netns", "del", ns], capture_output=True, check=False)
         self._made_ns.clear()
