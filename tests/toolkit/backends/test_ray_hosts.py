@@ -80,13 +80,19 @@ ENTRY = """
 """
 
 
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")  # unwinds through the fixture's clean-up
+
+
 @pytest.fixture(scope="module")
 def hosts():
     c = netns_cluster()
+    previous = signal.signal(signal.SIGTERM, _interrupted)  # SIGINT already raises KeyboardInterrupt
     try:
         c.start(workers=3, gpus=4, cpus=2)
         yield c
     finally:
+        signal.signal(signal.SIGTERM, previous)
         c.stop()
         left, nets = c.group_members(), c.leftovers()
         assert left == [] and nets == [], f"outlived the test hosts: processes {left}, namespaces {nets}"
