@@ -79,11 +79,13 @@ def write_checkout(root: Path, jobs: list) -> dict[str, float]:  # type: ignore[
     return {f"tests/e2e/test_g{j.gpus}.py --name {j.name} --sleep {j.seconds:.2f}": j.seconds for j in jobs}
 
 
-def run_matrix(root: Path, record: Path, extra: list[str]) -> tuple[float, int, str]:
-    """Run the suite; returns the makespan the entries recorded, the exit code and the last lines."""
+def run_matrix(root: Path, record: Path, extra: list[str],
+               prefix: list[str] | None = None) -> tuple[float, int, str]:
+    """Run the suite (the driver behind `prefix`, e.g. on another host: `ip netns exec …`);
+    returns the makespan the entries recorded, the exit code and the last lines."""
     record.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SLIME_TEST_RECORD": str(record)}
-    proc = subprocess.run([sys.executable, "-m", "ci", "run", "--suite", "matrix", "--root", str(root),
+    proc = subprocess.run([*(prefix or []), sys.executable, "-m", "ci", "run", "--suite", "matrix", "--root", str(root),
                            "--emulate-gpus", "--durations", str(root / "durations.json"), *extra],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600, check=False)
     runs = [json.loads(x) for x in record.read_text().splitlines()] if record.exists() else []

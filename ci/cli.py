@@ -69,7 +69,7 @@ def _usage() -> str:
              "commands:"]
     lines += [f"  {name:<{width}}  {command.help}" for name, command in SUBCOMMANDS.items()]
     lines += ["", "exit codes: 0 ok, 1 tests failed, 2 bad input, 3 nothing registered, "
-              "4 history store unusable, 124 timed out waiting, 130 interrupted"]
+              "4 history store unusable, 5 cluster unreachable, 124 timed out waiting, 130 interrupted"]
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ EXIT_FAILED = 1  # tests ran and something failed
 EXIT_USAGE = 2  # bad input: fix the command line, the registry or the checkout
 EXIT_NOTHING = 3  # a session whose suite has nothing registered
 EXIT_STORE = 4  # the run-history store cannot be used (unreachable, corrupt, newer schema)
+EXIT_CLUSTER = 5  # the Ray cluster became unreachable mid-run (results so far are recorded)
 EXIT_TIMEOUT = 124  # gave up waiting (GPU lock), as timeout(1) does
 EXIT_INTERRUPTED = 130
 
@@ -34,3 +35,9 @@ class StoreError(CIError):
     """The run-history store cannot be opened or read; a test run only warns about it."""
 
     exit_code = EXIT_STORE
+
+
+class ClusterUnreachable(CIError):
+    """The cluster a run was using stopped answering; what finished before is recorded."""
+
+    exit_code = EXIT_CLUSTER

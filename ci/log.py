@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,11 @@ def _escape_data(text: str) -> str:
 
 def _escape_property(text: str) -> str:
     return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+# One line is one write, under one lock: entries running at once print from their own
+# threads, and `print` writes the text and its newline separately, so two lines could merge.
+_WRITE = threading.Lock()
 
 
 class Log:
@@ -40,7 +46,9 @@ class Log:
                    output_path=env.get("GITHUB_OUTPUT") or None)
 
     def line(self, text: str = "") -> None:
-        print(text, file=self.stream, flush=True)
+        with _WRITE:
+            self.stream.write(f"{text}\n")
+            self.stream.flush()
 
     @contextmanager
     def group(self, title: str) -> Iterator[None]:

@@ -118,6 +118,12 @@ class Backend(abc.ABC):
         """Stop what killing the entry's process group does not reach."""
 
     @property
+    def lost(self) -> str:
+        """Why the backend stopped the run because it can no longer run entries ('' while it can):
+        a cluster that stopped answering. The run then ends with that line and exit 5."""
+        return ""
+
+    @property
     def lock_pattern(self) -> str | None:
         """GPU lock files of this backend's entries; None: entries take no host GPU lock."""
         return None

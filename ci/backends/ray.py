@@ -12,20 +12,30 @@ scheduler here; this module only turns Ray's answers into the runner's results.
 
 A node that dies mid-entry ends the task with a Ray error; the entry is then
 reported `lost` (naming the node) and the runner retries it once, elsewhere.
+
+Two watches cover a cluster that falls apart under the run. On the driver, `_Watchdog`
+asks the head every second whether a live node can still hold the largest entry in
+flight; when the head does not answer, or no such node exists, for
+SLIME_CI_RAY_UNREACHABLE_S seconds (default 120), the run stops its entries, records
+what it has and ends with one line and exit 5 (`ClusterUnreachable`). On each node,
+the task checks that the head still answers (`ci.backends.ray_task`); cut off from it
+for as long, it stops its entry and frees the node's GPU locks, since no one can
+collect the result any more and a retry may already be running elsewhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import IO, Any
 
-from ci.backends.base import AttemptEvents, AttemptPaths, Backend, EntryEnv, Launch, Lease
+from ci.backends.base import AttemptEvents, AttemptPaths, Backend, EntryEnv, Launch, Lease, RunContext
 from ci.backends.ray_task import Ended, NodeJob, Output, Started, run_on_node
 from ci.errors import UsageError
 from ci.gpu.allocator import DEFAULT_PATTERN
@@ -38,6 +48,10 @@ EMULATED_NODE_LOCKS = "/tmp/slime-ci-emulated-locks-{node}/gpu_{gpu_id}.lock"
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL of an entry's process group on its node
 # How long a task error may take to show up as a dead node in the GCS (its health checks).
 NODE_DEATH_WAIT = 60.0
+POLL = 1.0  # seconds between looks at a running task's node while it is silent
+STOP_WAIT = 15.0  # seconds a stopping run waits for a cancelled task's answer
+UNREACHABLE_ENV = "SLIME_CI_RAY_UNREACHABLE_S"
+UNREACHABLE_AFTER = 120.0  # seconds without a head that answers, or a node that can hold the entries
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +117,11 @@ class RayBackend(Backend):
         self._names: dict[str, str] = {}
         self._task: Any = None
         self._connected = False
+        self.unreachable_after = unreachable_after(self.env)
+        self._needs: dict[str, int] = {}  # attempt name -> GPUs it needs on one node
+        self._lost = ""
+        self._dead: set[str] = set()  # node ids the head has declared dead (as last asked)
+        self._watchdog: _Watchdog | None = None
 
     def check(self) -> None:
         """Join the cluster as a driver, and refuse entries no node can hold (one line, exit 2)."""
@@ -156,6 +175,39 @@ class RayBackend(Backend):
         # A generator function: Ray streams each message it yields to this driver.
         self._task = ray.remote(run_on_node)
 
+    def open_run(self, run: RunContext) -> None:
+        super().open_run(run)
+        self._watchdog = _Watchdog(self, self.unreachable_after)
+        self._watchdog.start()
+
+    def close_run(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
+
+    @property
+    def lost(self) -> str:
+        return self._lost
+
+    def give_up(self, why: str) -> None:
+        """The cluster is gone: stop the run as Ctrl-C would, and say why at its end."""
+        with self._lock:
+            if self._lost:
+                return
+            self._lost = why
+        self.run_context.note(f"cluster unreachable: {why}; stopping the run")
+        self.run_context.groups.stopping.set()
+        self.interrupt()
+
+    def declared_dead(self, node_id: str) -> bool:
+        """Whether the head declared this node dead (as the watchdog last asked it, each second)."""
+        with self._lock:
+            return node_id in self._dead
+
+    def largest_in_flight(self) -> int:
+        with self._lock:
+            return max(self._needs.values(), default=-1)
+
     def close(self) -> None:
         import ray
 
@@ -171,6 +223,7 @@ class RayBackend(Backend):
         names = node_names(raw)
         with self._lock:
             self._names.update(names)
+            self._dead.update(str(n["NodeID"]) for n in raw if not n.get("Alive"))
         return [Node(node_id=str(n["NodeID"]), name=names[str(n["NodeID"])],
                      gpus=int(n.get("Resources", {}).get("GPU", 0)), alive=bool(n.get("Alive")))
                 for n in raw]
@@ -209,7 +262,8 @@ class RayBackend(Backend):
         job = NodeJob(entry=entry, root=self.root, env=self.env, jobs=self.jobs, pytest_args=(),
                       emulate_gpus=self._emulated, lock_pattern=self.node_lock_pattern,
                       lock_timeout=self.lock_timeout, node_gpus=self.node_gpus, grace=GRACE,
-                      run_token=self.run_token, attempt_name=paths.name)
+                      run_token=self.run_token, attempt_name=paths.name,
+                      head=self.address, head_timeout=self.unreachable_after)
         queued_at = time.time()
         # A task's resources always come from one node, so `num_gpus` alone already means
         # "NUM_GPUS on one node" (what a one-bundle STRICT_PACK placement group would say),
@@ -220,15 +274,17 @@ class RayBackend(Backend):
                                  name=f"slime-ci:{entry.id}"[:200]).remote(job)
         with self._lock:
             self._inflight[paths.name] = gen
+            self._needs[paths.name] = entry.num_gpus
         if stopping.is_set():  # stopped while this one was being submitted: interrupt() missed it
             ray.cancel(gen)
         watch = _Watch(backend=self, events=events, paths=paths, queued_at=queued_at)
         try:
             with paths.log.open("wb") as log:
-                attempt = watch.follow((ray.get(ref) for ref in gen), log, stopping)
+                attempt = watch.follow(gen, log, stopping)
         finally:
             with self._lock:
                 self._inflight.pop(paths.name, None)
+                self._needs.pop(paths.name, None)
         return replace(attempt, interrupted=attempt.interrupted or stopping.is_set(), ended_at=time.time())
 
     def _lost_node(self, node_id: str) -> str:
@@ -243,6 +299,64 @@ class RayBackend(Backend):
         return ""
 
 
+def unreachable_after(env: Mapping[str, str]) -> float:
+    raw = env.get(UNREACHABLE_ENV, "")
+    try:
+        value = float(raw) if raw else UNREACHABLE_AFTER
+    except ValueError:
+        raise UsageError(f"{UNREACHABLE_ENV}={raw!r} is not a number of seconds; "
+                         f"e.g. {UNREACHABLE_ENV}=120") from None
+    if value <= 0:
+        raise UsageError(f"{UNREACHABLE_ENV}={raw!r} must be more than 0 seconds")
+    return value
+
+
+class _Watchdog(threading.Thread):
+    """Ends the run when the cluster cannot finish it: no answer from the head, or no live
+    node with the GPUs of the largest entry in flight, for `after` seconds in a row."""
+
+    def __init__(self, backend: RayBackend, after: float, period: float = 1.0) -> None:
+        super().__init__(daemon=True, name="ray-watchdog")
+        self.backend, self.after, self.period = backend, after, period
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+
+    def trouble(self) -> str:
+        """What is wrong with the cluster right now ('' when it can run what is in flight)."""
+        need = self.backend.largest_in_flight()
+        if need < 0:
+            return ""
+        host, _, port = self.backend.address.rpartition(":")
+        if port.isdigit():
+            try:
+                socket.create_connection((host, int(port)), timeout=2.0).close()
+            except OSError as exc:
+                return f"the head at {self.backend.address} does not answer ({exc.strerror or exc})"
+        try:
+            alive = [n for n in self.backend.nodes() if n.alive]
+        except Exception as exc:  # the GCS call failed: as good as no answer
+            return f"the head at {self.backend.address} does not answer ({type(exc).__name__})"
+        if not any(n.gpus >= need for n in alive):
+            live = ", ".join(f"{n.name} ({n.gpus} GPUs)" for n in alive) or "none"
+            return f"no live node has the {need} GPUs an entry needs (live: {live})"
+        return ""
+
+    def run(self) -> None:
+        since: float | None = None
+        while not self._halt.wait(self.period):
+            why = self.trouble()
+            if not why:
+                since = None
+                continue
+            since = time.monotonic() if since is None else since
+            if time.monotonic() - since >= self.after:
+                self.backend.give_up(f"{why} for {self.after:.0f}s")
+                return
+
+
 class _Watch:
     """The driver's side of one task: the node's messages, turned into a live log and an Attempt."""
 
@@ -253,12 +367,35 @@ class _Watch:
         self.attempt = Attempt(returncode=None, seconds=0.0, timed_out=False, interrupted=False,
                                node="", queued_at=queued_at, ended_at=queued_at)
 
-    def follow(self, messages: Iterable[object], log: IO[bytes], stopping: threading.Event) -> Attempt:
+    def follow(self, gen: Any, log: IO[bytes], stopping: threading.Event) -> Attempt:
+        """Take the task's messages as they come. Between them, every POLL seconds: a node the
+        head has declared dead ends the attempt as lost (a cut link never fails the stream
+        itself), and a run that has been stopping for STOP_WAIT seconds stops waiting for a
+        cancellation that cannot reach the node."""
         import ray
 
+        stop_seen: float | None = None
         try:
-            for msg in messages:
-                self._take(msg, log)
+            while True:
+                ready, _ = ray.wait([gen], timeout=POLL)
+                if ready:
+                    try:
+                        ref = next(gen)
+                    except StopIteration:
+                        break
+                    self._take(ray.get(ref), log)
+                    continue
+                if stopping.is_set():
+                    stop_seen = time.monotonic() if stop_seen is None else stop_seen
+                    if time.monotonic() - stop_seen > STOP_WAIT:
+                        self.attempt = replace(self.attempt, interrupted=True)
+                        break
+                elif self.node_id and self.backend.declared_dead(self.node_id):
+                    with contextlib.suppress(Exception):
+                        ray.cancel(gen)
+                    self._failed(RuntimeError("the head declared its node dead; the task no longer "
+                                              "answers"), log)
+                    break
         except ray.exceptions.TaskCancelledError:
             self.attempt = replace(self.attempt, interrupted=True)
         except ray.exceptions.RayError as exc:

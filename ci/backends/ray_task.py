@@ -3,7 +3,10 @@
 Runs the same launch a local run would (`Backend.plan` of the local or emulated
 backend), in this node's checkout, on the GPUs Ray assigned, after taking this node's
 GPU lock files for them, so someone using `lock-gpus` on the box is respected; its
-process group is stopped with `ci.proc.stop_group`, as on the driver's host. It yields
+process group is stopped with `ci.proc.stop_group`, as on the driver's host. While the
+entry runs, `HeadWatch` checks that the head still answers; cut off from it for
+`head_timeout` seconds, the task stops the entry and lets go of the GPUs (nobody can
+collect this result any more, and the driver may already run the entry elsewhere). It yields
 typed messages the driver turns into a live log and a result:
 
     Started(node_id, host, devices, pid)    the GPUs are held, the process started
@@ -90,6 +93,34 @@ class NodeJob:
     grace: float
     run_token: str  # names this run's scratch directory on the node
     attempt_name: str
+    head: str = ""  # the cluster's address (host:port) as the driver joined it
+    head_timeout: float = 120.0  # seconds without an answer from the head before the entry is stopped
+
+
+class HeadWatch(threading.Thread):
+    """Tries a TCP connection to the head every `period` seconds; `cut_off` is set once none
+    has succeeded for `timeout` seconds in a row."""
+
+    def __init__(self, head: str, timeout: float, period: float = 1.0) -> None:
+        super().__init__(daemon=True, name="head-watch")
+        host, _, port = head.rpartition(":")
+        self.target = (host, int(port)) if host and port.isdigit() else None
+        self.timeout, self.period = timeout, period
+        self.cut_off = threading.Event()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        if self.target is None:
+            return  # "auto", ray://…: nothing to dial here
+        last = time.monotonic()
+        while not self.done.wait(self.period):
+            try:
+                socket.create_connection(self.target, timeout=min(2.0, self.timeout)).close()
+                last = time.monotonic()
+            except OSError:
+                if time.monotonic() - last >= self.timeout:
+                    self.cut_off.set()
+                    return
 
 
 def _pump(stream: IO[bytes], out: queue.Queue[bytes | None]) -> None:
@@ -166,6 +197,8 @@ def _supervise(job: NodeJob, launch: Launch, started: Started) -> Generator[Mess
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
     deadline = begin + job.entry.timeout
     timed_out = False
+    head = HeadWatch(job.head, job.head_timeout)
+    head.start()
     try:
         yield Started(started.node_id, started.host, started.devices, proc.pid)
         done = False
@@ -176,10 +209,16 @@ def _supervise(job: NodeJob, launch: Launch, started: Started) -> Generator[Mess
             if not timed_out and time.monotonic() > deadline:
                 timed_out = True
                 stop_group(proc.pid, job.grace)  # the leader is unreaped: the group is ours
+            if head.cut_off.is_set():
+                yield Output(f"[slime-ci] the head at {job.head} has not answered for "
+                             f"{job.head_timeout:.0f}s: entry stopped on {started.host}\n")
+                stop_group(proc.pid, job.grace)
+                break
         if not wait_exit(proc.pid, max(0.0, deadline - time.monotonic())) and not timed_out:
             timed_out = True  # the output ended, the process did not, and its time is up
     finally:
         # Cancelled (Ctrl-C on the driver) or done: nothing of the entry outlives the task.
+        head.done.set()
         stop_group(proc.pid, job.grace)
         returncode = proc.wait()
     return Ended(returncode, timed_out, time.monotonic() - begin, "")

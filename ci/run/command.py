@@ -18,7 +18,7 @@ from ci.args import existing_dir, seconds
 from ci.backends.launch import TEST_FLAGS
 from ci.backends.ray import ADDRESS_ENV
 from ci.durations import DURATIONS_FILE
-from ci.errors import EXIT_OK, StoreError, UsageError
+from ci.errors import EXIT_OK, ClusterUnreachable, StoreError, UsageError
 from ci.gpu.allocator import DEFAULT_PATTERN as DEFAULT_LOCK_PATTERN
 from ci.gpu.allocator import DEFAULT_TIMEOUT as DEFAULT_LOCK_TIMEOUT
 from ci.gpu.allocator import MAX_TOTAL_GPUS, validate_pattern
@@ -192,4 +192,6 @@ def main(argv: Sequence[str], *, observers: Sequence[RunObserver] | None = None)
         ran = pipeline.run(held, log=log, interrupts=interrupts, observer=watch)
     reported = pipeline.report(pipeline.judge(ran, observer=watch), log=log)
     pipeline.record(reported, observer=watch)
+    if held.cfg.backend.lost:  # recorded above: the history keeps every result gathered so far
+        raise ClusterUnreachable(f"cluster unreachable: {held.cfg.backend.lost}")
     return interrupts.exit_code(reported.exit_code)

@@ -87,7 +87,11 @@ class LocalCluster:
                 "--metrics-export-port", str(b + 6), "--runtime-env-agent-port", str(b + 7),
                 "--min-worker-port", str(b + 10), "--max-worker-port", str(b + 39),
                 "--object-store-memory", str(80 * 1024 * 1024), "--temp-dir", str(temp), *args]
-        env = {**os.environ, **HEALTH_ENV, "TMPDIR": str(temp)}
+        # Its own home: a token in this machine's ~/.ray/auth_token would turn on Ray's token
+        # authentication at the head, which drivers that do not send one are then refused.
+        home = temp / "home"
+        home.mkdir()
+        env = {**os.environ, **HEALTH_ENV, "TMPDIR": str(temp), "HOME": str(home)}
         with log.open("wb") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
@@ -110,10 +114,10 @@ class LocalCluster:
             try:
                 self._wait(nodes, timeout, also=node)
                 return node
-            except RuntimeError:
+            except BaseException as exc:  # also Ctrl-C: the node is not in `stop()`'s list yet
                 with_suppress_kill(node.pid, signal.SIGKILL)
                 node.proc.wait()
-                if attempt == tries:
+                if attempt == tries or not isinstance(exc, RuntimeError):
                     raise
         raise AssertionError("unreachable")
 

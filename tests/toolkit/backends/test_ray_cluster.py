@@ -255,6 +255,14 @@ def test_bad_cluster_address_is_one_line_and_exit_2(checkout, tmp_path):
     assert proc.stderr.count("\n") == 1
 
 
+
+def test_a_bad_unreachable_window_is_one_line_and_exit_2(checkout):
+    proc = run_ci("run", "--suite", "spread", "--root", str(checkout), "--emulate-gpus",
+                  "--ray-address", "127.0.0.1:1", env={"SLIME_CI_RAY_UNREACHABLE_S": "soon"}, timeout=180)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == ("error: SLIME_CI_RAY_UNREACHABLE_S='soon' is not a number of seconds; "
+                           "e.g. SLIME_CI_RAY_UNREACHABLE_S=120\n")
+
 def test_a_cpu_suite_refuses_a_cluster(checkout):
     proc = run_ci("run", "--suite", "unit", "--root", str(checkout), env={"SLIME_CI_RAY_ADDRESS": "x:1"})
     assert proc.returncode == 2

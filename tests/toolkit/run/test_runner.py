@@ -391,6 +391,30 @@ def test_empty_gpu_suite_is_exit_3(tmp_path):
     assert proc.stderr.startswith("error: nothing registered for precision")
 
 
+
+class _SlowStream(io.StringIO):
+    """A stream whose every write lets other threads run (as a pipe to a slow reader does)."""
+
+    def write(self, s):
+        time.sleep(0.0005)
+        return super().write(s)
+
+
+def test_lines_logged_from_many_threads_at_once_never_merge():
+    import threading
+
+    stream = _SlowStream()
+    log = Log(actions=False, stream=stream)
+    threads = [threading.Thread(target=lambda t=t: [log.line(f"[entry {t}] line {i}") for i in range(40)])
+               for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    expected = sorted(f"[entry {t}] line {i}" for t in range(4) for i in range(40))
+    assert sorted(stream.getvalue().splitlines()) == expected
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
 
