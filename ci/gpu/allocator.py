@@ -412,6 +412,11 @@ def expected_end(record: dict[str, object], now: float) -> float:
 
 
 def _shorten(text: str, limit: int = 80) -> str:
+    """A holder's command for one line: its program by name (a venv's interpreter path would
+    use up the line before what it runs), then clipped."""
+    program, sep, rest = text.partition(" ")
+    if "/" in program and not program.startswith(("'", '"')):
+        text = program.rsplit("/", 1)[1] + sep + rest
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

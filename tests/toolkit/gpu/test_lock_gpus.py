@@ -111,6 +111,9 @@ def test_timeout_exits_124_naming_the_holder(pattern: str) -> None:
     assert "Traceback" not in res.stderr
     line, = res.stderr.strip().splitlines()
     assert f"GPU 1 is held by pid {holder.pid}" in line
+    # The program by name, then what it runs: a venv's long interpreter path (a fresh clone
+    # under a deep temp folder) once used up the line before `time.sleep(30)`.
+    assert f"(`{Path(sys.executable).name} -S -c " in line
     assert "time.sleep(30)" in line and "since" in line
 
 
