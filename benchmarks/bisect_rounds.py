@@ -1,8 +1,8 @@
 """Benchmark `python -m ci bisect`: binary search against the parallel (g+1)-ary search on the
 same planted ranges, with 1, 2 and 4 free GPU sets of 8 emulated GPUs, side by side.
 
-    python benchmarks/bisect.py                 # a few minutes on a busy 2-core machine
-    python benchmarks/bisect.py --rounds-only   # only the search's rounds (seconds)
+    python benchmarks/bisect_rounds.py                 # a few minutes on a busy 2-core machine
+    python benchmarks/bisect_rounds.py --rounds-only   # only the search's rounds (seconds)
 
 1. Rounds, over every position of the first bad commit in ranges of 32, 128 and 512
    commits: the search itself (ci/bisect/search.py), mean and worst rounds per width.
@@ -17,20 +17,15 @@ Goal it prints: with 4 free sets, at most half the rounds of binary search on 32
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
+import subprocess
 import sys
-
-# This file shares its name with the standard library's `bisect`, which `random` (and so
-# `tempfile`) imports: its own folder must not be on the import path.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
-
-import argparse  # noqa: E402
-import re  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from contextlib import nullcontext  # noqa: E402
-from pathlib import Path  # noqa: E402
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "toolkit")]
