@@ -110,3 +110,29 @@ def test_the_table_flags_a_broken_run_that_passes_and_reports_the_gap():
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
+
+
+def _pinned(code: str, **env: str) -> list[str]:
+    import os
+    import subprocess
+
+    clean = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "SLIME_CI_EMULATE_GPUS")}
+    proc = subprocess.run([sys.executable, "-c", "import _rl, os\n" + code], cwd=ROOT / "tests" / "e2e",
+                          env={**clean, **env}, capture_output=True, text=True, timeout=120, check=True)
+    return proc.stdout.split()
+
+
+def test_emulated_learning_entries_run_under_a_kernel_set_their_bounds_were_measured_on():
+    show = "print(_rl.pin_cpu_capability([]), os.environ.get('ATEN_CPU_CAPABILITY'))"
+    # This CPU, for real: AVX-512 hosts get AVX2, the others keep their own set.
+    native = _pinned("print(_rl.native_cpu_capability())")[0]
+    pinned = _pinned(show, SLIME_CI_EMULATE_GPUS="1")
+    assert pinned[-2:] == (["None", "None"] if native in ("default", "avx2") else ["avx2", "avx2"])
+    # An AVX-512 CPU whatever this one is (native_cpu_capability replaced: the stand-in for it).
+    fake = "_rl.native_cpu_capability = lambda: 'avx512'\n"
+    assert _pinned(fake + show, SLIME_CI_EMULATE_GPUS="1")[-2:] == ["avx2", "avx2"]
+    assert _pinned(fake + show)[-2:] == ["None", "None"]  # real GPUs: nothing pinned
+    assert _pinned(fake + show, SLIME_CI_EMULATE_GPUS="1", ATEN_CPU_CAPABILITY="default")[-2:] == ["None", "default"]
+    # An explicit --cpu-capability still wins.
+    assert _pinned(fake + "print(_rl.pin_cpu_capability(['--cpu-capability', 'default']))",
+                   SLIME_CI_EMULATE_GPUS="1")[-1] == "default"
