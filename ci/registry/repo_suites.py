@@ -194,14 +194,16 @@ SUITES: tuple[Suite, ...] = (
 
 # What gpu_smoke runs on every push (the rest of each suite runs in gpu_smoke_nightly).
 _SMOKE_ON_PUSH: tuple[SmokeRun, ...] = (
-    SmokeRun(suite="megatron", only=("tests/e2e/test_rl_grpo_colocated.py", "tests/e2e/test_rl_async.py",
-                                     "tests/e2e/test_rl_fanout_filter.py",
-                                     "tests/e2e/test_rl_refit_disk.py")),
+    # Colocated GRPO with KL (engines sleep, weights refit over tensors) and the 8-GPU
+    # fan-out; asynchronous training and the disk refit run nightly.
+    SmokeRun(suite="megatron", only=("tests/e2e/test_rl_grpo_colocated.py",
+                                     "tests/e2e/test_rl_fanout_filter.py")),
     # Of ckpt's five optimizer-location combinations, the one that crosses devices on both
     # save and load.
     SmokeRun(suite="ckpt", only="gpu --load-optimizer cpu"),
+    # The YAML checks and disjoint engine groups (several engines, each started and served);
+    # the single-engine layout runs nightly.
     SmokeRun(suite="sglang_config", only=("tests/test_sglang_config.py",
-                                          "tests/e2e/test_sglang_single_node.py",
                                           "tests/e2e/test_sglang_disjoint_groups.py")),
 )
 _GPU_ENTRIES = {"megatron": MEGATRON_ENTRIES, "precision": PRECISION_ENTRIES, "ckpt": CKPT_ENTRIES,
@@ -221,11 +223,11 @@ SESSIONS: tuple[Check | Smoke, ...] = (
                      "runners/docker-compose.yml"),
                     ("ruff", "check", "."),
                     ("mypy",))),
-    # On every push, the GPU tier on emulated GPUs is a stated subset, one entry per path the
-    # GPU matrix has (colocated GRPO with KL, asynchronous, 8-GPU fan-out, disk refit; the
-    # cross-device checkpoint; one engine, then disjoint engine groups) and the YAML checks;
-    # gpu_smoke_nightly runs every entry of the four suites every night, and their label jobs
-    # run them on GPUs. Each moved entry's planted breaks still run in `plants` (nightly).
+    # On every push, the GPU tier on emulated GPUs is a stated subset (_SMOKE_ON_PUSH: colocated
+    # GRPO with KL, the 8-GPU fan-out, the cross-device checkpoint, disjoint engine groups and
+    # the YAML checks); gpu_smoke_nightly runs every entry of the four suites every night, and
+    # their label jobs run them on GPUs. Each moved entry's planted breaks still run in
+    # `plants` (nightly).
     Smoke(name="gpu_smoke", profiles=("e2e", "gpu-host"),
           purpose="The GPU tier without GPUs, on every push: " + ", ".join(_SMOKE_ON_PUSH_NAMES)
                   + " entries (emulated); precision and the rest nightly (gpu_smoke_nightly)",

@@ -12,6 +12,7 @@ removed at the end, also when a test fails.
 import fcntl
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -255,6 +256,7 @@ def test_a_link_cut_mid_entry_is_lost_on_that_host_and_rerun_on_another(cluster,
     assert _held_locks(cluster, victim) == []
 
 
+@pytest.mark.skipif(shutil.which("iptables") is None, reason="the lossy link needs iptables")
 def test_a_slow_lossy_link_still_gives_every_line_in_order(cluster, checkout, tmp_path):
     how = [cluster.shape(h) for h in cluster.workers]
     proc = _driver(cluster, checkout, tmp_path, "spread")
