@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
-from _postgres import fresh_database, server
 
 from ci.bisect.answer import Answer, markdown, post_to_streak_issue, record_answer
 from ci.bisect.driver import Attempt, Commit, Outcome, StepPlan
 from ci.bisect.search import Search
 from ci.history.schema import LATEST
-from ci.history.store import normalise, open_store
+from ci.history.store import open_store
 
 NUM_GPUS = 0
 ENTRY = "tests/e2e/test_x.py --mode a|b"
@@ -82,20 +81,6 @@ def test_a_search_cut_short_says_so_and_gives_the_interval():
                              f"--bad {COMMITS[8].sha[:12]}")
 
 
-@pytest.fixture(scope="module")
-def pg_server():
-    try:
-        with server() as url:
-            yield url
-    except RuntimeError as exc:
-        pytest.skip(f"no PostgreSQL server: {exc}")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'history.sqlite'}"
-    return normalise(fresh_database(request.getfixturevalue("pg_server")))
 
 
 def test_the_answer_is_a_row_of_the_history(store_url):

@@ -15,12 +15,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import write
 from _github_api import REPO, env_for, fake_github
-from _postgres import fresh_database, server
 
 from ci.github.flaky_issues import LABEL, codeowners, owner_of, wanted_issues
 from ci.history.record import read_before
 from ci.history.rows import AttemptRecord, RunRecord
-from ci.history.store import normalise, open_store
+from ci.history.store import open_store
 from ci.registry.loader import load_registry
 
 NUM_GPUS = 0
@@ -40,20 +39,6 @@ FLAKY, BROKEN, STEADY, PINNED = (f"tests/e2e/test_{n}.py" for n in ("flaky", "br
 T0 = time.time() - 100_000
 
 
-@pytest.fixture(scope="module")
-def pg_server():
-    try:
-        with server() as url:
-            yield url
-    except RuntimeError as exc:
-        pytest.skip(f"no PostgreSQL server: {exc}")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'history.sqlite'}"
-    return normalise(fresh_database(request.getfixturevalue("pg_server")))
 
 
 @pytest.fixture

@@ -15,11 +15,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import run_ci, write
 from _github_api import env_for, fake_github
-from _postgres import fresh_database, server
 
 from ci.github.pr_verdicts import MARKER, rule_table
 from ci.history.rows import AttemptRecord, RunRecord
-from ci.history.store import normalise, open_store
+from ci.history.store import open_store
 
 NUM_GPUS = 0
 
@@ -38,20 +37,6 @@ def registry(blocks: str = "") -> str:
     """
 
 
-@pytest.fixture(scope="module")
-def pg_server():
-    try:
-        with server() as url:
-            yield url
-    except RuntimeError as exc:
-        pytest.skip(f"no PostgreSQL server: {exc}")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'history.sqlite'}"
-    return normalise(fresh_database(request.getfixturevalue("pg_server")))
 
 
 def _try(entry, outcome, n=1, final=True, reason="", code=None, node="gpu-1"):

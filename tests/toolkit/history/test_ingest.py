@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import PASSING, run_ci, write
-from _postgres import fresh_database, server
+from _postgres import fresh_database
 
 from ci.errors import UsageError
 from ci.github.gateway import RUN_FILE_WORKFLOW
@@ -238,14 +238,6 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert (data["trusted"], data["pr"], data["suite"]) == (False, None, "train")  # no self-vouching
     return exported
 
-
-@pytest.fixture(scope="module")
-def pg_server():  # type: ignore[no-untyped-def]
-    try:
-        with server() as url:
-            yield url
-    except RuntimeError as exc:
-        pytest.skip(f"no PostgreSQL server: {exc}")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -11,7 +11,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import REPO, run_ci
-from _postgres import fresh_database, server
 
 from ci.errors import StoreError, UsageError
 from ci.history.rows import AttemptRecord, MetricPoint, RunRecord, parse_metrics
@@ -21,20 +20,6 @@ from ci.history.store import normalise, open_store, resolve_url
 NUM_GPUS = 0
 
 
-@pytest.fixture(scope="module")
-def pg_server():
-    try:
-        with server() as url:
-            yield url
-    except RuntimeError as exc:
-        pytest.skip(f"no PostgreSQL server: {exc}")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'history.sqlite'}"
-    return normalise(fresh_database(request.getfixturevalue("pg_server")))
 
 
 def _run(uid, *, entries=2, steps=3, started=0.0, outcome="passed", suite="s"):

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import run_ci, write
-from _postgres import fresh_database, server
 
 from ci.history.record import PENDING_DIR, spool, write_after
 from ci.history.rows import (
@@ -32,27 +31,13 @@ from ci.history.rows import (
     parse_metrics,
     read_metrics,
 )
-from ci.history.store import RecordRefused, _redact, check_record, describe, normalise, open_store
+from ci.history.store import RecordRefused, _redact, check_record, describe, open_store
 from ci.results import Result
 from ci.select.entries import ResolvedEntry
 
 NUM_GPUS = 0
 
 
-@pytest.fixture(scope="module")
-def pg_server():
-    try:
-        with server() as url:
-            yield url
-    except RuntimeError as exc:
-        pytest.skip(f"no PostgreSQL server: {exc}")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'history.sqlite'}"
-    return normalise(fresh_database(request.getfixturevalue("pg_server")))
 
 
 def _run(uid: str, **fields) -> RunRecord:

@@ -1,0 +1,30 @@
+"""Fixtures the toolkit's history tests share: a real PostgreSQL server, and a store URL on
+each backend (SQLite and PostgreSQL) so one test covers both."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _postgres import fresh_database, server
+
+
+@pytest.fixture(scope="module")
+def pg_server() -> Iterator[str]:
+    """`.ci/run`'s server, or one started for this module; the tests skip, saying why, without."""
+    try:
+        with server() as url:
+            yield url
+    except RuntimeError as exc:
+        pytest.skip(f"no PostgreSQL server: {exc}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh store: a SQLite file, then a fresh database on the PostgreSQL server."""
+    from ci.history.store import normalise
+
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'history.sqlite'}"
+    return normalise(fresh_database(request.getfixturevalue("pg_server")))
