@@ -141,11 +141,8 @@ def _smoke_session(smoke: Smoke) -> None:
 
     def run_smoke(session: nox.Session) -> None:
         _install(session, *smoke.profiles)
-        for run in smoke.runs:
-            session.run("python", "-m", "ci", "run", "--suite", run.suite, "--emulate-gpus",
-                        "--gpus", str(smoke.gpus), "--retries", str(smoke.retries),
-                        *(arg for pattern in run.patterns for arg in ("--only", pattern)),
-                        *_posargs(session))
+        # Its suites' runs at once, on one set of GPU locks (ci/run/smoke.py).
+        session.run("python", "-m", "ci", "smoke", smoke.name, *_posargs(session))
 
     _register(run_smoke, smoke.name, f"{smoke.purpose}.", smoke.tags)
 

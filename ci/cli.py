@@ -26,6 +26,9 @@ class Command:
 SUBCOMMANDS: dict[str, Command] = {
     "run": Command(target="ci.run.command:main",
                    help="run a suite (a nox session's work): plan, run, report", records_signals=True),
+    "smoke": Command(target="ci.run.smoke:main",
+                     help="run a smoke's suites (gpu_smoke) at once on one set of emulated GPUs",
+                     records_signals=True),
     "audit": Command(target="ci.select.audit:main",
                      help="check that every test file is registered, declares NUM_GPUS and runs something"),
     "plan": Command(target="ci.github.job_plan:main",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -59,17 +60,21 @@ class DurationStore:
         return {str(k): float(v) for k, v in data.items() if _usable(v)}
 
     def update(self, measured: Mapping[str, float]) -> None:
-        """Merge new measurements in; written atomically so concurrent runs never see half a file.
+        """Merge new measurements in; written atomically so concurrent runs never see half a file,
+        and read, merged and written under a lock so that two runs ending together (the suites
+        of `ci smoke`) both keep what they measured.
 
         A store that cannot be written is one UsageError, and no temporary file stays behind.
         """
-        data = self.load()
-        data.update({k: round(v, 2) for k, v in measured.items() if _usable(v)})
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-            tmp.replace(self.path)
+            with open(self.path.with_name(f".{self.path.name}.lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                data = self.load()
+                data.update({k: round(v, 2) for k, v in measured.items() if _usable(v)})
+                tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+                tmp.replace(self.path)
         except OSError as exc:
             with suppress(OSError):
                 tmp.unlink()

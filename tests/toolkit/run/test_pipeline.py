@@ -337,3 +337,26 @@ def test_a_registered_observer_sees_begin_each_attempt_and_the_end_in_order(repo
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
+
+
+def test_runs_ending_together_each_keep_their_durations(tmp_path):
+    """Eight processes merge their own keys into one store at the same moment (as the suites
+    of `ci smoke` do): every key is there after, none lost to another's read-modify-write."""
+    import os
+    import subprocess
+
+    store = tmp_path / "cache" / "durations.json"
+    go = tmp_path / "go"
+    writer = ("import os, sys, time, pathlib\n"
+              "from ci.durations import DurationStore\n"
+              "while not pathlib.Path(sys.argv[2]).exists(): time.sleep(0.001)\n"
+              "for n in range(20):\n"
+              "    DurationStore(pathlib.Path(sys.argv[1])).update({f'{sys.argv[3]}-{n}': n + 0.5})\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    procs = [subprocess.Popen([sys.executable, "-c", writer, str(store), str(go), f"w{i}"], env=env)
+             for i in range(8)]
+    go.touch()
+    assert [p.wait(timeout=60) for p in procs] == [0] * 8
+    data = json.loads(store.read_text())
+    assert data == {f"w{i}-{n}": n + 0.5 for i in range(8) for n in range(20)}
+    assert [p.name for p in store.parent.iterdir() if p.name.endswith(".tmp")] == []

@@ -1,0 +1,172 @@
+"""`python -m ci smoke NAME`: a smoke of the registry, its suites' runs at once on one set of GPUs.
+
+A `Smoke` names runs of several GPU suites on emulated GPUs (`gpu_smoke`: some megatron,
+ckpt and sglang_config entries). One after another, a suite waits while the one before
+starts Ray heads and imports torch, with a core idle. Here every run is its own
+`python -m ci run --suite S --emulate-gpus`, all started together and all holding GPUs
+through one shared lock directory: no two entries ever hold the same logical GPU (nor,
+so, the same Ray port block), and an entry that wants all of them waits for them in
+the lock's queue as it would behind another runner.
+
+Each line a run prints is shown with its suite's name in front (GitHub's `::` commands
+as they are, so annotations still work); a table at the end gives each suite's exit
+status and time. The exit status is the first failing run's, in registry order, else 0.
+SIGINT or SIGTERM goes on to every run as SIGTERM: each stops its entries and writes its
+report, and the command exits 130.
+
+    python -m ci smoke gpu_smoke                  # what `nox -s gpu_smoke` runs
+    python -m ci smoke gpu_smoke --dry-run        # each run's plan, nothing started
+    python -m ci smoke gpu_smoke --history URL    # every other option goes to each `ci run`
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from ci.errors import EXIT_INTERRUPTED, UsageError
+from ci.interrupts import PROCESS
+from ci.registry.loader import load_registry
+from ci.registry.model import Smoke
+
+POLL = 0.2  # seconds between looks at the runs and at the signal record
+GRACE = 300.0  # seconds a run may take to stop after SIGTERM before it is killed
+
+
+@dataclass(frozen=True)
+class SmokeCommand:
+    suite: str
+    argv: tuple[str, ...]
+
+
+def commands(smoke: Smoke, lock_pattern: str, rest: Sequence[str],
+             python: str = sys.executable) -> list[SmokeCommand]:
+    """One `python -m ci run` per run of the smoke, all on the same lock files (pure)."""
+    out = []
+    for run in smoke.runs:
+        only = [arg for pattern in run.patterns for arg in ("--only", pattern)]
+        out.append(SmokeCommand(run.suite, (
+            python, "-m", "ci", "run", "--suite", run.suite, "--emulate-gpus", "--gpus", str(smoke.gpus),
+            "--retries", str(smoke.retries), "--lock-path-pattern", lock_pattern, *only, *rest)))
+    return out
+
+
+def _find(name: str, root: Path) -> Smoke:
+    smokes = {s.name: s for s in load_registry(root).sessions if isinstance(s, Smoke)}
+    if name not in smokes:
+        known = ", ".join(sorted(smokes)) or "none"
+        raise UsageError(f"no smoke named {name!r} in the registry; smokes: {known}")
+    return smokes[name]
+
+
+def _pump(label: str, width: int, stream: TextIO, out: TextIO, lock: threading.Lock) -> None:
+    for line in stream:
+        text = line if line.startswith("::") else f"{label:<{width}} | {line}"
+        with lock:
+            out.write(text)
+            out.flush()
+
+
+def run_together(cmds: Sequence[SmokeCommand], *, cwd: Path | None = None,
+                 out: TextIO = sys.stdout) -> list[tuple[str, int, float]]:
+    """Start every command, prefix its lines, wait for all; [(suite, exit status, seconds)].
+
+    Each command is the leader of its own process group, so a Ctrl-C reaches this process
+    alone and is passed on once, as SIGTERM, by the loop below.
+    """
+    width = max(len(c.suite) for c in cmds)
+    lock = threading.Lock()
+    started = time.monotonic()
+    procs: list[subprocess.Popen[str]] = []
+    pumps: list[threading.Thread] = []
+    ended: dict[int, float] = {}
+    try:
+        for c in cmds:
+            proc = subprocess.Popen(c.argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True)
+            procs.append(proc)
+            assert proc.stdout is not None
+            pump = threading.Thread(target=_pump, args=(c.suite, width, proc.stdout, out, lock), daemon=True)
+            pump.start()
+            pumps.append(pump)
+        stopping_since: float | None = None
+        while len(ended) < len(procs):
+            for i, proc in enumerate(procs):
+                if i not in ended and proc.poll() is not None:
+                    ended[i] = time.monotonic() - started
+            if PROCESS.received and stopping_since is None:
+                stopping_since = time.monotonic()
+                _signal_all(procs, ended, signal.SIGTERM)
+            if stopping_since is not None and time.monotonic() - stopping_since > GRACE:
+                _signal_all(procs, ended, signal.SIGKILL)
+            time.sleep(POLL)
+    finally:
+        # Never leave a run behind: reached only on an error of this process itself.
+        if len(ended) < len(procs):
+            _signal_all(procs, ended, signal.SIGKILL)
+            for proc in procs:
+                proc.wait()
+    for pump in pumps:
+        pump.join(timeout=5)
+    return [(c.suite, int(p.returncode), ended.get(i, 0.0))
+            for i, (c, p) in enumerate(zip(cmds, procs, strict=True))]
+
+
+def _signal_all(procs: Sequence[subprocess.Popen[str]], ended: dict[int, float], signum: int) -> None:
+    for i, proc in enumerate(procs):
+        if i not in ended and proc.poll() is None:
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signum)  # its own group, which this process started
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ci smoke",
+        description="Run a smoke of the registry (e.g. gpu_smoke): each of its suites' runs on "
+                    "emulated GPUs, all at once, sharing one set of GPU locks. Options it does not "
+                    "know go to every `python -m ci run` (--dry-run, --history, -j, ...).",
+        epilog="exit status: the first failing run's (registry order), 0 when all passed, 2 for bad "
+               "input, 130 when interrupted")
+    p.add_argument("name", help="the smoke's name in the registry (nox -l lists them)")
+    p.add_argument("--root", type=Path, default=Path.cwd(), help="the checkout (default: here)")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    args, rest = build_parser().parse_known_args(list(argv))
+    root = args.root.resolve()
+    smoke = _find(args.name, root)
+    rest = [*rest, "--root", str(root)]
+    if "--lock-path-pattern" in rest:
+        raise UsageError("ci smoke picks the shared lock files itself; leave out --lock-path-pattern")
+    locks = tempfile.mkdtemp(prefix="slime-ci-smoke-locks-")
+    try:
+        cmds = commands(smoke, os.path.join(locks, "gpu_{gpu_id}.lock"), rest)
+        print(f"{smoke.name}: {len(cmds)} run(s) at once on {smoke.gpus} emulated GPUs: "
+              f"{', '.join(c.suite for c in cmds)}", flush=True)
+        results = run_together(cmds, cwd=root)
+    finally:
+        shutil.rmtree(locks, ignore_errors=True)
+    width = max(len("suite"), *(len(s) for s, _, _ in results))
+    print(f"\n{'suite':<{width}}  exit  seconds")
+    for suite, code, seconds in results:
+        print(f"{suite:<{width}}  {code:>4}  {seconds:7.1f}")
+    failed = [(s, c) for s, c, _ in results if c != 0]
+    if PROCESS.received:
+        return EXIT_INTERRUPTED
+    if failed:
+        print(f"{smoke.name}: failed: {', '.join(f'{s} (exit {c})' for s, c in failed)}", file=sys.stderr)
+        return failed[0][1]
+    return 0
