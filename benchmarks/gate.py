@@ -24,6 +24,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -88,12 +89,29 @@ def _run_once(args: argparse.Namespace, workdir: Path, number: int) -> Repetitio
         command = ["nox", "-s", *args.session] if args.session else ["nox", "-t", args.tag]
     print(f"gate: run {number + 1}/{args.repeat}: {' '.join(command)} in {clone}", flush=True)
     rep = Repetition()
-    current: Session | None = None
     log = (workdir / f"nox-{number}.log").open("w", encoding="utf-8")
     begun = time.monotonic()
+    # Its own process group: Ctrl-C or SIGTERM here ends nox and everything under it (below).
     proc = subprocess.Popen(command, cwd=clone, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+                            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
     assert proc.stdout is not None
+    try:
+        _follow(proc, args, rep, log, begun)
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+        log.close()
+        raise
+    rep.returncode = proc.wait()
+    rep.wall = time.monotonic() - begun
+    log.close()
+    return rep
+
+
+def _follow(proc: subprocess.Popen[str], args: argparse.Namespace, rep: Repetition, log, begun: float) -> None:
+    """Timestamp nox's lines into the log and mark where each session starts, installs, ends."""
+    assert proc.stdout is not None
+    current: Session | None = None
     for line in proc.stdout:
         now = time.monotonic() - begun
         log.write(f"{now:8.1f} {line}")
@@ -113,10 +131,6 @@ def _run_once(args: argparse.Namespace, workdir: Path, number: int) -> Repetitio
         elif ((m := COMMAND.match(line)) and current is not None and current.install_end is None
               and not INSTALL.match(m.group(1))):
             current.install_end = now
-    rep.returncode = proc.wait()
-    rep.wall = time.monotonic() - begun
-    log.close()
-    return rep
 
 
 def _slowest(clone: Path, top: int) -> None:
@@ -138,7 +152,12 @@ def _slowest(clone: Path, top: int) -> None:
             print(f"  {left:<62.62}  {right}")
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM as Ctrl-C: the run's process group is ended either way
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _interrupted)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="exit codes: 0 passed within the budget, 1 over the budget, "

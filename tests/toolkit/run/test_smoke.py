@@ -46,7 +46,7 @@ HOLD = """
     import json, os, pathlib, time
     NUM_GPUS = {gpus}
 
-    if __name__ == "__main__":
+    def execute():
         out = pathlib.Path(os.environ["MARKS"])
         name = "{name}"
         (out / (name + ".pid")).write_text(str(os.getpid()))
@@ -55,6 +55,9 @@ HOLD = """
         {fail}
         (out / (name + ".json")).write_text(json.dumps(
             {{"start": start, "end": time.time(), "gpus": os.environ["SLIME_CI_GPUS"]}}))
+
+    if __name__ == "__main__":
+        execute()
 """
 
 
