@@ -188,7 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     reps: list[Repetition] = []
     try:
         for n in range(args.repeat):
-            reps.append(_run_once(args, workdir, n))
+            try:
+                reps.append(_run_once(args, workdir, n))
+            except KeyboardInterrupt:
+                print(f"gate: interrupted; the run was stopped; logs in {workdir}", file=sys.stderr)
+                args.keep = True
+                return 130
         print(f"\nload average before: {load[0]:.2f}, after: {os.getloadavg()[0]:.2f}; "
               f"uv {'found' if shutil.which('uv') else 'missing: sessions installed with pip'}")
         names = list(dict.fromkeys(s.name for r in reps for s in r.sessions))
