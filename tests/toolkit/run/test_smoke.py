@@ -159,3 +159,7 @@ def test_sigterm_stops_every_run_and_their_entries_and_exits_130(repo):
     assert _marks(marks) == {}, "an entry ran to its end"
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, *sys.argv[1:]]))
