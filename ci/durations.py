@@ -69,12 +69,16 @@ class DurationStore:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path.with_name(f".{self.path.name}.lock"), "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+            # The lock is the directory's own (flock on its descriptor): no lock file left.
+            folder = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(folder, fcntl.LOCK_EX)
                 data = self.load()
                 data.update({k: round(v, 2) for k, v in measured.items() if _usable(v)})
                 tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
                 tmp.replace(self.path)
+            finally:
+                os.close(folder)  # and with it the lock
         except OSError as exc:
             with suppress(OSError):
                 tmp.unlink()

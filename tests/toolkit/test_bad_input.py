@@ -455,7 +455,7 @@ def test_every_command_is_dispatched_the_same_way() -> None:
     for name, command in SUBCOMMANDS.items():
         module, function = command.target.split(":")
         assert callable(getattr(importlib.import_module(module), function)), name
-    assert [n for n, c in SUBCOMMANDS.items() if c.records_signals] == ["run", "mutation", "bisect"]
+    assert [n for n, c in SUBCOMMANDS.items() if c.records_signals] == ["run", "smoke", "mutation", "bisect"]
 
 
 if __name__ == "__main__":
