@@ -128,8 +128,8 @@ def test_emulated_learning_entries_run_under_a_kernel_set_their_bounds_were_meas
     native = _pinned("print(_rl.native_cpu_capability())")[0]
     pinned = _pinned(show, SLIME_CI_EMULATE_GPUS="1")
     assert pinned[-2:] == (["None", "None"] if native in ("default", "avx2") else ["avx2", "avx2"])
-    # An AVX-512 CPU whatever this one is (native_cpu_capability replaced: the stand-in for it).
-    fake = "_rl.native_cpu_capability = lambda: 'avx512'\n"
+    # An AVX-512 CPU whatever this one is (cpu_offers_avx512 replaced: the stand-in for it).
+    fake = "_rl.cpu_offers_avx512 = lambda: True\n"
     assert _pinned(fake + show, SLIME_CI_EMULATE_GPUS="1")[-2:] == ["avx2", "avx2"]
     assert _pinned(fake + show)[-2:] == ["None", "None"]  # real GPUs: nothing pinned
     assert _pinned(fake + show, SLIME_CI_EMULATE_GPUS="1", ATEN_CPU_CAPABILITY="default")[-2:] == ["None", "default"]
