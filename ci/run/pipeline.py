@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ci.backends import BackendOptions, checkout, select_backend
@@ -76,6 +76,8 @@ class Selection:
     opts: Options
     entries: tuple[ResolvedEntry, ...]
     estimates: Mapping[str, float]  # the observers' expected seconds per entry: the heartbeat's ETA
+    # Seconds each GPU entry is expected to hold its GPUs: what lets the lock backfill.
+    expectations: Mapping[str, float] = field(default_factory=dict)
 
 
 def select(opts: Options, hints: Hints, *, measured: Mapping[str, float]) -> Selection:
@@ -110,7 +112,13 @@ def select(opts: Options, hints: Hints, *, measured: Mapping[str, float]) -> Sel
     first = hints.first
     ordered = (selection.failure_first(entries, durations, failed=first.failed, changed=first.changed)
                if first is not None else selection.widest_first(entries, durations))
-    return Selection(opts=opts, entries=tuple(ordered), estimates=hints.estimates)
+    # The lock's expectations: the history's estimate where it has one, else the seconds
+    # measured here or committed. A fresh clone has no history, and without expectations its
+    # lock is strict FIFO: a 2-GPU entry queued behind a waiting 8-GPU one leaves GPUs idle
+    # that it could have used and given back before the wide one could start.
+    expectations = {e.id: durations[e.id] for e in ordered if e.num_gpus and e.id in durations}
+    return Selection(opts=opts, entries=tuple(ordered), estimates=hints.estimates,
+                     expectations=expectations)
 
 
 # --- acquire --------------------------------------------------------------------------
@@ -158,7 +166,7 @@ def setup(chosen: Selection, *, log: Log, env: Mapping[str, str], infinite: bool
         filtering=bool(args.keyword), retries=args.retries, infinite=infinite,
         keep_outputs=args.keep_outputs, backend=backend,
         prefork=_prefork_policy(opts, files=len(entries), jobs=jobs),
-        estimates=chosen.estimates,
+        estimates=chosen.estimates, expectations=chosen.expectations,
     )
     return Setup(selection=chosen, cfg=cfg, gpus=gpus,
                  junit=args.junit or cache / "junit" / f"{suite.name}.xml",

@@ -48,8 +48,7 @@ from ci.results import interrupted as interrupted_result
 from ci.select.entries import ResolvedEntry
 
 # Acquires GPUs for an entry; blocks until they are free, or until `stop()` says to give up
-# (raising allocator.Abandoned). Given (count, command, stop).
-# (GPUs, command, stop, expected seconds of holding: the history's p90 or None)
+# (raising allocator.Abandoned). Given (GPUs, command, stop, expected seconds of holding or None).
 Acquire = Callable[[int, str, Callable[[], bool], float | None], AbstractContextManager[Lease]]
 POLL = 0.1  # seconds between the main thread's looks at its workers and at signals
 
@@ -79,6 +78,9 @@ class RunConfig:
     node: str = field(default_factory=socket.gethostname)  # names this machine in the timeline
     # Expected seconds per entry id (the history's p90): the ETA on the heartbeat line.
     estimates: Mapping[str, float] = field(default_factory=dict)
+    # Expected seconds each GPU entry holds its GPUs (the history's p90, else measured or
+    # committed durations): what the lock backfills with. None for an entry: strict FIFO.
+    expectations: Mapping[str, float] = field(default_factory=dict)
 
 
 class CoreSlots:
@@ -271,13 +273,13 @@ class GpuQueue:
     """The GPUs an entry waits for and holds (the run's lock files), shown on the heartbeat."""
 
     def __init__(self, acquire: Acquire | None, progress: Progress, stop: Callable[[], bool],
-                 estimates: Mapping[str, float] | None = None) -> None:
+                 expectations: Mapping[str, float] | None = None) -> None:
         self._acquire = acquire
         self._progress = progress
         self._stop = stop
-        # The history's p90 per entry: the lock lets an entry with one start early on GPUs
+        # Expected seconds per entry: the lock lets an entry with one start early on GPUs
         # a bigger request is still waiting for, when it is expected to be done in time.
-        self._estimates = estimates or {}
+        self._expectations = expectations or {}
 
     def waits(self, entry: ResolvedEntry) -> bool:
         return bool(entry.num_gpus) and self._acquire is not None
@@ -291,7 +293,7 @@ class GpuQueue:
         self._progress.queued(entry.id)
         try:
             with self._acquire(entry.num_gpus, command, self._stop,
-                               self._estimates.get(entry.id)) as lease:
+                               self._expectations.get(entry.id)) as lease:
                 self._progress.settled(entry.id)
                 yield lease
         finally:
@@ -311,7 +313,8 @@ class Runner:
         self.layout = AttemptLayout(cfg.work_dir, cfg.base_env)
         self.policy = RetryPolicy(retries=cfg.retries)
         self._cores = CoreSlots(cfg.jobs)
-        self._gpus = GpuQueue(cfg.acquire, self.progress, self.groups.stopping.is_set, cfg.estimates)
+        self._gpus = GpuQueue(cfg.acquire, self.progress, self.groups.stopping.is_set,
+                              cfg.expectations)
 
     def _stopping(self) -> bool:
         return self.groups.stopping.is_set()

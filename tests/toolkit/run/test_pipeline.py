@@ -163,6 +163,22 @@ def test_a_fresh_clone_orders_by_the_committed_durations_until_it_measures(repo)
     assert [e.id for e in adopted.entries] == [FLAKY_ID, OK], "an adopter's .slime-ci/durations.json comes first"
 
 
+def test_a_fresh_clone_s_gpu_entries_hold_expecting_the_committed_seconds(repo):
+    # Without expectations the lock is strict FIFO: a fresh clone's narrow entries queued
+    # behind a wide one could not borrow GPUs it leaves idle (`ci.gpu.allocator`).
+    step = "tests/e2e/test_step.py"
+    opts = _opts(repo, suite="train")
+    assert pipeline.select(opts, Hints(), measured={}).expectations == {}
+    (repo / "tests" / "durations.json").write_text(json.dumps({step: 80.0, OK: 3.0}))
+    assert pipeline.select(opts, Hints(), measured={}).expectations == {step: 80.0}
+    assert pipeline.select(opts, Hints(), measured={step: 95.0}).expectations == {step: 95.0}
+    history = pipeline.select(opts, Hints(estimates={step: 120.0}), measured={step: 95.0})
+    assert history.expectations == {step: 120.0}, "the history's p90 wins"
+    # A CPU entry holds no GPU: nothing is expected of it.
+    cpu = pipeline.select(_opts(repo), Hints(), measured={OK: 5.0, FLAKY_ID: 6.0})
+    assert cpu.expectations == {}
+
+
 def test_select_of_paths_outside_the_suite_is_one_usage_error(repo):
     with pytest.raises(UsageError, match="not a test of unit"):
         pipeline.select(_opts(repo, "tests/e2e/test_step.py"), Hints(), measured={})

@@ -419,7 +419,7 @@ if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
 
 
-def test_gpu_entries_hold_their_gpus_expecting_the_history_p90(tmp_path):
+def test_gpu_entries_hold_their_gpus_expecting_what_the_run_expects(tmp_path):
     # The entry reads its GPU's holder record (the lock is advisory) while holding it.
     pattern = str(tmp_path / "locks" / "gpu_{gpu_id}.lock")
     (tmp_path / "locks").mkdir()
@@ -431,7 +431,7 @@ def test_gpu_entries_hold_their_gpus_expecting_the_history_p90(tmp_path):
     entries = [ResolvedEntry(id=p, path=p, timeout=30, num_gpus=1, kind="script")
                for p in ("tests/e2e/test_known.py", "tests/e2e/test_new.py")]
     cfg = RunConfig(root=tmp_path, work_dir=tmp_path / "work", jobs=1,
-                    acquire=_acquirer(2, pattern, 60), estimates={entries[0].id: 42.5},
+                    acquire=_acquirer(2, pattern, 60), expectations={entries[0].id: 42.5},
                     base_env={**os.environ, "REC_DIR": str(tmp_path)})
     with open(os.devnull, "w") as sink:
         results = Runner(cfg, Log(actions=False, stream=sink)).run(entries)
@@ -439,4 +439,4 @@ def test_gpu_entries_hold_their_gpus_expecting_the_history_p90(tmp_path):
     known = json.loads((tmp_path / "test_known.py.rec").read_text())
     new = json.loads((tmp_path / "test_new.py.rec").read_text())
     assert known["expect"] == 42.5 and known["command"] == "tests/e2e/test_known.py"
-    assert new["expect"] is None  # no history: it never backfills
+    assert new["expect"] is None  # nothing expected of it: it never backfills
