@@ -6,6 +6,7 @@ whose header (the lines before the diff, which `git apply` ignores) names what c
     suite: ckpt                                  the suite of the entry
     only: gpu --load-optimizer cpu               `--only` pattern (GPU suites) or the test path (CPU)
     reason: optimizer/state/... differs          a line of the failure that must appear
+    timeout: 120                                 optional: seconds its run may take (at most --timeout)
 
 Each plant is applied to a fresh scratch copy of the checkout (tracked and untracked files,
 never the working tree) and the entry runs there through `python -m ci run` with that copy
@@ -35,7 +36,7 @@ from ci.proc import stop_group
 from ci.registry.loader import load_registry
 from ci.registry.repo_suites import PLANTS_CI, PLANTS_DIR
 
-HEADER = re.compile(r"^(suite|only|reason|gpus):\s*(.+?)\s*$")
+HEADER = re.compile(r"^(suite|only|reason|gpus|timeout):\s*(.+?)\s*$")
 DEFAULT_TIMEOUT = 900.0  # seconds per plant: an emulated entry takes ~50 s on a quiet box
 TOOLKIT = Path(__file__).resolve().parents[2]  # the checkout this `ci` package lives in
 STOP_GRACE = 30.0  # seconds a timed-out run gets to stop its entries before SIGKILL
@@ -51,6 +52,7 @@ class Plant:
     only: str
     reasons: tuple[str, ...]  # any one of them must show (a message being reworded has two)
     gpus: int = 8
+    timeout: float | None = None  # its own bound on the run's seconds; --timeout still caps it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,9 +81,20 @@ def read_plant(path: Path, plants_dir: Path) -> Plant:
                          "before the diff)")
     if not fields.get("gpus", "8").isdigit():
         raise UsageError(f"{path}: gpus: {fields['gpus']!r} is not a number")
+    timeout = _seconds(fields["timeout"]) if "timeout" in fields else None
+    if "timeout" in fields and timeout is None:
+        raise UsageError(f"{path}: timeout: {fields['timeout']!r} is not a number of seconds above 0")
     key = f"{path.parent.name}/{path.stem}"
     return Plant(key=key, patch=path, suite=fields["suite"], only=fields["only"],
-                 reasons=tuple(reasons), gpus=int(fields.get("gpus", "8")))
+                 reasons=tuple(reasons), gpus=int(fields.get("gpus", "8")), timeout=timeout)
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value <= 86400 else None
 
 
 def discover(root: Path) -> list[Plant]:
@@ -245,7 +258,7 @@ def main(argv: Sequence[str]) -> int:
     start = time.monotonic()
     verdicts = []
     for i, p in enumerate(plants, 1):
-        v = run_plant(p, root, gpu[p.key], args.timeout, os.environ)
+        v = run_plant(p, root, gpu[p.key], min(args.timeout, p.timeout or args.timeout), os.environ)
         print(f"[{i:>3}/{len(plants)}] {'caught' if v.caught else 'MISSED'}  {p.key}  {v.why}  "
               f"{v.seconds:.1f}s", flush=True)
         verdicts.append(v)

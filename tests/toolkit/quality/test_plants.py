@@ -73,7 +73,8 @@ def toy(tmp_path_factory):
     _plant(root, "sign", head + "reason: add is broken", "return a + b", "return a - b")
     _plant(root, "harmless", head + "reason: add is broken", "import time", "import time  # a comment")
     _plant(root, "other-reason", head + "reason: add overflowed", "return a + b", "return a - b")
-    _plant(root, "slow", head + "reason: add is broken", 'os.environ.get("TOY_SLOW")', "True")
+    # Its own timeout, below the command's: a plant whose break hangs need not cost --timeout.
+    _plant(root, "slow", head + "reason: add is broken\ntimeout: 4", 'os.environ.get("TOY_SLOW")', "True")
     stale = root / "tests" / "e2e" / "plants" / "test_add" / "stale.patch"
     stale.write_text((root / "tests/e2e/plants/test_add/sign.patch").read_text().replace("a + b", "a * b"))
     return root
@@ -84,8 +85,8 @@ def _plants(toy, *args, timeout=300):
 
 
 def test_each_verdict_for_its_reason(toy):
-    # 45 s per plant: a toy run takes ~5 s on a quiet box, over 20 s at load 40; the slow
-    # plant sleeps far past it (and past the suite's own timeout) so only the plant's limit ends it.
+    # 45 s per plant: a toy run takes ~5 s on a quiet box, over 20 s at load 40. The slow
+    # plant sleeps far past it; its own `timeout: 4` ends it, not the 45 s.
     proc = _plants(toy, "--timeout", "45", timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = {line.split()[1]: line for line in proc.stdout.splitlines() if line.startswith("test_add ")}
@@ -94,6 +95,7 @@ def test_each_verdict_for_its_reason(toy):
     assert "MISSED" in rows["harmless"] and "the entry passed with the break in place" in rows["harmless"]
     assert "MISSED" in rows["other-reason"] and "failed, but not for 'add overflowed'" in rows["other-reason"]
     assert "MISSED" in rows["slow"] and "timed out" in rows["slow"]
+    assert float(rows["slow"].split()[-1].rstrip("s")) < 45, rows["slow"]
     assert "MISSED" in rows["stale"] and "patch does not apply" in rows["stale"]
     assert "plants: 1 caught, 4 missed" in proc.stdout
     # Plants went to scratch copies: the working tree is as committed, and nothing was left running.
@@ -127,6 +129,10 @@ def test_bad_input_is_one_line(toy, tmp_path):
     proc = run_ci("plants", "--root", str(bad))
     assert proc.returncode == 2 and "header lacks only, reason" in proc.stderr
     assert "Traceback" not in proc.stderr
+    (bad / "tests/e2e/plants/x/y.patch").write_text("suite: unit\nonly: t\nreason: r\ntimeout: soon\n\n")
+    proc = run_ci("plants", "--root", str(bad))
+    assert proc.returncode == 2 and "timeout: 'soon' is not a number of seconds" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_every_plant_of_the_repository_still_applies():
