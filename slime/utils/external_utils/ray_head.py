@@ -392,6 +392,12 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
         OWNER_VAR: token,
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
+        # No idle workers started ahead of need (Ray starts one per CPU, and again for the
+        # first driver): a private head's workers are its job's, started when asked for. On a
+        # 2-core machine that is about 3 CPU-seconds per head; on a 128-core GPU host, 128
+        # Python processes nobody uses.
+        "RAY_enable_worker_prestart": "0",
+        "RAY_prestart_worker_first_driver": "0",
         # A private head on loopback: no token, whatever ~/.ray/auth_token holds (Ray writes
         # one the first time any `ray.init()` starts a local cluster on this account, and a
         # head that finds it then refuses drivers that bring none).
