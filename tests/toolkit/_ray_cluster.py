@@ -27,11 +27,14 @@ RAY = str(Path(sys.executable).parent / "ray")
 NODE_IP = "127.0.0.2"
 
 # Fast failure detection, so a stopped worker is declared dead in seconds, not a minute.
-HEALTH_ENV = {
+NODE_ENV = {
     "RAY_health_check_initial_delay_ms": "1000",
     "RAY_health_check_period_ms": "500",
     "RAY_health_check_timeout_ms": "1000",
     "RAY_health_check_failure_threshold": "3",
+    # No idle workers ahead of need, as U's private head and the namespace hosts run.
+    "RAY_enable_worker_prestart": "0",
+    "RAY_prestart_worker_first_driver": "0",
 }
 
 
@@ -91,7 +94,7 @@ class LocalCluster:
         # authentication at the head, which drivers that do not send one are then refused.
         home = temp / "home"
         home.mkdir()
-        env = {**os.environ, **HEALTH_ENV, "TMPDIR": str(temp), "HOME": str(home)}
+        env = {**os.environ, **NODE_ENV, "TMPDIR": str(temp), "HOME": str(home)}
         with log.open("wb") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
