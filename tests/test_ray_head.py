@@ -41,15 +41,11 @@ class Probe:
                 "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
-def _alive(pids):
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
+def _running(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +65,8 @@ def head(tmp_path_factory):
         finally:
             ray.shutdown()
     assert record
-    assert _alive(record[0].pids | spawned) == [], "a process of the head or an actor outlived it"
+    left = [pid for pid in record[0].pids | spawned if _running(pid)]
+    assert left == [], "a process of the head or an actor outlived it"
 
 
 def test_actors_land_on_their_bundles(head):
