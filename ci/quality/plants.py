@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ci.args import seconds
 from ci.errors import EXIT_FAILED, EXIT_NOTHING, EXIT_OK, UsageError
 from ci.proc import stop_group
 from ci.registry.loader import load_registry
@@ -81,20 +82,16 @@ def read_plant(path: Path, plants_dir: Path) -> Plant:
                          "before the diff)")
     if not fields.get("gpus", "8").isdigit():
         raise UsageError(f"{path}: gpus: {fields['gpus']!r} is not a number")
-    timeout = _seconds(fields["timeout"]) if "timeout" in fields else None
-    if "timeout" in fields and timeout is None:
-        raise UsageError(f"{path}: timeout: {fields['timeout']!r} is not a number of seconds above 0")
+    timeout = None
+    if "timeout" in fields:
+        try:
+            given = float(fields["timeout"])
+        except ValueError:
+            raise UsageError(f"{path}: timeout: {fields['timeout']!r} is not a number of seconds") from None
+        timeout = seconds(f"{path}: timeout:", given, most=86400)
     key = f"{path.parent.name}/{path.stem}"
     return Plant(key=key, patch=path, suite=fields["suite"], only=fields["only"],
                  reasons=tuple(reasons), gpus=int(fields.get("gpus", "8")), timeout=timeout)
-
-
-def _seconds(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if 0 < value <= 86400 else None
 
 
 def discover(root: Path) -> list[Plant]:
