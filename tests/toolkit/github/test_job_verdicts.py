@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
-from _ci import run_ci, write
+from _ci import REPO, run_ci, write
 from _verdict_store import attempt, plant_main, plant_pr, registry, why_command
 
 NUM_GPUS = 0
@@ -148,6 +149,13 @@ def test_any_needs_text_is_a_verdict_or_one_line_of_bad_input(repo, why, raw):
         assert proc.stderr.count("\n") == 1 and "--needs" in proc.stderr, proc.stderr
     else:
         assert proc.returncode in (0, 1), proc
+
+
+def test_the_verdict_job_fails_after_a_cancel_whether_or_not_its_steps_run():
+    job = yaml.safe_load((REPO / ".github/workflows/pr-test.yml").read_text())["jobs"]["verdict"]
+    assert job["if"].startswith("always()"), "it must run after a failed or cancelled job"
+    last = job["steps"][-1]
+    assert last["if"] == "cancelled()" and last["run"].rstrip().endswith("exit 1"), last
 
 
 def test_the_docs_carry_the_job_rule_table():
