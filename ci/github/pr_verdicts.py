@@ -3,9 +3,11 @@ PR comment and the `verdict` merge gate.
 
 The rules are `ci.history.verdicts.RULES`; this module reads the history, renders the tables
 (one per suite: entry, verdict, evidence, the command that reproduces it) and, in CI, keeps
-one comment on the PR up to date: it finds its own comment by `MARKER` and edits it, so a
-PR gets one comment however often it is pushed. `--gate` exits 1 when a verdict that its
-suite says blocks (`Suite.verdict_blocks`: new and unknown by default) is among them.
+one comment on the PR up to date: it finds its own comment (the bot's, starting with
+`MARKER`) and edits it, so a PR gets one comment however often it is pushed. What a test
+wrote is quoted inert and the body cut to GitHub's limit (ci.github.inert_text). `--gate`
+exits 1 when a verdict that its suite says blocks (`Suite.verdict_blocks`: new and unknown
+by default) is among them, or a job of `--needs` did not succeed (ci.github.job_verdicts).
 
 Exit codes: 0 nothing blocks, 1 a blocking verdict (--gate), 2 bad input, 4 the history
 store cannot be used.
