@@ -69,6 +69,17 @@ class Malformed:
     why: str
 
 
+# GitHub ends a comment's line at a newline only. str.splitlines() also ends one at U+2028,
+# U+0085, a form feed and the like, which GitHub shows inside the same line: read that way,
+# "/rerun-failed<U+2028>/run-ci x" ran /rerun-failed although its line, as shown, is no command.
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+def first_line(body: str) -> str:
+    """The comment's first line as GitHub shows it: up to the first CR or LF."""
+    return _LINE_END.split(body, maxsplit=1)[0]
+
+
 def parse_comment(body: str) -> Command | Malformed | None:
     """The command on the comment's first line; None when it is no command.
 
@@ -78,7 +89,7 @@ def parse_comment(body: str) -> Command | Malformed | None:
     """
     if not body.startswith(COMMAND_PREFIX):
         return None
-    word, *args = body.splitlines()[0].split()
+    word, *args = first_line(body).split()
     name = word[1:]
     if name not in COMMANDS:
         return Malformed(why=f"unknown command {quoted(word)}; known: "

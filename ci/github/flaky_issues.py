@@ -13,8 +13,15 @@ A flaky issue closes itself once the entry's last `quarantine_clean_runs` runs a
 the first try (the quarantine lets it go then too); a broken-main issue once main passes it
 again. A closed issue reopens when the entry flakes or breaks again after it was closed.
 
-Exit codes: 0 done (or nothing to do), 2 bad input, 4 the history store cannot be used
-(`--unreachable-ok`: one line and 0).
+Everything a test wrote (the reasons of its failures) is quoted inert, bodies are cut to
+GitHub's limit with a line saying so, an entry that two suites hold gets one issue naming
+both, and a run opens at most `--max-new` issues (the rest wait for the next run). Only the
+bot's own issues are read back (`--author`): a marker pasted into someone else's issue is
+no issue of the monitor's. One change that GitHub refuses is reported and the others are
+still made.
+
+Exit codes: 0 done (or nothing to do), 1 GitHub refused some change (each said in one line),
+2 bad input, 4 the history store cannot be used (`--unreachable-ok`: one line and 0).
 """
 
 from __future__ import annotations
@@ -23,13 +30,15 @@ import argparse
 import os
 import re
 import sys
+import urllib.parse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Literal, NoReturn
 
-from ci.errors import EXIT_OK, StoreError, UsageError
+from ci.errors import EXIT_FAILED, EXIT_OK, StoreError, UsageError
+from ci.github.inert_text import BODY_LIMIT, TITLE_LIMIT, code, fit, plain
 from ci.github.rest_client import GitHub, GitHubError
 from ci.history.stats import after_lifts, auto_quarantine, clean_tail, flakiness, streaks
 from ci.history.store import HISTORY_ENV, HISTORY_FILE, AttemptRow, open_store, resolve_url
@@ -46,10 +55,20 @@ CODEOWNERS_PATHS = (".github/CODEOWNERS", "CODEOWNERS", "docs/CODEOWNERS")
 STREAK_RUNS = 3  # as the monitor: failing this many runs in a row on main
 HISTORY_RUNS = 500
 LAST_FAILURES = 5
+# Issues opened (or reopened) in one run at most: a history with 200 crafted entry names is
+# 200 issues at once otherwise. The rest are opened by the next runs.
+MAX_NEW = 10
+BOT_LOGIN = "github-actions[bot]"  # who the monitor job's GITHUB_TOKEN writes as
+
+
+# In the marker an entry id keeps no `>` (which would end the HTML comment early and show the
+# rest), no `<`, no line break; `%` is encoded so that decoding gives the id back.
+_MARKER_ESCAPES = {"%": "%25", ">": "%3E", "<": "%3C", "\n": "%0A", "\r": "%0D"}
 
 
 def marker(entry_id: str, kind: IssueKind) -> str:
-    return f"<!-- slime-ci:entry={entry_id} kind={kind} -->"
+    safe = "".join(_MARKER_ESCAPES.get(c, c) for c in entry_id)
+    return f"<!-- slime-ci:entry={safe} kind={kind} -->"
 
 
 # --- owners -----------------------------------------------------------------------------------
@@ -110,7 +129,7 @@ class Wanted:
     body: str
     owner: str
     since: float  # when what it reports last happened (a flake, a failure on main)
-    suite: str = ""
+    suites: tuple[str, ...] = ()
     by_registry: bool = False  # held by Entry.quarantine, not by its rate
 
 
@@ -124,6 +143,7 @@ class Existing:
     state: str
     closed_at: float | None
     body: str = ""
+    title: str = ""
 
     @property
     def closed_by_hand(self) -> bool:
@@ -134,7 +154,7 @@ class Existing:
 class Action:
     """One thing to do on GitHub, and why."""
 
-    verb: Literal["open", "update", "close", "reopen", "keep", "lift"]
+    verb: Literal["open", "update", "close", "reopen", "keep", "lift", "wait"]
     entry_id: str
     kind: IssueKind
     number: int | None
@@ -143,13 +163,17 @@ class Action:
     body: str = ""  # the issue's body as it is (a close keeps it, with CLOSED_MARK added)
 
 
+_SHA = re.compile(r"[0-9a-f]{7,64}")
+
+
 def _links(server: str, repo: str, rows: Sequence[AttemptRow]) -> list[str]:
     out = []
     for r in rows[-LAST_FAILURES:]:
-        commit = f"[{short(r.commit)}]({server}/{repo}/commit/{r.commit})" if r.commit and repo else \
-            f"`{short(r.commit)}`"
-        out.append(f"- {when(r.started_at)} on {r.branch or '?'} at {commit}: {r.outcome}"
-                   + (f": {r.reason}" if r.reason else ""))
+        sha = r.commit if _SHA.fullmatch(r.commit) else ""
+        commit = f"[{short(sha)}]({server}/{repo}/commit/{sha})" if sha and repo else \
+            code(short(r.commit), table=False)
+        out.append(f"- {when(r.started_at)} on {code(r.branch or '?', 80, table=False)} at {commit}: "
+                   + code(f"{r.outcome}: {r.reason}" if r.reason else r.outcome, table=False))
     return out
 
 
@@ -180,18 +204,19 @@ def wanted_issues(rows: Sequence[AttemptRow], suites: Sequence[Suite], root: Pat
                    and (r.final or r.outcome not in OK)]
             body = "\n".join([
                 marker(entry_id, "flaky"),
-                f"`{entry_id}` (suite `{suite.name}`) is **quarantined**: it still runs on every job, "
+                f"{code(entry_id, 300, table=False)} (suite `{suite.name}`) is **quarantined**: it still "
+                "runs on every job, "
                 "but its failures do not fail them.", "",
-                f"- why: {why}",
+                f"- why: {code(why, 400, table=False)}",
                 f"- owner: {owner or 'nobody named (set Entry.owner, Suite.owner or CODEOWNERS)'}",
                 f"- closes itself after {suite.quarantine_clean_runs} runs in a row that pass at the "
                 "first try, and the quarantine lets the entry go then", "",
                 "Its last failures:", *(_links(server, repo, bad) or ["- none recorded"]), "",
-                f"Reproduce: `nox -s {suite.name} -- --only {path}`; the rate: "
+                f"Reproduce: {code(f'nox -s {suite.name} -- --only {path}', 400, table=False)}; the rate: "
                 f"`python -m ci history flaky --suite {suite.name}`.",
             ])
-            out.append(Wanted(entry_id=entry_id, kind="flaky", owner=owner, body=body, suite=suite.name,
-                              title=f"Flaky: {entry_id} ({suite.name})",
+            out.append(Wanted(entry_id=entry_id, kind="flaky", owner=owner, body=body, suites=(suite.name,),
+                              title=f"Flaky: {plain(entry_id, 200)} ({suite.name})",
                               since=max((r.started_at for r in bad), default=0.0),
                               by_registry=bool(e is not None and e.quarantine)))
         for s in streaks([r for r in mine if infra_cause(r) is None], branch="main", k=k):
@@ -203,18 +228,49 @@ def wanted_issues(rows: Sequence[AttemptRow], suites: Sequence[Suite], root: Pat
             good = s.last_passing_commit
             body = "\n".join([
                 marker(s.entry_id, "broken-main"),
-                f"`{s.entry_id}` (suite `{suite.name}`) has failed its last {s.failures} runs on `main`.", "",
+                f"{code(s.entry_id, 300, table=False)} (suite `{suite.name}`) has failed its last "
+                f"{s.failures} runs on `main`.", "",
                 f"- owner: {owner or 'nobody named (set Entry.owner, Suite.owner or CODEOWNERS)'}",
-                f"- first failing commit: `{s.first_failing_commit}` ({when(s.since)})",
-                f"- range to bisect: `{good}..{s.first_failing_commit}`" if good
+                f"- first failing commit: {code(s.first_failing_commit, 64, table=False)} ({when(s.since)})",
+                f"- range to bisect: {code(f'{good}..{s.first_failing_commit}', 140, table=False)}" if good
                 else "- no passing run of it on main is recorded",
-                "- why: " + "; ".join(s.reasons), "",
+                "- why: " + code("; ".join(s.reasons), 600, table=False), "",
                 "Its failures:", *_links(server, repo, fails), "",
                 "This issue closes itself when main passes it again.",
             ])
             out.append(Wanted(entry_id=s.entry_id, kind="broken-main", owner=owner, body=body,
-                              title=f"Failing on main: {s.entry_id} ({suite.name})", since=s.since))
+                              suites=(suite.name,), since=s.since,
+                              title=f"Failing on main: {plain(s.entry_id, 200)} ({suite.name})"))
+    return merged(out)
+
+
+def merged(wanted: Sequence[Wanted]) -> list[Wanted]:
+    """One issue per entry and kind: an entry that two suites run (or hold) gets one issue with a
+    section per suite, never two issues behind one marker (one orphaned, one rewritten twice)."""
+    by_key: dict[tuple[str, IssueKind], list[Wanted]] = {}
+    for w in wanted:
+        by_key.setdefault((w.entry_id, w.kind), []).append(w)
+    out = []
+    for (entry_id, kind), group in by_key.items():
+        if len(group) == 1:
+            out.append(_bounded(group[0]))
+            continue
+        suites = tuple(x for w in group for x in w.suites)
+        first, *rest = group
+        lead = "Flaky" if kind == "flaky" else "Failing on main"
+        body = "\n\n---\n\n".join([first.body, *(w.body.split("\n", 1)[1] for w in rest)])  # one marker
+        owners = " ".join(dict.fromkeys(o for w in group for o in w.owner.split()))
+        out.append(Wanted(entry_id=entry_id, kind=kind, body=body, owner=owners, suites=suites,
+                          title=f"{lead}: {plain(entry_id, 200)} ({', '.join(suites)})",
+                          since=max(w.since for w in group), by_registry=any(w.by_registry for w in group)))
+        out[-1] = _bounded(out[-1])
     return out
+
+
+def _bounded(w: Wanted) -> Wanted:
+    """Within GitHub's limits: an oversize body was refused, and every later change with it."""
+    where = "`python -m ci issues --dry-run` and `python -m ci history show` show the rest."
+    return replace(w, title=w.title[:TITLE_LIMIT], body=fit(w.body, limit=BODY_LIMIT, where=where))
 
 
 def _closed_at(raw: object) -> float | None:
@@ -226,34 +282,60 @@ def _closed_at(raw: object) -> float | None:
         return None
 
 
-def existing_issues(items: Sequence[object]) -> list[Existing]:
-    """The issues (open or closed) that carry a marker; pull requests are left out."""
+def _login(item: Mapping[str, object]) -> str:
+    user = item.get("user")
+    login = user.get("login") if isinstance(user, dict) else None
+    return login if isinstance(login, str) else ""
+
+
+def existing_issues(items: Sequence[object], author: str = BOT_LOGIN) -> list[Existing]:
+    """The issues (open or closed) that `author` opened and whose body starts with a marker;
+    pull requests, and anyone else's issue that quotes a marker, are left out."""
     out = []
     for i in items:
-        if not isinstance(i, dict) or "pull_request" in i:
+        if not isinstance(i, dict) or "pull_request" in i or _login(i).casefold() != author.casefold():
             continue
-        found = MARKER_RE.search(str(i.get("body") or ""))
-        if found:
+        found = MARKER_RE.match(str(i.get("body") or ""))
+        number = i.get("number")
+        if found and isinstance(number, int):
             kind: IssueKind = "flaky" if found.group(2) == "flaky" else "broken-main"
-            out.append(Existing(number=int(i["number"]), entry_id=found.group(1), kind=kind,
+            out.append(Existing(number=number, entry_id=urllib.parse.unquote(found.group(1)), kind=kind,
                                 state=str(i.get("state", "open")), closed_at=_closed_at(i.get("closed_at")),
-                                body=str(i.get("body") or "")))
+                                body=str(i.get("body") or ""), title=str(i.get("title") or "")))
     return out
 
 
 def plan(wanted: Sequence[Wanted], existing: Sequence[Existing], rows: Sequence[AttemptRow],
-         suites: Sequence[Suite]) -> list[Action]:
-    """What to do: open what is missing, reopen what came back, close what recovered."""
-    by_key = {(x.entry_id, x.kind): x for x in sorted(existing, key=lambda x: x.number)}
+         suites: Sequence[Suite], *, max_new: int = MAX_NEW) -> list[Action]:
+    """What to do: open what is missing, reopen what came back, close what recovered; at most
+    `max_new` opened or reopened (the rest `wait`), an unchanged issue left as it is."""
+    by_key: dict[tuple[str, IssueKind], Existing] = {}
     actions: list[Action] = []
+    # One issue per key: the oldest open one, else the oldest. Another open one behind the
+    # same key (left by an earlier release) is closed as its duplicate, never orphaned.
+    for issue in sorted(existing, key=lambda i: (i.state != "open", i.number)):
+        kept = by_key.setdefault((issue.entry_id, issue.kind), issue)
+        if kept is not issue and issue.state == "open":
+            actions.append(Action(verb="close", entry_id=issue.entry_id, kind=issue.kind, number=issue.number,
+                                  body=issue.body, why=f"a duplicate of #{kept.number}"))
+    opened = 0
     for w in wanted:
         x = by_key.get((w.entry_id, w.kind))
+        new = x is None or (x.state != "open" and x.closed_at is not None and w.since > x.closed_at)
+        if new and opened >= max_new:
+            actions.append(Action(verb="wait", entry_id=w.entry_id, kind=w.kind,
+                                  number=x.number if x else None, wanted=w,
+                                  why=f"{max_new} issues opened this run already; the next run"))
+            continue
+        opened += new
         if x is None:
             actions.append(Action(verb="open", entry_id=w.entry_id, kind=w.kind, number=None, wanted=w,
                                   why="held by the quarantine" if w.kind == "flaky" else "failing on main"))
         elif x.state == "open":
-            actions.append(Action(verb="update", entry_id=w.entry_id, kind=w.kind, number=x.number, wanted=w,
-                                  why="still held" if w.kind == "flaky" else "still failing on main"))
+            if (x.title, x.body) != (w.title, w.body):
+                why = "still held" if w.kind == "flaky" else "still failing on main"
+                actions.append(Action(verb="update", entry_id=w.entry_id, kind=w.kind, number=x.number,
+                                      wanted=w, why=why))
         elif x.closed_at is not None and w.since > x.closed_at:
             actions.append(Action(verb="reopen", entry_id=w.entry_id, kind=w.kind, number=x.number, wanted=w,
                                   why=f"{'flaked' if w.kind == 'flaky' else 'failed on main'} again "
@@ -290,37 +372,48 @@ def plan(wanted: Sequence[Wanted], existing: Sequence[Existing], rows: Sequence[
     return actions
 
 
-def apply(gh: GitHub, actions: Sequence[Action]) -> list[str]:
-    """Carry the actions out; one line each."""
-    done = []
+def _carry_out(gh: GitHub, a: Action) -> str:
+    w = a.wanted
+    if a.verb == "open" and w is not None:
+        body: dict[str, object] = {"title": w.title, "body": w.body, "labels": [LABEL]}
+        users = [o.lstrip("@") for o in w.owner.split() if o.startswith("@") and "/" not in o]
+        if users:
+            body["assignees"] = users
+        made = gh.call("POST", "/issues", body)
+        number = made.get("number") if isinstance(made, dict) else "?"
+        return f"opened #{number}: {w.title} ({a.why})"
+    if a.verb in ("update", "reopen") and w is not None:
+        change: dict[str, object] = {"title": w.title, "body": w.body}
+        if a.verb == "reopen":
+            change["state"] = "open"
+            gh.call("POST", f"/issues/{a.number}/comments", {"body": f"Reopened: {a.why}."})
+        gh.call("PATCH", f"/issues/{a.number}", change)
+        return f"{'reopened' if a.verb == 'reopen' else 'updated'} #{a.number}: {a.entry_id} ({a.why})"
+    if a.verb == "close":
+        gh.call("POST", f"/issues/{a.number}/comments", {"body": f"Closing: {a.why}."})
+        kept = fit(a.body, limit=BODY_LIMIT - len(CLOSED_MARK) - 1)  # the mark must survive the cut
+        gh.call("PATCH", f"/issues/{a.number}", {"state": "closed", "state_reason": "completed",
+                                                 "body": f"{kept}\n{CLOSED_MARK}"})
+        return f"closed #{a.number}: {a.entry_id} ({a.why})"
+    if a.verb == "lift":
+        return f"lifted the quarantine of {a.entry_id} ({a.why})"
+    if a.verb == "wait":
+        return f"left {a.kind} {a.entry_id} for a later run ({a.why})"
+    return f"kept #{a.number} open: {a.entry_id} ({a.why})"
+
+
+def apply(gh: GitHub, actions: Sequence[Action]) -> tuple[list[str], list[str]]:
+    """Carry the actions out: (one line per change made, one line per change GitHub refused).
+    A refusal is that action's alone: the others are still made."""
+    done, refused = [], []
     for a in actions:
-        w = a.wanted
-        if a.verb == "open" and w is not None:
-            body: dict[str, object] = {"title": w.title, "body": w.body, "labels": [LABEL]}
-            users = [o.lstrip("@") for o in w.owner.split() if o.startswith("@") and "/" not in o]
-            if users:
-                body["assignees"] = users
-            made = gh.call("POST", "/issues", body)
-            number = made.get("number") if isinstance(made, dict) else "?"
-            done.append(f"opened #{number}: {w.title} ({a.why})")
-        elif a.verb in ("update", "reopen") and w is not None:
-            change: dict[str, object] = {"title": w.title, "body": w.body}
-            if a.verb == "reopen":
-                change["state"] = "open"
-                gh.call("POST", f"/issues/{a.number}/comments", {"body": f"Reopened: {a.why}."})
-            gh.call("PATCH", f"/issues/{a.number}", change)
-            verb = "reopened" if a.verb == "reopen" else "updated"
-            done.append(f"{verb} #{a.number}: {a.entry_id} ({a.why})")
-        elif a.verb == "close":
-            gh.call("POST", f"/issues/{a.number}/comments", {"body": f"Closing: {a.why}."})
-            gh.call("PATCH", f"/issues/{a.number}", {"state": "closed", "state_reason": "completed",
-                                                     "body": f"{a.body}\n{CLOSED_MARK}"})
-            done.append(f"closed #{a.number}: {a.entry_id} ({a.why})")
-        elif a.verb == "lift":
-            done.append(f"lifted the quarantine of {a.entry_id} ({a.why})")
-        else:
-            done.append(f"kept #{a.number} open: {a.entry_id} ({a.why})")
-    return done
+        try:
+            done.append(_carry_out(gh, a))
+        except GitHubError as exc:
+            hint = "; the job needs `issues: write`" if exc.status in (401, 403) else ""
+            refused.append(f"could not {a.verb} {'#' + str(a.number) if a.number else 'an issue'} "
+                           f"({a.kind} {a.entry_id[:120]}): {exc}{hint}")
+    return done, refused
 
 
 class _Parser(argparse.ArgumentParser):
@@ -339,6 +432,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repo", metavar="OWNER/NAME", help="the repository (default: GITHUB_REPOSITORY)")
     p.add_argument("-k", type=int, default=STREAK_RUNS,
                    help=f"failures in a row on main that open a broken-main issue (default: {STREAK_RUNS})")
+    p.add_argument("--max-new", type=int, default=MAX_NEW,
+                   help=f"issues opened or reopened in one run at most (default: {MAX_NEW}); the rest wait")
+    p.add_argument("--author", metavar="LOGIN", default=BOT_LOGIN,
+                   help=f"the login the token writes as: only its issues are read back "
+                        f"(default: {BOT_LOGIN})")
     p.add_argument("--dry-run", action="store_true", help="say what would be done; change nothing on GitHub")
     p.add_argument("--unreachable-ok", action="store_true",
                    help="no GITHUB_TOKEN, or a store that cannot be used: one line and exit 0 "
@@ -350,6 +448,8 @@ def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     if args.k < 1:
         raise UsageError("-k must be at least 1")
+    if args.max_new < 0:
+        raise UsageError("--max-new must be 0 or more")
     root = args.root.resolve()
     url = resolve_url(args.history, os.environ, root)
     if url is None:
@@ -374,11 +474,11 @@ def main(argv: Sequence[str]) -> int:
     existing: list[Existing] = []
     if gh is not None:
         try:
-            existing = existing_issues(gh.pages(f"/issues?labels={LABEL}&state=all"))
+            existing = existing_issues(gh.pages(f"/issues?labels={LABEL}&state=all"), args.author)
         except GitHubError as exc:
-            raise UsageError(f"cannot list the {LABEL} issues: {exc}; "
-                             "the job needs `issues: write`") from None
-    actions = plan(wanted, existing, rows, registry.suites)
+            hint = "; the job needs `issues: write`" if exc.status in (401, 403) else ""
+            raise UsageError(f"cannot list the {LABEL} issues: {exc}{hint}") from None
+    actions = plan(wanted, existing, rows, registry.suites, max_new=args.max_new)
     if gh is None:
         for a in actions:
             print(f"would {a.verb} {'#' + str(a.number) if a.number else 'an issue'}: "
@@ -391,14 +491,15 @@ def main(argv: Sequence[str]) -> int:
         with open_store(url) as store:
             for a in lifting:
                 closed = next(x.closed_at for x in existing if x.number == a.number)
-                store.lift(suite=a.wanted.suite if a.wanted else "", entry_id=a.entry_id,
-                           at=closed or 0.0, why=a.why)
-    try:
-        for line in apply(gh, actions):
-            print(line)
-    except GitHubError as exc:
-        raise UsageError(f"GitHub refused an issue change: {exc}; the job needs `issues: write`") from None
+                for suite in a.wanted.suites if a.wanted else ():
+                    store.lift(suite=suite, entry_id=a.entry_id, at=closed or 0.0, why=a.why)
+    done, refused = apply(gh, actions)
+    for line in done:
+        print(line)
+    for line in refused:
+        print(f"error: {line}", file=sys.stderr)
     print(f"issues: {len(wanted)} entr{'y' if len(wanted) == 1 else 'ies'} tracked, "
-          f"{sum(a.verb != 'keep' for a in actions)} change(s)")
-    return EXIT_OK
+          f"{sum(a.verb not in ('keep', 'wait') for a in actions) - len(refused)} change(s)"
+          + (f", {len(refused)} refused by GitHub" if refused else ""))
+    return EXIT_FAILED if refused else EXIT_OK
 

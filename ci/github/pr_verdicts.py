@@ -3,9 +3,11 @@ PR comment and the `verdict` merge gate.
 
 The rules are `ci.history.verdicts.RULES`; this module reads the history, renders the tables
 (one per suite: entry, verdict, evidence, the command that reproduces it) and, in CI, keeps
-one comment on the PR up to date: it finds its own comment by `MARKER` and edits it, so a
-PR gets one comment however often it is pushed. `--gate` exits 1 when a verdict that its
-suite says blocks (`Suite.verdict_blocks`: new and unknown by default) is among them.
+one comment on the PR up to date: it finds its own comment (the bot's, starting with
+`MARKER`) and edits it, so a PR gets one comment however often it is pushed. What a test
+wrote is quoted inert and the body cut to GitHub's limit (ci.github.inert_text). `--gate`
+exits 1 when a verdict that its suite says blocks (`Suite.verdict_blocks`: new and unknown
+by default) is among them, or a job of `--needs` did not succeed (ci.github.job_verdicts).
 
 Exit codes: 0 nothing blocks, 1 a blocking verdict (--gate), 2 bad input, 4 the history
 store cannot be used.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -23,8 +26,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import NoReturn
 
-from ci.errors import EXIT_FAILED, EXIT_OK, UsageError
-from ci.github.rest_client import GitHub, GitHubError
+from ci.errors import EXIT_FAILED, EXIT_OK, StoreError, UsageError
+from ci.github.inert_text import code, fit
+from ci.github.job_verdicts import judge_jobs, parse_needs
+from ci.github.rest_client import GitHub, GitHubError, pr_number
 from ci.history.store import HISTORY_ENV, HISTORY_FILE, AttemptRow, open_store, resolve_url
 from ci.history.verdicts import (
     KINDS,
@@ -44,6 +49,9 @@ from ci.registry.model import AUTO_QUARANTINE_RATE, Suite
 
 MARKER = "<!-- slime-ci:verdicts -->"
 HISTORY_RUNS = 400  # the newest trusted runs of a suite read as its baseline
+# Who writes the verdict comment: the workflow's GITHUB_TOKEN posts as this bot. Only its own
+# comment is edited; a comment of anyone else that carries the marker is left alone.
+BOT_LOGIN = "github-actions[bot]"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                 epilog="Exit codes: 0 nothing blocks, 1 a blocking verdict (with --gate), 2 bad input, "
                        "4 the history store cannot be used. docs/verdicts.md says what each verdict means.")
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--pr", type=int, metavar="N",
+    which.add_argument("--pr", type=pr_number, metavar="N",
                        help="judge pull request N (the newest commit of it the history holds)")
     which.add_argument("--run", metavar="ID", help="one recorded run (its uid, or a unique prefix)")
     p.add_argument("--base", metavar="SHA",
@@ -78,37 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "GITHUB_REPOSITORY)")
     p.add_argument("--dry-run", action="store_true", help="with --comment: print the comment, post nothing")
     p.add_argument("--repo", metavar="OWNER/NAME", help="the repository (default: GITHUB_REPOSITORY)")
+    p.add_argument("--author", metavar="LOGIN", default=BOT_LOGIN,
+                   help=f"with --comment: the login the token posts as; only its comment is edited "
+                        f"(default: {BOT_LOGIN})")
     p.add_argument("--needs", metavar="JSON",
-                   help="the run's jobs and results (Actions' toJSON(needs)): a job that failed with no "
-                        "failed entry recorded gets an `unknown` verdict (rule job-unrecorded)")
+                   help="the run's jobs and results (Actions' toJSON(needs)): a job that did not succeed "
+                        "and that no failed entry of its own explains (cancelled, skipped although the "
+                        "plan named it, failed with nothing recorded) gets a blocking `unknown` verdict")
     return p
-
-
-JOB_UNRECORDED = "job-unrecorded"
-
-
-def unrecorded_jobs(raw: str, verdicts: Sequence[Verdict], job_suites: Mapping[str, str]) -> list[Verdict]:
-    """Jobs that failed although the history holds no failed entry of theirs: an install that
-    broke, a lint, a job that recorded nothing. Unknown, so they block: never silently green."""
-    try:
-        needs = json.loads(raw)
-    except ValueError:
-        raise UsageError("--needs: not JSON; pass Actions' toJSON(needs)") from None
-    if not isinstance(needs, dict):
-        raise UsageError("--needs: expected an object of jobs (Actions' toJSON(needs))")
-    judged = {v.suite for v in verdicts}
-    out = []
-    for job_id, info in sorted(needs.items()):
-        result = info.get("result") if isinstance(info, dict) else None
-        suite = job_suites.get(job_id, job_id)
-        if result != "failure" or suite in judged:
-            continue
-        out.append(Verdict(suite=suite, entry_id=f"(job {job_id})", path="", kind="unknown",
-                           rule=JOB_UNRECORDED,
-                           evidence="the job failed, and the history holds no failed entry of it for this "
-                                    "PR (an install, a check, or a job that recorded nothing): see its log",
-                           outcome="failed", reason="", run_uid="", commit=""))
-    return out
 
 
 def suite_rules(suites: Sequence[Suite]) -> dict[str, SuiteRules]:
@@ -130,18 +115,20 @@ def reproduce(v: Verdict, suite: Suite | None) -> str:
     only = f"'{v.entry_id}'" if " " in v.entry_id else v.entry_id
     if v.kind == "infrastructure":
         return "comment `/rerun-failed`"
+    if v.rule.startswith("job-") or v.rule == "plan-unread":
+        return "its log; comment `/rerun-failed`"
     if suite is not None and suite.needs_gpus:
-        return f"`nox -s {v.suite} -- --emulate-gpus --only {only}`; comment `/rerun-test {v.path}`"
-    return f"`nox -s {v.suite} -- --only {only}`"
-
-
-def _cell(text: str) -> str:
-    return " ".join(text.replace("|", "\\|").split())[:400]
+        local = code(f"nox -s {v.suite} -- --emulate-gpus --only {only}")
+        return f"{local}; comment {code(f'/rerun-test {v.path}')}"
+    return code(f"nox -s {v.suite} -- --only {only}")
 
 
 def markdown(verdicts: Sequence[Verdict], blocked: Sequence[Verdict], *, title: str, note: str,
-             suites: Mapping[str, Suite], rules: Mapping[str, SuiteRules]) -> str:
-    """The comment (and step summary): the gate's outcome, then one table per suite."""
+             suites: Mapping[str, Suite], rules: Mapping[str, SuiteRules], local: str = "") -> str:
+    """The comment (and step summary): the gate's outcome, then one table per suite.
+
+    Everything a test or a PR's run wrote (entry ids, reasons, the evidence that quotes them)
+    is quoted inert (ci.github.inert_text), and the body is cut to GitHub's limit."""
     lines = [MARKER, f"### slime CI verdicts: {title}", ""]
     if not verdicts:
         lines.append(f"**verdict: pass.** {note or 'Every recorded entry passed.'}")
@@ -158,17 +145,17 @@ def markdown(verdicts: Sequence[Verdict], blocked: Sequence[Verdict], *, title: 
         lines += ["", note]
     for suite in sorted({v.suite for v in verdicts}):
         blocks = ", ".join(rules[suite].blocks) if suite in rules else "new, unknown"
-        lines += ["", f"#### `{suite}` (blocks on: {blocks})", "",
+        lines += ["", f"#### {code(suite, 120, table=False)} (blocks on: {blocks})", "",
                   "| entry | verdict | evidence | reproduce |", "|---|---|---|---|"]
         ours = sorted((v for v in verdicts if v.suite == suite),
                       key=lambda v: (KINDS.index(v.kind), v.entry_id))
         for v in ours:
             mark = f"**{v.label}** :x:" if v in blocked else v.label
             failed = f"{v.outcome}: {v.reason}" if v.reason else v.outcome
-            lines.append(f"| `{_cell(v.entry_id)}` | {mark} (rule `{v.rule}`) | {_cell(failed)}; "
-                         f"{_cell(v.evidence)} | {reproduce(v, suites.get(suite))} |")
+            lines.append(f"| {code(v.entry_id, 200)} | {mark} (rule {code(v.rule, 40)}) | {code(failed)}; "
+                         f"{code(v.evidence)} | {reproduce(v, suites.get(suite))} |")
     lines += ["", "<sub>Verdict rules: docs/verdicts.md; locally: `python -m ci why --pr N`.</sub>"]
-    return "\n".join(lines) + "\n"
+    return fit("\n".join(lines) + "\n", where=local)
 
 
 def text_table(verdicts: Sequence[Verdict], blocked: Sequence[Verdict]) -> str:
@@ -183,13 +170,21 @@ def text_table(verdicts: Sequence[Verdict], blocked: Sequence[Verdict]) -> str:
     return "\n".join(out)
 
 
-def upsert_comment(gh: GitHub, pr: int, body: str) -> str:
-    """Edit this PR's verdict comment (found by MARKER), or post it when there is none; what was done."""
+def _author(comment: Mapping[str, object]) -> str:
+    user = comment.get("user")
+    login = user.get("login") if isinstance(user, dict) else None
+    return login if isinstance(login, str) else ""
+
+
+def upsert_comment(gh: GitHub, pr: int, body: str, *, author: str = BOT_LOGIN) -> str:
+    """Edit this PR's verdict comment (the first comment by `author` that starts with MARKER), or
+    post it when there is none; what was done. Anyone can paste the marker: only the author counts."""
     for c in gh.pages(f"/issues/{pr}/comments"):
-        if isinstance(c, dict) and str(c.get("body", "")).startswith(MARKER):
+        if (isinstance(c, dict) and _author(c).casefold() == author.casefold()
+                and str(c.get("body", "")).startswith(MARKER)):
             if c.get("body") == body:
                 return f"comment {c.get('id')} unchanged"
-            gh.call("PATCH", f"/issues/comments/{c['id']}", {"body": body})
+            gh.call("PATCH", f"/issues/comments/{int(c['id'])}", {"body": body})
             return f"updated comment {c.get('id')}"
     made = gh.call("POST", f"/issues/{pr}/comments", {"body": body})
     return f"posted comment {made.get('id') if isinstance(made, dict) else '?'}"
@@ -197,7 +192,8 @@ def upsert_comment(gh: GitHub, pr: int, body: str) -> str:
 
 def _git_time(root: Path, commit: str) -> float | None:
     try:
-        out = subprocess.run(["git", "-C", str(root), "show", "-s", "--format=%ct", commit, "--"],
+        out = subprocess.run(["git", "-C", str(root), "show", "-s", "--format=%ct", "--end-of-options",
+                              commit, "--"],
                              capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -215,10 +211,41 @@ def _judged(store_rows: list[AttemptRow], args: argparse.Namespace) -> list[Atte
     return head_rows(rows)
 
 
+# A merge base as git names a commit: never an option (`--output=FILE` made git write a file).
+_REF = re.compile(r"[0-9A-Za-z][0-9A-Za-z._/^~@{}-]{0,255}")
+
+
+def _read(url: str, args: argparse.Namespace, *, default_store: bool) -> tuple[list[AttemptRow],
+                                                                                list[AttemptRow], str]:
+    """(the judged rows, their suites' trusted history, a note) from the store, which is never
+    created here: a mistyped path is an error, not an empty store that passes everything."""
+    try:
+        store = open_store(url, create=False)
+    except StoreError:
+        if not (default_store and args.needs):
+            raise
+        # The verdict job before any snapshot exists and with no GPU job exported: the jobs'
+        # results still speak, and the comment says what was not read.
+        return [], [], "No history store here yet: only the jobs' results were judged."
+    with store:
+        found = store.attempts(pr=args.pr, run_uid=args.run, last_runs=HISTORY_RUNS)
+        if args.run is not None and not found:
+            raise UsageError(f"no run {args.run!r} in the history; "
+                             "`python -m ci history show` lists the last ones")
+        judged = _judged(found, args)
+        names = sorted({r.suite for r in judged})
+        history = [r for s in names
+                   for r in store.attempts(suite=s, trusted_only=True, last_runs=HISTORY_RUNS)]
+    return judged, history, ""
+
+
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     if args.comment and args.pr is None:
         raise UsageError("--comment needs --pr N (the pull request to comment on)")
+    if args.base is not None and not _REF.fullmatch(args.base):
+        raise UsageError(f"--base {args.base[:80]!r}: name the merge base by its commit SHA")
+    needs = parse_needs(args.needs) if args.needs else None
     root = args.root.resolve()
     url = resolve_url(args.history, os.environ, root)
     if url is None:
@@ -229,35 +256,33 @@ def main(argv: Sequence[str]) -> int:
     gh = None
     if args.comment and not args.dry_run:
         gh = GitHub.from_env(os.environ, args.repo)  # before the store: a bad setup says so first
-    with open_store(url) as store:
-        found = store.attempts(pr=args.pr, run_uid=args.run, last_runs=HISTORY_RUNS)
-        if args.run is not None and not found:
-            raise UsageError(f"no run {args.run!r} in the history; "
-                             "`python -m ci history show` lists the last ones")
-        judged = _judged(found, args)
-        names = sorted({r.suite for r in judged})
-        history = [r for s in names
-                   for r in store.attempts(suite=s, trusted_only=True, last_runs=HISTORY_RUNS)]
+    default_store = args.history is None and not os.environ.get(HISTORY_ENV, "").strip()
+    judged, history, missing = _read(url, args, default_store=default_store)
     base: Base | None = None
     if args.base:
         base = base_of(args.base, history, _git_time(root, args.base))
     verdicts = judge(judged, history, base=base, suites=rules, branch=args.branch)
-    if args.needs:
-        from ci.github.job_plan import table
-
-        jobs = {j.id: j.session for j in table(registry.suites, registry.style, registry.sessions)}
-        verdicts += unrecorded_jobs(args.needs, verdicts, jobs)
     blocked = blocking(verdicts, rules)
+    if needs is not None:
+        from ci.github.job_plan import PLAN_JOB, PLAN_OUTPUT, gated_by_plan, table
+
+        jobs = table(registry.suites, registry.style, registry.sessions)
+        # A job's own verdict blocks whatever its suite accepts: nothing judged it.
+        of_jobs = judge_jobs(needs, verdicts, {j.id: j.session for j in jobs}, plan_job=PLAN_JOB,
+                             plan_output=PLAN_OUTPUT, plan_gated={j.id for j in jobs if gated_by_plan(j)})
+        verdicts += of_jobs
+        blocked += of_jobs
     commit = judged[-1].commit[:10] if judged else ""
     title = f"PR #{args.pr}" if args.pr is not None else f"run {args.run}"
-    title += f" at `{commit}`" if commit else ""
-    note = ""
-    if not judged:
+    title += f" at {code(commit, 10, table=False)}" if commit else ""
+    note = missing
+    if not judged and not missing:
         note = (f"Nothing of PR #{args.pr} is recorded in the history yet: no verdict to give."
                 if args.pr is not None else "")
-    elif base is None:
+    elif judged and base is None:
         note = f"No merge base given: judged against `{args.branch}`'s latest trusted runs."
-    body = markdown(verdicts, blocked, title=title, note=note, suites=suites, rules=rules)
+    local = f"`python -m ci why --pr {args.pr}` prints it all." if args.pr is not None else ""
+    body = markdown(verdicts, blocked, title=title, note=note, suites=suites, rules=rules, local=local)
     log = Log.from_env()
     if args.json:
         print(json.dumps([{**asdict(v), "blocks": v in blocked} for v in verdicts], indent=1))
@@ -271,7 +296,7 @@ def main(argv: Sequence[str]) -> int:
             print(body)
         elif gh is not None:
             try:
-                print(f"why: {upsert_comment(gh, args.pr, body)} on PR #{args.pr}")
+                print(f"why: {upsert_comment(gh, args.pr, body, author=args.author)} on PR #{args.pr}")
             except GitHubError as exc:
                 # A fork's PR gets a read-only token: the check still says what blocks.
                 print(f"warning: the verdict comment was not written ({exc})", file=sys.stderr)

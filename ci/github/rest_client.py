@@ -8,7 +8,9 @@ write` for the monitor's issues); it is never printed. `GITHUB_API_URL` points i
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import http.client
 import json
 import urllib.error
 import urllib.parse
@@ -17,16 +19,35 @@ from collections.abc import Mapping
 from typing import Any
 
 from ci.errors import UsageError
-from ci.github.teams import API_ENV, DEFAULT_API
+from ci.github.teams import API_ENV, DEFAULT_API, same_origin_opener
 
 TOKEN_ENV = "GITHUB_TOKEN"
 REPO_ENV = "GITHUB_REPOSITORY"
 _TIMEOUT_S = 20.0
 _PAGES = 20  # at most 2000 items of one listing
+MAX_NUMBER = 2**31 - 1  # an issue or pull request number (and the store's INTEGER column)
+# The token goes to the API's own host only: a redirect elsewhere is not followed.
+_OPENER = same_origin_opener()
+
+
+def pr_number(text: str) -> int:
+    """An argparse type: a pull request (or issue) number, 1 .. 2**31-1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a pull request number") from None
+    if not 1 <= n <= MAX_NUMBER:
+        raise argparse.ArgumentTypeError(f"{text[:40]} is no pull request number (1 .. {MAX_NUMBER})")
+    return n
 
 
 class GitHubError(Exception):
-    """GitHub refused or could not be reached; the message is one line."""
+    """GitHub refused or could not be reached; the message is one line, `status` its HTTP status
+    (None: no answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class GitHub:
@@ -57,21 +78,22 @@ class GitHub:
             "X-GitHub-Api-Version": "2022-11-28", "User-Agent": "slime-ci",
             **({"Content-Type": "application/json"} if data is not None else {})})
         try:
-            with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as answer:
+            with _OPENER.open(request, timeout=_TIMEOUT_S) as answer:
                 raw = answer.read()
         except urllib.error.HTTPError as exc:
             detail = ""
-            with contextlib.suppress(ValueError, AttributeError):
-                detail = str(json.loads(exc.read() or b"{}").get("message", ""))
+            with contextlib.suppress(ValueError, AttributeError, OSError, http.client.HTTPException):
+                detail = str(json.loads(exc.read() or b"{}").get("message", ""))[:200]
             raise GitHubError(f"GitHub answered HTTP {exc.code} to {method} {urllib.parse.urlsplit(url).path}"
-                              + (f": {detail}" if detail else "")) from None
-        except (OSError, urllib.error.URLError) as exc:
+                              + (f": {' '.join(detail.split())}" if detail else ""), exc.code) from None
+        except (OSError, urllib.error.URLError, http.client.HTTPException) as exc:
             raise GitHubError(f"GitHub's API at {self.api} could not be reached ({exc.__class__.__name__})") \
                 from None
         try:
             return json.loads(raw) if raw else None
         except ValueError:
-            raise GitHubError(f"GitHub's answer to {method} {path} is not JSON") from None
+            raise GitHubError(f"GitHub's answer to {method} {urllib.parse.urlsplit(url).path} is not JSON") \
+                from None
 
     def pages(self, path: str) -> list[Any]:
         """Every item of a listing, page by page (100 a page)."""

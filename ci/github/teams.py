@@ -9,6 +9,7 @@ only be admitted through a team is refused with one line that names the secret.
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.parse
@@ -50,7 +51,12 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-_OPENER = urllib.request.build_opener(_SameOrigin)
+def same_origin_opener() -> urllib.request.OpenerDirector:
+    """An opener that follows redirects within the API's own origin only."""
+    return urllib.request.build_opener(_SameOrigin)
+
+
+_OPENER = same_origin_opener()
 
 
 def http_fetch(url: str, token: str) -> tuple[int, object]:
@@ -63,7 +69,10 @@ def http_fetch(url: str, token: str) -> tuple[int, object]:
         with _OPENER.open(request, timeout=_TIMEOUT_S) as answer:
             status, data = answer.status, answer.read()
     except urllib.error.HTTPError as exc:
-        status, data = exc.code, exc.read()
+        try:
+            status, data = exc.code, exc.read()
+        except (OSError, http.client.HTTPException):  # a refusal whose body broke off
+            status, data = exc.code, b""
     try:
         return status, json.loads(data) if data else None
     except ValueError:
@@ -86,7 +95,9 @@ def lookup(actor: str, org: str, teams: Iterable[str], env: Mapping[str, str],
                f"/memberships/{urllib.parse.quote(actor, safe='')}")
         try:
             status, body = fetch(url, token)
-        except (OSError, urllib.error.URLError) as exc:
+        except (OSError, urllib.error.URLError, http.client.HTTPException) as exc:
+            # http.client's own errors (a malformed status line, a body cut short) are no
+            # OSError: they were a traceback of the gateway.
             return TeamLookup(teams=frozenset(member),
                               unavailable=f"GitHub's API could not be reached ({exc.__class__.__name__})")
         if status == 200 and isinstance(body, dict) and body.get("state") == "active":

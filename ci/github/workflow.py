@@ -418,6 +418,10 @@ def verdict_job(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
                      "PR": _expr("github.event.pull_request.number"),
                      "BASE": _expr("github.event.pull_request.base.sha"), "NEEDS": _expr("toJSON(needs)")},
              "run": _VERDICT_RUN},
+            # `always()` runs this job after a cancel too; whether its steps then run or are
+            # skipped, this one fails it: a cancelled run tested nothing, so it never passes.
+            {"name": "Fail when the run was cancelled", "if": "cancelled()",
+             "run": "echo '::error::the run was cancelled: its jobs judged nothing'; exit 1"},
         ],
     }
 

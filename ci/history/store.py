@@ -138,6 +138,7 @@ class AttemptRow:
     pr: int | None = None
     exit_code: int | None = None  # the attempt's own exit status (schema 3); None: not recorded
     node: str = ""
+    backend: str = ""  # where its run ran (`runs.backend`: "docker IMAGE", "local", ...)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,7 +320,7 @@ class HistoryStore:
         query = (select(r.c.uid, r.c.suite, r.c.commit, r.c.branch, r.c.event, r.c.hardware,
                         r.c.started_at, r.c.trusted, r.c.pr, a.c.entry_id, a.c.path, a.c.attempt,
                         a.c.final, a.c.outcome,
-                        a.c.seconds, a.c.reason, a.c.num_gpus, a.c.exit_code, a.c.node)
+                        a.c.seconds, a.c.reason, a.c.num_gpus, a.c.exit_code, a.c.node, r.c.backend)
                  .join(a, a.c.run_id == r.c.id)
                  .where(r.c.id.in_(newest.scalar_subquery()))
                  .order_by(r.c.started_at, r.c.id, a.c.entry_id, a.c.attempt))
@@ -333,9 +334,10 @@ class HistoryStore:
                                    hardware=hardware, started_at=started_at, entry_id=entry_id, path=path,
                                    attempt=attempt, final=bool(final), outcome=outcome, seconds=seconds,
                                    reason=reason, num_gpus=num_gpus, trusted=bool(trusted), pr=pr,
-                                   exit_code=exit_code, node=node)
+                                   exit_code=exit_code, node=node, backend=backend)
                         for (uid, suite, commit, branch, event, hardware, started_at, trusted, pr, entry_id,
-                             path, attempt, final, outcome, seconds, reason, num_gpus, exit_code, node)
+                             path, attempt, final, outcome, seconds, reason, num_gpus, exit_code, node,
+                             backend)
                         in conn.execute(query).tuples().all()]
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None

@@ -8,7 +8,8 @@ that gave it by its id, which the PR comment and `python -m ci why` print beside
 The baseline is trusted runs only (`HistoryStore.attempts(trusted_only=True)`): a pull
 request's own runs never make `main` look green or red. Attempts whose failure was the
 infrastructure's (a lost node, a kill, a pull that failed) never count as `main` failing
-or passing either: they judged no code.
+or passing either: they judged no code. That is read from the attempt's own status (outcome,
+exit status, backend), never from words in its output.
 """
 
 from __future__ import annotations
@@ -35,19 +36,25 @@ FLAKE_WINDOW = 50  # runs of the entry the flake rate is measured over (as `hist
 _DIGITS = re.compile(r"\d+")
 SAME_FLAKES = 2  # recorded flakes with the very failure that make one below the threshold a flake
 
-# Exit statuses of a process killed from outside: SIGKILL, SIGTERM (negative: Popen's way;
-# 128+N: the way `docker run` passes on its container's). SIGSEGV, SIGABRT and the like are
-# the code's own crash and stay the code's.
-_KILLED = {-9: "SIGKILL", -15: "SIGTERM", 137: "SIGKILL", 143: "SIGTERM"}
+# An infrastructure verdict reads only what the attempt's own status says: its outcome (set by
+# the runner and the backends, never by the test), its exit status and the backend it ran on.
+# Words in its output never count: a test prints "failed to pull" or "oom-kill" as easily as
+# Docker or the kernel does, and an honest new failure was once passed as the infrastructure's.
+#
+# A signal that ended the process from outside: SIGKILL, SIGTERM (negative: Popen's way, a real
+# signal). SIGSEGV, SIGABRT and the like are the code's own crash and stay the code's.
+_SIGNALLED = {-9: "SIGKILL", -15: "SIGTERM"}
+# In Docker, `docker run` passes its container's signal on as 128+N; elsewhere 137 is an exit
+# status any process may choose.
+_DOCKER_SIGNALLED = {137: "SIGKILL", 143: "SIGTERM"}
 _DOCKER_RUN_FAILED = 125  # `docker run` itself failed: the container never started
-# Known lines, as the tools print them. Each is a fact of the attempt's own log, never a guess.
-_OOM = re.compile(r"Out of memory: Killed process|oom-kill|OOMKilled|Memory cgroup out of memory")
+# Docker's own words when the image could not be pulled; read only from an attempt that exited
+# 125 under the Docker backend, whose output is then Docker's.
 _PULL = re.compile(r"(?i)Unable to find image .* locally|pull access denied|manifest unknown|"
                    r"toomanyrequests|error pulling image|failed to pull|"
                    r"Error response from daemon:.*\bpull\b")
-_RAY_HEAD = re.compile(r"HeadStartTimeout|ray head did not answer on|ray head exited with code .* while "
-                       r"starting|another Ray cluster \(session")
-# The GPU allocator's WaitTimeout (ci/gpu/allocator.py): the attempt never got its GPUs.
+# The GPU allocator's WaitTimeout (ci/gpu/allocator.py), which the runner records as a `timeout`
+# before the entry starts: the attempt never got its GPUs.
 _GPU_WAIT = re.compile(r"^timed out after \S+ waiting for ")
 
 
@@ -184,41 +191,45 @@ def _interrupted(a: AttemptRow) -> str | None:
         if a.outcome == "interrupted" else None
 
 
+def in_docker(a: AttemptRow) -> bool:
+    """Whether the attempt ran under the Docker backend (its run's `backend`: "docker IMAGE")."""
+    return a.backend == "docker" or a.backend.startswith("docker ")
+
+
 def _gpu_wait(a: AttemptRow) -> str | None:
-    return f"never got its GPUs: {a.reason}" if a.outcome == "timeout" and _GPU_WAIT.match(a.reason) else None
-
-
-def _oom(a: AttemptRow) -> str | None:
-    found = _OOM.search(a.reason)
-    return f"the OOM killer ({found.group(0)!r} in its log; exit {a.exit_code})" if found else None
+    # The reason of a `timeout` is the runner's own line, never the test's output.
+    if a.outcome != "timeout" or not _GPU_WAIT.match(a.reason):
+        return None
+    return f"never got its GPUs: {a.reason}"
 
 
 def _killed(a: AttemptRow) -> str | None:
-    sig = _KILLED.get(a.exit_code) if a.exit_code is not None else None
-    if sig is None or a.outcome not in ("failed", "empty"):
+    if a.exit_code is None or a.outcome not in ("failed", "empty"):
+        return None
+    sig = _SIGNALLED.get(a.exit_code) or (_DOCKER_SIGNALLED.get(a.exit_code) if in_docker(a) else None)
+    if sig is None:
         return None
     return f"killed by {sig} from outside the test (exit {a.exit_code}) on {a.node or 'its node'}"
 
 
+def _docker_exit(a: AttemptRow) -> bool:
+    return in_docker(a) and a.exit_code == _DOCKER_RUN_FAILED and a.outcome in ("failed", "empty")
+
+
 def _pull(a: AttemptRow) -> str | None:
-    found = _PULL.search(a.reason)
-    return f"the Docker image could not be pulled ({found.group(0)!r})" if found else None
+    found = _PULL.search(a.reason) if _docker_exit(a) else None
+    return f"the Docker image could not be pulled ({found.group(0)!r}; exit 125)" if found else None
 
 
 def _docker_run(a: AttemptRow) -> str | None:
     return (f"`docker run` failed before the container started (exit {a.exit_code}): {a.reason}"
-            if a.exit_code == _DOCKER_RUN_FAILED else None)
-
-
-def _ray_head(a: AttemptRow) -> str | None:
-    found = _RAY_HEAD.search(a.reason)
-    return f"the entry's Ray head did not start ({found.group(0)!r})" if found else None
+            if _docker_exit(a) else None)
 
 
 # Checked in this order: the first sign that explains an attempt names its cause.
 INFRA_SIGNS: tuple[tuple[str, Callable[[AttemptRow], str | None]], ...] = (
-    ("node-lost", _lost), ("interrupted", _interrupted), ("gpu-wait", _gpu_wait), ("oom-killer", _oom),
-    ("killed", _killed), ("image-pull", _pull), ("docker-run", _docker_run), ("ray-head", _ray_head),
+    ("node-lost", _lost), ("interrupted", _interrupted), ("gpu-wait", _gpu_wait),
+    ("killed", _killed), ("image-pull", _pull), ("docker-run", _docker_run),
 )
 
 
@@ -329,16 +340,13 @@ RULES: tuple[Rule, ...] = (
          says="the run was stopped (cancelled, superseded) before it judged the entry"),
     Rule(id="gpu-wait", verdict="infrastructure", match=_infra(_gpu_wait),
          says="the attempt timed out waiting for its GPUs (the allocator's WaitTimeout)"),
-    Rule(id="oom-killer", verdict="infrastructure", match=_infra(_oom),
-         says="the kernel's OOM killer ended it (its line in the attempt's log)"),
     Rule(id="killed", verdict="infrastructure", match=_infra(_killed),
-         says="killed by SIGKILL or SIGTERM from outside the test (its exit status)"),
+         says="a signal ended it from outside the test: SIGKILL or SIGTERM (the OOM killer's too), "
+              "read from its exit status (128+N only under Docker)"),
     Rule(id="image-pull", verdict="infrastructure", match=_infra(_pull),
-         says="the Docker image could not be pulled (Docker's line in the log)"),
+         says="under Docker, `docker run` exited 125 and said the image could not be pulled"),
     Rule(id="docker-run", verdict="infrastructure", match=_infra(_docker_run),
-         says="`docker run` failed before the container started (exit 125)"),
-    Rule(id="ray-head", verdict="infrastructure", match=_infra(_ray_head),
-         says="the entry's private Ray head did not start"),
+         says="under Docker, `docker run` failed before the container started (exit 125)"),
     Rule(id="flaky-retry", verdict="flaky", match=_flaky_retry,
          says="it failed, then passed on a retry in this very run"),
     Rule(id="main-broken", verdict="already-failing", match=_main_broken,

@@ -1,7 +1,9 @@
 """A loopback stand-in for the parts of GitHub's REST API the verdict comment and the issue
 tracker use: a PR's comments (list, post, edit) and a repository's issues (list, create,
 edit, comment). This machine has no GitHub; the stand-in keeps its state in memory, checks the
-token on every call and records each call, so a test sees what the toolkit asked for.
+token on every call and records each call, so a test sees what the toolkit asked for. What the
+token writes is signed, as on GitHub, by its bot user (`login`); a body over GitHub's 65,536
+characters is refused with HTTP 422, as GitHub refuses it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from _ci import loopback_server
 
 TOKEN = "ghs_" + "V3rd1ct" * 5  # a fake job token
 REPO = "acme/slime"
+BOT = "github-actions[bot]"  # who GitHub says wrote what the job's token posts
+BODY_LIMIT = 65_536
 
 
 @dataclass
@@ -30,6 +34,8 @@ class FakeGitHub:
     issues: list[dict[str, Any]] = field(default_factory=list)
     calls: list[tuple[str, str]] = field(default_factory=list)
     refuse_writes: bool = False  # a fork's read-only token: every write is a 403
+    login: str = BOT
+    gone: set[int] = field(default_factory=set)  # issues an admin deleted: every change is a 410
     _next: int = 1000
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -67,6 +73,13 @@ def _handler(state: FakeGitHub) -> type[BaseHTTPRequestHandler]:
                 if not url.path.startswith(prefix):
                     return self._answer(404, {"message": "Not Found"})
                 parts = url.path[len(prefix):].strip("/").split("/")
+                if len(str(body.get("body", ""))) > BODY_LIMIT:
+                    return self._answer(422, {"message": "Validation Failed",
+                                              "errors": [{"field": "body", "code": "custom",
+                                                          "message": "body is too long (maximum is 65536 "
+                                                                     "characters)"}]})
+                if method != "GET" and len(parts) >= 2 and parts[1].isdigit() and int(parts[1]) in state.gone:
+                    return self._answer(410, {"message": "This issue was deleted"})
                 code, answer = self._route(method, parts, query, body)
                 return self._answer(code, answer)
 
@@ -79,7 +92,7 @@ def _handler(state: FakeGitHub) -> type[BaseHTTPRequestHandler]:
                 items = state.comments.get(int(parts[1]), [])
                 return 200, items[(page - 1) * per:page * per]
             if len(parts) == 3 and parts[2] == "comments" and method == "POST":
-                c = {"id": state.new_id(), "body": body["body"]}
+                c = {"id": state.new_id(), "body": body["body"], "user": {"login": state.login, "type": "Bot"}}
                 state.comments.setdefault(int(parts[1]), []).append(c)
                 return 201, c
             if len(parts) == 3 and parts[1] == "comments" and method == "PATCH":
@@ -98,7 +111,8 @@ def _handler(state: FakeGitHub) -> type[BaseHTTPRequestHandler]:
             if len(parts) == 1 and method == "POST":
                 issue = {"number": len(state.issues) + 1, "title": body["title"], "body": body.get("body", ""),
                          "labels": list(body.get("labels", [])), "assignees": list(body.get("assignees", [])),
-                         "state": "open", "state_reason": None, "closed_at": None}
+                         "state": "open", "state_reason": None, "closed_at": None,
+                         "user": {"login": state.login, "type": "Bot"}}
                 state.issues.append(issue)
                 return 201, issue
             if len(parts) == 2 and method == "PATCH":

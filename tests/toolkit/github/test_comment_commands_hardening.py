@@ -5,14 +5,18 @@ rule is read from the generated `.github/workflows/ci-comment.yml` and both are 
 Hypothesis. A path spelled `./tests/…`, `//`, `/./` or with a trailing `/` resolves to the
 registered file (it raised KeyError); a reply never quotes markdown or an unbounded word;
 team lookups never carry the token to another host (two loopback stand-ins for GitHub's
-API: one that redirects, one that records what reached it).
+API: one that redirects, one that records what reached it), and an answer that breaks off (a
+malformed status line, a body shorter than it said, from a raw loopback socket) is one line,
+not a traceback. A Unicode line separator GitHub shows inside a line reads as a space.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import socket
 import sys
+import threading
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
@@ -64,6 +68,22 @@ _bodies = st.one_of(st.text(max_size=30), st.lists(st.one_of(_words, st.text(max
 @example(body="/help")
 def test_the_parser_reads_a_command_exactly_when_the_workflow_starts(body: str) -> None:
     assert (parse_comment(body) is not None) == _starts(body), repr(body)
+
+
+# Characters str.splitlines() ends a line at and GitHub does not: it shows them inside the line.
+_NOT_A_NEWLINE = ["\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e"]
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(first=st.sampled_from([*(f"/{c}" for c in COMMANDS), "/run-ci run-ci-ckpt", "/rerun-test tests/t.py"]),
+       sep=st.sampled_from(_NOT_A_NEWLINE),
+       second=st.sampled_from([*(f"/{c}" for c in COMMANDS), "/rerun-test tests/t.py", "x"]))
+@example(first="/rerun-failed", sep="\u2028", second="/run-ci run-ci-ckpt")
+def test_a_unicode_line_separator_is_inside_the_line_as_github_shows_it(first: str, sep: str,
+                                                                        second: str) -> None:
+    # GitHub shows "/rerun-failed<U+2028>/run-ci x" as one line: one command with two extra words.
+    assert parse_comment(first + sep + second) == parse_comment(first + " " + second)
+    assert parse_comment(first + "\n" + second) == parse_comment(first), "a real newline ends the line"
 
 
 def _plan(capsys: pytest.CaptureFixture[str], comment: str, actor: str = "alice",
@@ -147,6 +167,38 @@ def test_team_lookups_never_follow_a_redirect_to_another_host() -> None:
             assert moved.teams == {"same"} and moved.unavailable is None
             assert reached == [{"path": "/moved/orgs/acme/teams/same/memberships/dave",
                                 "auth": f"Bearer {token}"}]
+
+
+def _raw_server(answer: bytes):
+    """A loopback socket that reads one request and sends `answer` as it is, then closes."""
+    sock = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = sock.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return sock, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 banana\r\n\r\n",  # a malformed status line
+    b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"state\":",  # shorter than it said
+    b"HTTP/1.1 404 Not Found\r\nContent-Length: 100\r\n\r\n{",  # a refusal cut short
+    b"",  # closed without a word
+])
+def test_a_team_lookup_whose_answer_breaks_off_is_one_line(answer: bytes) -> None:
+    sock, api = _raw_server(answer)
+    with sock:
+        found = lookup("dave", "acme", ["gpu-ci"], {TEAMS_SECRET: "ghp_x", "GITHUB_API_URL": api})
+    assert not found.teams
+    assert found.unavailable is None or "\n" not in found.unavailable
+    if answer.startswith(b"HTTP/1.1 404"):
+        assert found.unavailable is None, "a 404 is not a member, whatever its body"
+    else:
+        assert "could not be reached" in str(found.unavailable), found
 
 
 if __name__ == "__main__":

@@ -8,93 +8,25 @@ GitHub); the store, the registry, the command and its exit codes are the real on
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import run_ci, write
 from _github_api import env_for, fake_github
+from _verdict_store import attempt as _try
+from _verdict_store import plant_main, plant_push, registry, run, why_command
 
 from ci.github.pr_verdicts import MARKER, rule_table
-from ci.history.rows import AttemptRecord, RunRecord
 from ci.history.store import open_store
 
 NUM_GPUS = 0
 
-ENTRIES = ("new", "main", "flaky", "infra", "fresh", "ok")
-
-
-def registry(blocks: str = "") -> str:
-    entries = ", ".join(f'Entry(path="tests/e2e/test_{e}.py")' for e in ENTRIES)
-    return f"""
-        from ci.registry import Entry, Suite
-
-        SUITES = (
-            Suite(name="gpu", tier="gpu", purpose="p", profile="e2e", label="run-ci-gpu",
-                  entries=({entries},){blocks}),
-        )
-    """
-
-
-
-
-def _try(entry, outcome, n=1, final=True, reason="", code=None, node="gpu-1"):
-    path = f"tests/e2e/test_{entry}.py"
-    return AttemptRecord(entry_id=path, path=path, attempt=n, final=final, outcome=outcome, reason=reason,
-                         exit_code=code if code is not None else (0 if outcome in ("passed", "flaky") else 1),
-                         node=node, num_gpus=1, seconds=5.0)
-
-
-def _run(uid, commit, at, attempts, *, branch="main", pr=None):
-    return RunRecord(uid=uid, suite="gpu", commit=commit, branch=branch, event="push" if pr is None else
-                     "pull_request", hardware="cuda", started_at=at, ended_at=at + 60, exit_code=0,
-                     trusted=pr is None, pr=pr, attempts=tuple(attempts))
-
-
-def plant_main(url):
-    """Six runs on main: m4..m6 break `main`; everything else passes; `fresh` never ran."""
-    with open_store(url) as store:
-        for n in range(1, 7):
-            tries = [_try(e, "passed") for e in ("new", "flaky", "infra", "ok")]
-            tries.append(_try("main", "failed", reason="AssertionError: broken on main") if n >= 4
-                         else _try("main", "passed"))
-            store.record(_run(f"main-{n}", f"m{n}" + "0" * 9, n * 100.0, tries))
-
-
-def plant_push(url, n, *, pr=42):
-    """The PR's n-th push: one entry of each kind failing (and a pass)."""
-    commit = f"p{n}" + "f" * 9
-    tries = [_try("new", "failed", reason="AssertionError: the PR broke it"),
-             _try("main", "failed", reason="AssertionError: broken on main"),
-             _try("flaky", "failed", final=False, reason="TimeoutError: rollout stalled"),
-             _try("flaky", "flaky", n=2, reason="failed 1 time(s), then passed"),
-             _try("infra", "lost", reason="node gpu-7 lost mid-entry", code=-9),
-             _try("fresh", "failed", reason="ModuleNotFoundError: No module named 'x'"),
-             _try("ok", "passed")]
-    with open_store(url) as store:
-        store.record(_run(f"pr-{n}", commit, 1000.0 + n, tries, branch="feature", pr=pr))
-    return commit
-
 
 @pytest.fixture
 def why(capsys, monkeypatch):
-    """`python -m ci why …` through the command table, in this process (one subprocess test below
-    runs it as a user would): (exit code, stdout, stderr)."""
-    from ci.cli import main
-
-    for name in ("GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY", "GITHUB_TOKEN", "GITHUB_REPOSITORY", "GITHUB_API_URL",
-                 "SLIME_CI_HISTORY_URL"):
-        monkeypatch.delenv(name, raising=False)
-
-    def call(root, url, *args, env=None):
-        with monkeypatch.context() as m:
-            for k, v in (env or {}).items():
-                m.setenv(k, v)
-            code = main(["why", "--history", url, "--root", str(root), *args])
-        out = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
-    return call
+    """`python -m ci why …` in this process (one subprocess test below runs it as a user would)."""
+    return why_command(capsys, monkeypatch)
 
 
 def test_each_kind_gets_its_verdict_and_evidence_and_only_new_and_unknown_block(store_url, tmp_path, why):
@@ -136,10 +68,10 @@ def test_the_gate_passes_what_is_not_the_prs_doing(tmp_path, why):
     root = write(tmp_path / "repo", {"ci/registry/repo_suites.py": registry()})
     plant_main(url)
     with open_store(url) as store:
-        store.record(_run("pr-x", "pxffffffff", 2000.0, [
+        store.record(run("pr-x", "pxffffffff", 2000.0, [
             _try("main", "failed", reason="AssertionError: broken on main"),
             _try("infra", "failed", reason="docker: Error response from daemon: pull access denied", code=125),
-            _try("ok", "passed")], branch="feature", pr=7))
+            _try("ok", "passed")], branch="feature", pr=7, backend="docker slime:latest"))
     proc = why(root, url, "--pr", "7", "--gate")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "infrastructure [rule image-pull]" in proc.stdout and "already failing on main" in proc.stdout
@@ -153,7 +85,7 @@ def test_a_failed_job_with_nothing_recorded_is_unknown_and_blocks(tmp_path, why)
     root = write(tmp_path / "repo", {"ci/registry/repo_suites.py": registry()})
     plant_main(url)
     needs = json.dumps({"gpu": {"result": "failure", "outputs": {}}, "lint": {"result": "success"},
-                        "plan": {"result": "skipped"}})
+                        "plan": {"result": "success", "outputs": {"jobs": '["gpu", "lint"]'}}})
     proc = why(root, url, "--pr", "9", "--gate", "--needs", needs)
     assert proc.returncode == 1 and "gpu: (job gpu): unknown (blocks) [rule job-unrecorded]" in proc.stdout
     plant_push(url, 1, pr=9)  # now the job's failures are recorded: they speak for it
@@ -180,11 +112,11 @@ def test_one_sticky_comment_after_three_pushes_and_the_step_summary(store_url, t
     assert f"at `{commit[:10]}`" in body, "the comment shows the newest push"
     assert "**verdict: fail.** 2 of 5 failed entries block the merge" in body
     assert "| `tests/e2e/test_new.py` | **new** :x: (rule `new`) |" in body
-    for row in ("| `tests/e2e/test_main.py` | already failing on main (rule `main-broken`) | failed: AssertionError: "
-                "broken on main; failing on main since m400000000",
-                "| `tests/e2e/test_flaky.py` | flaky (rule `flaky-retry`) | flaky: TimeoutError: rollout stalled; "
-                "failed 1 time(s) here",
-                "| `tests/e2e/test_infra.py` | infrastructure (rule `node-lost`) | lost: node gpu-7 lost mid-entry;",
+    for row in ("| `tests/e2e/test_main.py` | already failing on main (rule `main-broken`) | `failed: AssertionError: "
+                "broken on main`; `failing on main since m400000000",
+                "| `tests/e2e/test_flaky.py` | flaky (rule `flaky-retry`) | `flaky: TimeoutError: rollout stalled`; "
+                "`failed 1 time(s) here",
+                "| `tests/e2e/test_infra.py` | infrastructure (rule `node-lost`) | `lost: node gpu-7 lost mid-entry`;",
                 "| `tests/e2e/test_fresh.py` | **unknown** :x: (rule `no-history`) |"):
         assert row in body, (row, body)
     assert "test_ok.py" not in body, "an entry that passed plainly gets no verdict"
