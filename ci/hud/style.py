@@ -16,6 +16,8 @@ a:focus-visible, span:focus-visible { outline: 2px solid #0969da; outline-offset
 .legend i { display: inline-block; width: 12px; height: 12px; border-radius: 2px; }
 .scroll { overflow-x: auto; max-width: 100%; padding-bottom: 150px; margin-bottom: -150px; }
 table { border-collapse: collapse; }
+/* Wide tables scroll in their own box: the page never scrolls sideways on a phone. */
+table.rows { display: block; overflow-x: auto; max-width: 100%; }
 table.rows td, table.rows th { border-bottom: 1px solid #d1d9e0; padding: 4px 8px; text-align: left;
                                vertical-align: top; }
 table.rows td.reason { max-width: 40em; overflow-wrap: anywhere; }
