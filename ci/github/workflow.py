@@ -40,6 +40,7 @@ from ci.github.job_plan import (
     pr_terms,
     table,
 )
+from ci.github.pages_workflow import pages_jobs
 from ci.github.yaml_writer import (  # the writer lives apart so ci/github/gateway_workflow.py can share it
     CACHE_RESTORE,
     CACHE_SAVE,
@@ -476,6 +477,7 @@ def workflow(jobs: Sequence[Job], style: Style | None = None) -> dict[str, Node]
         "permissions": {},
         "jobs": {**({PLAN_JOB: plan_job(style)} if any(gated_by_plan(j) for j in jobs) else {}),
                  **{j.id: _job(j, style) for j in jobs},
+                 **pages_jobs(jobs, style),
                  VERDICT_JOB: verdict_job(jobs, style)},
     }
 
