@@ -59,7 +59,8 @@ class Page:
         await self.wait_for("Page.loadEventFired")
 
     async def value(self, expression: str) -> Any:
-        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True,
+                                 awaitPromise=True)
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")

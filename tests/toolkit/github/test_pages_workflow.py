@@ -42,6 +42,9 @@ def problems(wf: dict[str, Any]) -> list[str]:
         out.append(f"hud holds {build.get('permissions')}")
     if may_run_on_pull_request(build) or may_run_on_pull_request(deploy):
         out.append("a pull request can start them")
+    checkout = build["steps"][0]
+    if not checkout["uses"].startswith("actions/checkout@") or checkout["with"].get("persist-credentials") is not False:
+        out.append("hud's checkout leaves a credential on disk")
     if pr_code_reason({"pull_request", "push", "schedule"}, build) is not None:
         out.append("hud checks out a pull request's code")
     for job in (build, deploy):
@@ -68,6 +71,8 @@ def test_the_committed_pages_jobs_hold_only_what_they_need():
     (lambda wf: wf["jobs"]["pages"]["steps"].insert(0, {"uses": "actions/checkout@v5"}),
      "pages checks out or runs something"),
     (lambda wf: wf["jobs"]["hud"].update({"if": "always()"}), "a pull request can start them"),
+    (lambda wf: wf["jobs"]["hud"]["steps"][0]["with"].update({"persist-credentials": True}),
+     "leaves a credential on disk"),
     (lambda wf: wf["jobs"]["hud"]["steps"][0]["with"].update({"ref": "${{ github.head_ref }}"}),
      "hud checks out a pull request's code"),
     (lambda wf: wf["jobs"]["hud"]["steps"][-1].update({"uses": "actions/upload-pages-artifact@v4"}),
