@@ -23,7 +23,9 @@ from ci.hud.read import BisectRow
 CellKind = Literal["pass", "fail", "flaky", "infra", "quarantined", "not-run"]
 CELL_KINDS: tuple[CellKind, ...] = ("pass", "fail", "flaky", "infra", "quarantined", "not-run")
 # What judge() reads of an entry's past: its flake window three times over (flake_reasons).
-_PAST_ROWS = 400
+_PAST_ROWS = 160
+# The runs a run's quarantine decision reads (ci/history/record.py read_before: last_runs=300).
+QUARANTINE_RUNS = 300
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +100,9 @@ def held(rows: Sequence[AttemptRow], *, registry: Mapping[tuple[str, str], str],
         rate, min_runs, clean = rates.get(suite, default)
         if rate is None:
             continue
-        trusted = after_lifts(group, lifts)
+        newest = list(dict.fromkeys(r.run_uid for r in reversed(group)))[:QUARANTINE_RUNS]
+        kept = set(newest)
+        trusted = after_lifts([r for r in group if r.run_uid in kept], lifts)
         auto = recovered(auto_quarantine(flakiness(trusted), rate=rate, min_runs=min_runs),
                          trusted, clean_runs=clean)
         for entry, why in auto.items():

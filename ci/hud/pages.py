@@ -21,6 +21,7 @@ from ci.hud.gpu_use import NOT_RECORDED, HostDay
 from ci.hud.grid import Cell, Column, Grid
 
 STYLE = "hud.css"
+COMMIT_W, CELL_W = 210, 16  # px: the commit column and one cell (ci/hud/style.py agrees)
 LEGEND = (("pass", "passed"), ("fail", "failed"), ("flaky", "flaky"), ("infra", "infrastructure"),
           ("quarantined", "quarantined"), ("not-run", "not run"))
 
@@ -39,7 +40,7 @@ def entry_href(suite: str, entry_id: str, up: str = "") -> str:
 
 
 def run_href(uid: str, up: str = "") -> str:
-    return f"{up}r/{uid[:12]}.html"
+    return f"{up}r/{uid[:10]}.html"
 
 
 def when(epoch: float) -> str:
@@ -69,8 +70,11 @@ def _commit_link(sha: str, repo: str) -> str:
 
 
 def _label(column: Column, cell: Cell, sha: str) -> str:
-    if cell.kind in ("pass", "not-run"):
-        return f"{short_name(column.entry_id)}: {cell.evidence if cell.kind == 'pass' else 'not run'}"
+    # The common cells say little (10,000 of them must fit in a megabyte); the rest say all.
+    if cell.kind == "pass":
+        return f"{short_name(column.entry_id)}: {cell.verdict} {cell.seconds:.0f} s"
+    if cell.kind == "not-run":
+        return f"{short_name(column.entry_id)}: not run"
     text = f"{column.entry_id} on {sha[:10]}: {cell.verdict}: {cell.evidence}"
     if cell.first_red:
         text += f"\nfirst red commit of {cell.streak} in a row"
@@ -95,8 +99,11 @@ def grid_html(grid: Grid, *, repo: str) -> str:
             suites[-1] = (c.suite, suites[-1][1] + 1)
         else:
             suites.append((c.suite, 1))
-    head = ['<table class="grid"><thead><tr><th></th>']
-    head += [f'<th class="suite" colspan="{n}">{esc(s)}</th>' for s, n in suites]
+    # Fixed layout, its widths from the columns: the browser lays out 10,000 cells in one pass.
+    width = COMMIT_W + CELL_W * len(grid.columns)
+    head = [f'<table class="grid" style="width:{width}px"><colgroup><col class="cc">'
+            f'<col span="{max(1, len(grid.columns))}" class="ce"></colgroup><thead><tr><th></th>']
+    head += [f'<th class="suite" colspan="{n}" title="{esc(s)}">{esc(s)}</th>' for s, n in suites]
     head.append("</tr><tr><th>commit</th>")
     head += [f'<th class="e"><a href="{entry_href(c.suite, c.entry_id)}" title="{esc(c.entry_id)}">'
              f"{esc(short_name(c.entry_id))}</a></th>" for c in grid.columns]

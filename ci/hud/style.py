@@ -21,18 +21,22 @@ table.rows { display: block; overflow-x: auto; max-width: 100%; }
 table.rows td, table.rows th { border-bottom: 1px solid #d1d9e0; padding: 4px 8px; text-align: left;
                                vertical-align: top; }
 table.rows td.reason { max-width: 40em; overflow-wrap: anywhere; }
+.grid { table-layout: fixed; }
+.grid col.cc { width: 210px; }
+.grid col.ce { width: 16px; }
 .grid th, .grid td { padding: 0; }
 .grid thead th.suite { text-align: left; border-left: 2px solid #fff; background: #f6f8fa;
-                       padding: 2px 4px; font-weight: 600; white-space: nowrap; }
+                       padding: 2px 4px; font-weight: 600; white-space: nowrap;
+                       overflow: hidden; text-overflow: ellipsis; }
 .grid thead th.e { height: 130px; vertical-align: bottom; }
 .grid thead th.e a { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap;
                      font-weight: 400; font-size: 12px; max-height: 128px; overflow: hidden;
                      text-overflow: ellipsis; display: inline-block; }
 .grid tbody th { text-align: left; white-space: nowrap; padding-right: 8px; font-weight: 400;
                  font-family: ui-monospace, monospace; font-size: 12px; }
-.grid td { position: relative; }
+.grid td > :hover, .grid td > :focus { position: relative; contain: none; }
 .grid td > a, .grid td > span { display: block; width: 14px; height: 16px; margin: 1px;
-                                border-radius: 2px; }
+                                contain: strict; }
 .pass { background: var(--pass); }
 .fail { background: var(--fail); }
 .flaky { background: var(--flaky); }
@@ -40,10 +44,10 @@ table.rows td.reason { max-width: 40em; overflow-wrap: anywhere; }
 .quarantined { background: repeating-linear-gradient(45deg, var(--held) 0 3px, #afb8c1 3px 6px); }
 .not-run { background: var(--none); }
 .grid td > .first { box-shadow: 0 0 0 2px var(--ink); }
-.grid td > .first::before { content: "\\25B2"; position: absolute; left: 3px; top: -3px; font-size: 9px;
-                            color: #fff; }
+.grid td > .first::before { content: "\\25B2"; display: block; font-size: 9px; line-height: 9px;
+                            text-align: center; color: #fff; }
 .grid td > :hover::after, .grid td > :focus::after {
-  content: attr(aria-label); position: absolute; z-index: 5; left: 0; top: 19px;
+  content: attr(aria-label); position: absolute; z-index: 5; left: -1px; top: 18px;
   width: max-content; max-width: min(30em, 80vw); background: var(--ink); color: #fff;
   padding: 4px 6px; border-radius: 4px; font-size: 12px; white-space: pre-wrap; }
 .grid tbody tr:hover th { background: #fff8c5; }

@@ -44,7 +44,7 @@ def test_the_grid_holds_exactly_the_planted_cells_with_their_class_and_link(site
             assert href == ""
             continue
         suite = "train" if entry == planted.JOB else "unit"
-        assert href == f"r/{uids[(i, suite)][:12]}.html", (entry, i)
+        assert href == f"r/{uids[(i, suite)][:10]}.html", (entry, i)
         run_page = (out / href).read_text(encoding="utf-8")
         assert sha in run_page and uids[(i, suite)] in run_page
 
