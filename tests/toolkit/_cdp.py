@@ -117,6 +117,8 @@ async def chromium(profile: Path) -> AsyncIterator[Page]:
                 page = Page(ws)
                 for domain in ("Page", "Runtime", "Log"):
                     await page.call(f"{domain}.enable")
+                # A headless window never has the focus: without this, :focus matches nothing.
+                await page.call("Emulation.setFocusEmulationEnabled", enabled=True)
                 yield page
     finally:
         with contextlib.suppress(ProcessLookupError):
