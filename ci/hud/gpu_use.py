@@ -41,12 +41,7 @@ class HostDay:
 
 
 def _devices(text: str) -> list[int]:
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if part.isdigit():
-            out.append(int(part))
-    return out
+    return [int(p) for p in (x.strip() for x in text.split(",")) if p.isdigit()]
 
 
 def per_host_day(rows: Sequence[GpuAttempt]) -> list[HostDay]:

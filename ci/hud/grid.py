@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from ci.history.stats import after_lifts, auto_quarantine, flakiness, recovered
@@ -162,10 +162,8 @@ def _streaks(grid: dict[tuple[str, Column], Cell], commits: Sequence[Commit], co
         first = grid[(streak[0], column)]
         answer = next((b for b in reversed(bisects) if b.entry_id == column.entry_id
                        and b.bad in streak), None)
-        grid[(streak[0], column)] = Cell(
-            kind=first.kind, verdict=first.verdict, evidence=first.evidence, run_uid=first.run_uid,
-            seconds=first.seconds, first_red=True, streak=len(streak),
-            bisect=answer.summary if answer else "")
+        grid[(streak[0], column)] = replace(first, first_red=True, streak=len(streak),
+                                            bisect=answer.summary if answer else "")
         streak.clear()
 
     for c in reversed(commits):
@@ -203,9 +201,9 @@ def build(rows: Sequence[AttemptRow], *, last: int, rules: Mapping[str, SuiteRul
             start = first_row[sha]
             cell = _cell(sha, column, runs, every[max(0, start - _PAST_ROWS):start], rules, branch)
             if why is not None and cell.kind in ("fail", "flaky"):
-                cell = Cell(kind="quarantined", verdict=f"held, {'failed' if cell.kind == 'fail' else 'flaky'}"
-                            f" ({cell.verdict})", evidence=f"quarantined: {why}; {cell.evidence}",
-                            run_uid=cell.run_uid, seconds=cell.seconds)
+                did = "failed" if cell.kind == "fail" else "flaky"
+                cell = replace(cell, kind="quarantined", verdict=f"held, {did} ({cell.verdict})",
+                               evidence=f"quarantined: {why}; {cell.evidence}")
             cells[(sha, column)] = cell
         _streaks(cells, commits, column, bisects)
     return Grid(commits=commits, columns=columns, cells=cells)

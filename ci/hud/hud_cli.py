@@ -34,7 +34,8 @@ def build_parser() -> Parser:
     p.add_argument("--out", type=Path, required=True, help="the folder to write (replaced)")
     p.add_argument("--history", metavar="URL",
                    help=f"store URL (default: {HISTORY_ENV}, else {HISTORY_FILE})")
-    p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root, for its registry (default: .)")
+    p.add_argument("--root", type=Path, default=Path.cwd(),
+                   help="repository root, for its registry (default: .)")
     p.add_argument("--branch", default="main", help="the branch whose commits the grid shows (default: main)")
     p.add_argument("--commits", type=int, default=50, help="commits shown (default: 50)")
     p.add_argument("--last-runs", type=int, default=3000,
@@ -68,15 +69,16 @@ def main(argv: Sequence[str]) -> int:
         raise UsageError(f"--repo {repo!r}: give OWNER/NAME")
     started = time.monotonic()
     suites = load_registry(root).suites
-    gated = {e.id: tuple(dict.fromkeys(g.metric for g in e.gates)) for s in suites for e in s.entries if e.gates}
+    entries = [(s, e) for s in suites for e in s.entries]
+    gated = {e.id: tuple(dict.fromkeys(g.metric for g in e.gates)) for _s, e in entries if e.gates}
     with open_store(url, create=False) as store:  # a page never makes a store
         history = read(store, branch=args.branch, last_runs=args.last_runs, include_prs=args.include_prs,
                        gated=gated)
         lifts = store.lifts()
     settings = Settings(branch=args.branch, commits=args.commits, repo=repo, rules=_rules(suites),
-                        held={(s.name, e.id): e.quarantine for s in suites for e in s.entries if e.quarantine},
-                        quarantine={s.name: (s.quarantine_rate, s.quarantine_min_runs, s.quarantine_clean_runs)
-                                    for s in suites},
+                        held={(s.name, e.id): e.quarantine for s, e in entries if e.quarantine},
+                        quarantine={s.name: (s.quarantine_rate, s.quarantine_min_runs,
+                                             s.quarantine_clean_runs) for s in suites},
                         quarantine_default=(AUTO_QUARANTINE_RATE, AUTO_QUARANTINE_MIN_RUNS,
                                             AUTO_QUARANTINE_CLEAN_RUNS),
                         lifts=lifts, suite_order=[s.name for s in suites], generated=time.time())

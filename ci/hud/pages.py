@@ -126,7 +126,8 @@ def streak_rows(grid: Grid, repo: str) -> str:
         for col in grid.columns:
             cell = grid.cell(commit.sha, col)
             if cell.first_red:
-                rows.append(f'<tr><td>{esc(col.suite)}</td><td><a href="{entry_href(col.suite, col.entry_id)}">'
+                rows.append(f"<tr><td>{esc(col.suite)}</td>"
+                            f'<td><a href="{entry_href(col.suite, col.entry_id)}">'
                             f"{esc(col.entry_id)}</a></td><td>{_commit_link(commit.sha, repo)}</td>"
                             f"<td>{cell.streak}</td><td>{esc(cell.bisect) or 'none yet'}</td></tr>")
     if not rows:
@@ -179,14 +180,16 @@ def entry(view: EntryView, *, repo: str, generated: float) -> str:
                    f'<td class="reason">{esc(x.reason)}</td></tr>' for x in view.failures)
     failures = ('<h2>Last failures</h2><table class="rows failures"><thead><tr><th>run</th><th>commit</th>'
                 "<th>when</th><th>attempt</th><th>outcome</th><th>cause</th><th>reason</th></tr></thead>"
-                f"<tbody>{rows}</tbody></table>" if rows else '<h2>Last failures</h2><p class="empty">none</p>')
+                f"<tbody>{rows}</tbody></table>" if rows
+                else '<h2>Last failures</h2><p class="empty">none</p>')
     body = facts + '<h2>Trends</h2><div class="charts">' + "".join(charts) + "</div>" + failures
     return page(short_name(view.entry_id), body, up="../", generated=generated)
 
 
 def _verdict_cell(v: Verdict | None, cell: Cell | None) -> str:
     if v is not None:
-        return f"<td>{esc(v.label)} <code>{esc(v.rule)}</code></td><td class=\"reason\">{esc(v.evidence)}</td>"
+        return (f"<td>{esc(v.label)} <code>{esc(v.rule)}</code></td>"
+                f'<td class="reason">{esc(v.evidence)}</td>')
     if cell is not None and cell.kind != "pass":
         return f"<td>{esc(cell.verdict)}</td><td class=\"reason\">{esc(cell.evidence)}</td>"
     return "<td></td><td></td>"

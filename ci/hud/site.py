@@ -73,7 +73,8 @@ def render(history: History, s: Settings) -> dict[str, str]:
     for col in g.columns:
         metrics = {name: series for (entry, name), series in history.metrics.items() if entry == col.entry_id}
         view = entry_page.build(col.suite, col.entry_id, by_entry[(col.suite, col.entry_id)],
-                                held=held_now.get((col.suite, col.entry_id), ""), repo=s.repo, metrics=metrics)
+                                held=held_now.get((col.suite, col.entry_id), ""), repo=s.repo,
+                                metrics=metrics)
         out[pages.entry_href(col.suite, col.entry_id)] = pages.entry(view, repo=s.repo, generated=s.generated)
     # A page per run the grid links to: its attempts and the verdicts the cells show.
     cells_of_run: dict[str, dict[str, grid.Cell]] = defaultdict(dict)
@@ -81,7 +82,8 @@ def render(history: History, s: Settings) -> dict[str, str]:
         if cell.run_uid:
             cells_of_run[cell.run_uid][col.entry_id] = cell
     for uid, cells in cells_of_run.items():
-        out[pages.run_href(uid)] = pages.run_page(by_run[uid], repo=s.repo, cells=cells, generated=s.generated)
+        out[pages.run_href(uid)] = pages.run_page(by_run[uid], repo=s.repo, cells=cells,
+                                                  generated=s.generated)
     for number, pr_rows in prs.items():
         latest = head_rows(pr_rows)
         verdicts = judge(latest, rows, base=None, suites=s.rules, branch=s.branch)

@@ -34,9 +34,8 @@ table.rows td.reason { max-width: 40em; overflow-wrap: anywhere; }
                      text-overflow: ellipsis; display: inline-block; }
 .grid tbody th { text-align: left; white-space: nowrap; padding-right: 8px; font-weight: 400;
                  font-family: ui-monospace, monospace; font-size: 12px; }
-.grid td > :hover, .grid td > :focus { position: relative; contain: none; }
-.grid td > a, .grid td > span { display: block; width: 14px; height: 16px; margin: 1px;
-                                contain: strict; }
+.grid td > :hover, .grid td > :focus { position: relative; }
+.grid td > a, .grid td > span { display: block; width: 14px; height: 16px; margin: 1px; }
 .pass { background: var(--pass); }
 .fail { background: var(--fail); }
 .flaky { background: var(--flaky); }

@@ -50,7 +50,8 @@ def lines(series: Sequence[Series], *, title: str, percent: bool = False, zero: 
     out = [f'<svg class="chart" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" '
            f'aria-label="{esc}"><title>{esc}</title>',
            f'<line class="axis" x1="{PAD_L}" y1="{H - PAD_B}" x2="{W - PAD_R}" y2="{H - PAD_B}"/>',
-           f'<text class="tick" x="{PAD_L - 4}" y="{y(y1) + 4:.1f}" text-anchor="end">{_num(y1, percent)}</text>',
+           f'<text class="tick" x="{PAD_L - 4}" y="{y(y1) + 4:.1f}" text-anchor="end">'
+           f"{_num(y1, percent)}</text>",
            f'<text class="tick" x="{PAD_L - 4}" y="{y(y0):.1f}" text-anchor="end">{_num(y0, percent)}</text>',
            f'<text class="tick" x="{PAD_L}" y="{H - 4}">{_day(x0)}</text>',
            f'<text class="tick" x="{W - PAD_R}" y="{H - 4}" text-anchor="end">{_day(x1)}</text>']

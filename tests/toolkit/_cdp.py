@@ -97,13 +97,14 @@ async def chromium(profile: Path) -> AsyncIterator[Page]:
 
     exe = browser()
     assert exe is not None, "no Chromium"
+    port_file = profile / "DevToolsActivePort"
+    port_file.unlink(missing_ok=True)  # a profile used before holds the port of a browser gone
     proc = subprocess.Popen([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                              "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
                              "--no-first-run", "--no-default-browser-check", f"--user-data-dir={profile}",
                              "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not (port_file.is_file() and port_file.read_text().count("\n") >= 1):
             if proc.poll() is not None or time.monotonic() > deadline:

@@ -29,7 +29,7 @@ def test_a_site_from_either_store_with_the_pr_pages_apart(store_url, tmp_path):
     # The verdict table of its latest run: test_a passes on main, so its failure is new.
     assert "<td>tests/test_a.py</td><td>failed</td>" in pr and "<td>new <code>new</code></td>" in pr
     assert "<td>tests/test_flaky.py</td><td>passed</td>" in pr and "1 entry did not pass" in pr
-    entries, cells = planted.grid_cells(index)
+    _entries, cells = planted.grid_cells(index)
     assert len(cells) == 400
 
 
