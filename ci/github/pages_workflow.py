@@ -23,6 +23,7 @@ PAGES_JOB = "pages"
 HUD_SESSION = "hud"
 SITE_DIR = "site"
 HUD_MINUTES = 15
+HUD_PURPOSE = "The HUD: the run history as a static site, deployed to GitHub Pages (docs/history.md)"
 # Pinned as every action here is (ci/github/yaml_writer.py): the full commit of the tag.
 UPLOAD_PAGES = ("actions/upload-pages-artifact", "7b1f4a764d45c48632c6b24a0339c27f5614fb0b", "v4.0.0")
 DEPLOY_PAGES = ("actions/deploy-pages", "d6db90164ac5ed86f2b6aed7e0febac5b3c0c03e", "v4.0.5")
@@ -77,3 +78,8 @@ def pages_jobs(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
     if monitor is None or not style.own_jobs:
         return {}
     return {HUD_JOB: _build(monitor, style), PAGES_JOB: _deploy(monitor, style)}
+
+
+def readme_rows(jobs: Sequence[Job], style: Style) -> list[tuple[str, str, str]]:
+    """The README's session table row of the HUD's build, when the workflow has it."""
+    return [(HUD_SESSION, "monitor schedule", HUD_PURPOSE)] if pages_jobs(jobs, style) else []

@@ -196,8 +196,8 @@ def _verdict_cell(v: Verdict | None, cell: Cell | None) -> str:
 
 
 def run_page(rows: Sequence[AttemptRow], *, repo: str, generated: float,
-             verdicts: Mapping[str, Verdict] | None = None, cells: Mapping[str, Cell] | None = None,
-             title: str = "") -> str:
+             verdicts: Mapping[str, Verdict] | None = None,
+             cells: Mapping[str, Cell] | None = None) -> str:
     """One run's attempts, with the verdict of each entry that did not pass."""
     first = rows[0]
     head = (f'<table class="rows"><tr><th>run</th><td><code>{esc(first.run_uid)}</code></td></tr>'
@@ -218,7 +218,7 @@ def run_page(rows: Sequence[AttemptRow], *, repo: str, generated: float,
     table = ('<table class="rows attempts"><thead><tr><th>entry</th><th>attempt</th><th>outcome</th>'
              "<th>seconds</th><th>node</th><th>reason</th><th>verdict</th><th>evidence</th></tr></thead>"
              f"<tbody>{''.join(out)}</tbody></table>")
-    return page(title or f"run {first.run_uid[:8]} ({first.suite})", head + table, up="../",
+    return page(f"run {first.run_uid[:8]} ({first.suite})", head + table, up="../",
                 generated=generated)
 
 
