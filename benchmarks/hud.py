@@ -9,11 +9,12 @@ entries (200 entries), one run of each suite per commit, so 200 attempts per com
 commits, 10k: 50, 100k: 500); about 3% of attempts fail (a streak now and then), 2% flake
 (fail, then pass on a retry), 0.5% lose their node. The build is the command a user runs,
 in a fresh interpreter, timed from start to exit, wall and CPU (user + system: on a shared
-machine the wall time also measures the neighbours; the load average is printed). Chromium (Debian's) loads index.html over
-its DevTools protocol; the time is from navigation to the second animation frame after the
-load event (the grid laid out and painted).
-Goals it prints: 100k attempts built in at most 10 s (of CPU); the main page of 50 commits by 200
-entries at most 1 MB and drawn in at most 1 s.
+machine the wall time also measures the neighbours; the load average is printed).
+Chromium (Debian's) loads index.html over its DevTools protocol, from navigation to the
+second animation frame after the load event (the grid laid out and painted): wall time,
+and the CPU time of the renderer's main thread from Chromium's own trace.
+Goals it prints: 100k attempts built in at most 10 s (of CPU); the main page of 50 commits
+by 200 entries at most 1 MB and drawn in at most 1 s (of the renderer's main-thread CPU).
 """
 
 from __future__ import annotations
@@ -84,12 +85,25 @@ def plant(url: str, attempts: int, seed: int = 7) -> None:
                                        started_at=at, ended_at=at + 50, exit_code=0, attempts=tuple(tries)))
 
 
-async def draw_ms(page_path: Path, profile: Path) -> tuple[float, list[str]]:
+async def draw_ms(page_path: Path, profile: Path) -> tuple[float, float, list[str]]:
+    """(wall ms, CPU ms of the renderer's main thread, console complaints) from navigation to
+    the page drawn. The CPU time is summed over the top-level tasks of the main thread in
+    Chromium's own trace (their `tdur`): what the page costs, whatever the neighbours do."""
     async with chromium(profile) as page:
+        await page.call("Tracing.start", categories="devtools.timeline,toplevel", transferMode="ReportEvents")
         await page.open(page_path.as_uri(), width=1280)
         drawn = float(await page.value(DRAWN))
         start = float(await page.value("performance.getEntriesByType('navigation')[0].startTime"))
-        return drawn - start, page.complaints()
+        complaints = page.complaints()
+        await page.call("Tracing.end")
+        await page.wait_for("Tracing.tracingComplete")
+        trace = [e for m in page.events if m.get("method") == "Tracing.dataCollected"
+                 for e in m["params"]["value"]]
+        parse = next(e for e in trace if e.get("name") == "ParseHTML")
+        cpu_us = sum(e.get("tdur", 0) for e in trace
+                     if (e.get("pid"), e.get("tid")) == (parse["pid"], parse["tid"]) and e.get("ph") == "X"
+                     and e.get("name") == "ThreadControllerImpl::RunTask")
+        return drawn - start, cpu_us / 1000, complaints
 
 
 def main() -> int:
@@ -99,7 +113,7 @@ def main() -> int:
     ok = True
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"{'attempts':>9} {'stored':>8} {'plant s':>8} {'build s':>8} {'cpu s':>6} {'cells':>6} "
-          f"{'index KiB':>10} {'site MiB':>9} {'draw ms':>8}")
+          f"{'index KiB':>10} {'site MiB':>9} {'draw ms':>8} {'cpu ms':>7}")
     with tempfile.TemporaryDirectory(prefix="hud-bench-") as tmp:
         for size in args.sizes:
             folder = Path(tmp) / str(size)
@@ -124,23 +138,23 @@ def main() -> int:
             index = folder / "site" / "index.html"
             cells = index.read_text(encoding="utf-8").count("aria-label=")
             site = sum(f.stat().st_size for f in (folder / "site").rglob("*") if f.is_file())
-            drawn = "-"
+            drawn = drawn_cpu = "-"
             if browser() is not None:
-                ms, complaints = asyncio.run(draw_ms(index, folder / "profile"))
-                drawn = f"{ms:.0f}"
+                ms, cpu_ms, complaints = asyncio.run(draw_ms(index, folder / "profile"))
+                drawn, drawn_cpu = f"{ms:.0f}", f"{cpu_ms:.0f}"
                 if complaints:
                     print(f"console: {complaints}", file=sys.stderr)
                     ok = False
                 if cells >= 50 * 200:
-                    ok &= ms <= DRAW_GOAL_MS
+                    ok &= cpu_ms <= DRAW_GOAL_MS
             print(f"{size:>9} {stored:>8} {planted_s:>8.1f} {build_s:>8.2f} {cpu_s:>6.2f} {cells:>6} "
-                  f"{index.stat().st_size / 1024:>10.0f} {site / 2**20:>9.1f} {drawn:>8}")
+                  f"{index.stat().st_size / 1024:>10.0f} {site / 2**20:>9.1f} {drawn:>8} {drawn_cpu:>7}")
             if size >= 100_000:
                 ok &= cpu_s <= BUILD_GOAL_S
             if cells >= 50 * 200:
                 ok &= index.stat().st_size <= PAGE_GOAL_B
-    print(f"goals: 100k attempts built in <= {BUILD_GOAL_S:.0f} s; the 50 x 200 main page <= 1 MB and "
-          f"drawn in <= {DRAW_GOAL_MS:.0f} ms: {'met' if ok else 'NOT met'}")
+    print(f"goals: 100k attempts built in <= {BUILD_GOAL_S:.0f} s of CPU; the 50 x 200 main page <= 1 MB "
+          f"and drawn in <= {DRAW_GOAL_MS:.0f} ms of CPU: {'met' if ok else 'NOT met'}")
     return 0 if ok else 1
 
 

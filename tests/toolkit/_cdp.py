@@ -36,20 +36,30 @@ class Page:
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         self._id += 1
         await self._ws.send_str(json.dumps({"id": self._id, "method": method, "params": params}))
+        mine = self._id
         while True:
-            msg = json.loads((await self._ws.receive(timeout=60)).data)
-            if msg.get("id") == self._id:
+            msg = await self._receive(60)
+            if msg.get("id") == mine:
                 if "error" in msg:
                     raise RuntimeError(f"{method}: {msg['error']}")
                 return dict(msg.get("result", {}))
+
+    async def _receive(self, timeout: float) -> dict[str, Any]:
+        msg: dict[str, Any] = json.loads((await self._ws.receive(timeout=timeout)).data)
+        if "id" not in msg:
             self.events.append(msg)
+        if msg.get("method") == "Page.javascriptDialogOpening":
+            # A dialog blocks the page until answered: dismiss it, and it stays a complaint.
+            self._id += 1
+            await self._ws.send_str(json.dumps({"id": self._id, "method": "Page.handleJavaScriptDialog",
+                                                "params": {"accept": False}}))
+        return msg
 
     async def wait_for(self, event: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         seen = len(self.events)
         while not any(e.get("method") == event for e in self.events[seen:]):
-            msg = json.loads((await self._ws.receive(timeout=max(0.1, deadline - time.monotonic()))).data)
-            self.events.append(msg)
+            await self._receive(max(0.1, deadline - time.monotonic()))
 
     async def open(self, url: str, *, width: int, height: int = 900) -> None:
         await self.call("Emulation.setDeviceMetricsOverride", width=width, height=height,

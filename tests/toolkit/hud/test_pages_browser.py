@@ -22,8 +22,10 @@ from _ci import run_ci, write
 from ci.hud import pages
 
 NUM_GPUS = 0
-pytestmark = pytest.mark.skipif(browser() is None, reason="no Chromium here (apt-get install chromium; "
-                                                          ".ci/services.sh installs it)")
+# A browser per test, a Tab per cell: about 40 s on the 2-core machine.
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(browser() is None, reason="no Chromium here (apt-get install chromium; "
+                                                           ".ci/services.sh installs it)")]
 
 # Where the keyboard focus is: a grid cell as "row:column", anything else by its link.
 FOCUSED = """(() => { const e = document.activeElement; const td = e && e.closest('.grid td');
