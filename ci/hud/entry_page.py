@@ -55,10 +55,11 @@ def _buckets(n: int) -> list[tuple[int, int]]:
 
 
 def issue_search(repo: str, entry_id: str) -> str:
-    """The issue of a held entry, found as `python -m ci issues` finds it: label and marker text."""
+    """The issue of a held entry: the `slime-ci` label and the title `python -m ci issues` gives
+    it (ci/github/flaky_issues.py; the store keeps no issue numbers)."""
     if not repo:
         return ""
-    q = f'is:issue label:slime-ci "slime-ci:entry={entry_id} kind=flaky"'
+    q = f'is:issue label:slime-ci in:title "Flaky: {entry_id}"'
     return f"https://github.com/{quote(repo, safe='/')}/issues?q={quote(q, safe='')}"
 
 

@@ -40,7 +40,7 @@ def test_the_held_entry_shows_its_planted_flake_rate_quarantine_and_issue(site):
                                       "where it also passed)")
     assert "<strong>quarantined</strong>: flake rate 20% (10 of 50 runs) is above 10%" in text
     issue = re.search(r'href="(https://github.com/acme/slime/issues\?q=[^"]+)">its issue', text)
-    assert issue and "slime-ci%3Aentry%3Dtests%2Ftest_held.py%20kind%3Dflaky" in issue.group(1)
+    assert issue and "label%3Aslime-ci%20in%3Atitle%20%22Flaky%3A%20tests%2Ftest_held.py%22" in issue.group(1)
     # Its ten flakes, newest first, each with its reason and the link to its run.
     failures = re.findall(r'<tr><td><a href="\.\./r/(\w+)\.html">', text)
     assert len(failures) == 10
