@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What the history tests need beside Python: a PostgreSQL server (Debian's package) on
-# loopback in a temporary data directory, and Chromium for the coverage page's test.
+# loopback in a temporary data directory, and Chromium for the browser tests (the coverage
+# page, the HUD).
 # Sourced by .ci/run: exports SLIME_CI_TEST_POSTGRES_URL when the server is up and stops
 # it when the run ends. Where apt or the server is unavailable it says so and the tests
 # that need them skip with the reason; nothing here fails the run.
@@ -47,4 +48,4 @@ slime_ci_services_stop() {
 
 _svc_postgres
 command -v chromium >/dev/null 2>&1 || _svc_apt chromium \
-    || _svc_say "Chromium not installable here; the coverage page's browser test will skip"
+    || _svc_say "Chromium not installable here; the browser tests (coverage page, HUD) will skip"

@@ -40,6 +40,7 @@ from ci.github.job_plan import (
     pr_terms,
     table,
 )
+from ci.github.pages_workflow import pages_jobs, readme_rows
 from ci.github.yaml_writer import (  # the writer lives apart so ci/github/gateway_workflow.py can share it
     CACHE_RESTORE,
     CACHE_SAVE,
@@ -480,6 +481,7 @@ def workflow(jobs: Sequence[Job], style: Style | None = None) -> dict[str, Node]
         "permissions": {},
         "jobs": {**({PLAN_JOB: plan_job(style)} if any(gated_by_plan(j) for j in jobs) else {}),
                  **{j.id: _job(j, style) for j in jobs},
+                 **pages_jobs(jobs, style),
                  VERDICT_JOB: verdict_job(jobs, style)},
     }
 
@@ -539,7 +541,7 @@ def session_table(jobs: Sequence[Job], extra: Sequence[tuple[str, str, str]] = (
     return "\n".join(rows)
 
 
-def readme(root: Path, jobs: Sequence[Job]) -> dict[str, str]:
+def readme(root: Path, jobs: Sequence[Job], style: Style | None = None) -> dict[str, str]:
     """The README with its session table regenerated; nothing when it has no table markers."""
     path = root / README_PATH
     if not path.is_file():
@@ -549,7 +551,8 @@ def readme(root: Path, jobs: Sequence[Job]) -> dict[str, str]:
     if begin < 0 or end < begin:
         return {}
     verdict = (VERDICT_JOB, "every PR, after its other jobs", f"{VERDICT_PURPOSE} (docs/verdicts.md)")
-    table_text = f"{TABLE_BEGIN}\n{session_table(jobs, extra=[verdict])}\n"
+    hud = readme_rows(jobs, style or Style())
+    table_text = f"{TABLE_BEGIN}\n{session_table(jobs, extra=[*hud, verdict])}\n"
     return {README_PATH: text[:begin] + table_text + text[end:]}
 
 
@@ -652,8 +655,8 @@ def main(argv: list[str]) -> int:
                   else existing_dir("--root", args.root))
     registry = load_registry(root)
     jobs = table(registry.suites, registry.style, registry.sessions)
-    changes = drift(root, {**render(jobs, registry.style), **readme(root, jobs), **u_generated(root),
-                           **adopted_u(root, registry)})
+    changes = drift(root, {**render(jobs, registry.style), **readme(root, jobs, registry.style),
+                           **u_generated(root), **adopted_u(root, registry)})
     if args.check or args.dry_run:
         for d in changes:
             sys.stdout.write(d.diff())

@@ -242,6 +242,10 @@ SESSIONS: tuple[Check | Smoke, ...] = (
           purpose="The run history: show, flaky, monitor; in CI each job's last step records its run "
                   "(`-- record`)",
           commands=(("python", "-m", "ci", "history"),)),
+    # Built and published by the monitor's cadence (ci/github/pages_workflow.py), not a job of its own.
+    Check(name="hud", profiles=("history",), tags=(), posargs=True,
+          purpose="The HUD: the run history as a static site (`-- --out DIR`); GitHub Pages hourly",
+          commands=(("python", "-m", "ci", "hud"),)),
     Check(name=MONITOR_SESSION, profiles=("history",), tags=(), posargs=True, purpose=MONITOR_PURPOSE,
           commands=(ISSUES_COMMAND, MONITOR_COMMAND)),
     Check(name=VERDICT_SESSION, profiles=("history",), tags=(), posargs=True, purpose=VERDICT_PURPOSE,

@@ -59,8 +59,8 @@ def test_sessions_that_are_not_suites_come_from_the_registry(sessions):
 
     found, module = sessions
     registry = load_registry(REPO)
-    assert {"lint", "gpu_smoke", "gpu_smoke_nightly", "history", "monitor", "verdict", "mutation", "plants",
-            "lock_check"} == NOT_SUITES
+    assert {"lint", "gpu_smoke", "gpu_smoke_nightly", "history", "hud", "monitor", "verdict", "mutation",
+            "plants", "lock_check"} == NOT_SUITES
     assert not hasattr(module, "SMOKE") and not hasattr(module, "BEFORE")  # no logic left there
     suites = set(registry.names())
     for session in registry.sessions:

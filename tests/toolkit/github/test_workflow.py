@@ -93,15 +93,24 @@ def test_yaml_writer_round_trips_tricky_scalars_through_a_real_parser() -> None:
 
 # --- the workflow's shape ----------------------------------------------------------------------
 
+# The HUD's build and its Pages deployment: their own shape, their own permissions and
+# environments, tested in tests/toolkit/github/test_pages_workflow.py.
+HUD_JOBS = ("hud", "pages")
+
+
+def own_shape(jobs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in jobs.items() if k not in HUD_JOBS}
+
+
 def test_one_job_per_session_each_running_nox() -> None:
     jobs = _workflow()["jobs"]
     # The plan job asks `python -m ci plan` about the PR's diff (tests/toolkit/github/test_job_plan_events.py).
     # After the stability job, the scheduled checks (ci.suites.SESSIONS with cadences), then
-    # the hourly failure monitor.
+    # the hourly failure monitor and, on its cron, the HUD's build and Pages deployment.
     assert list(jobs) == ["plan", *(s.name for s in SUITES), "lint", "gpu_smoke", "megatron_stability",
-                          *SCHEDULED_CHECKS, "monitor", "verdict"]
+                          *SCHEDULED_CHECKS, "monitor", "hud", "pages", "verdict"]
     for job_id, job in jobs.items():
-        if job_id in ("megatron_stability", "plan", "verdict"):  # their own shape: tested on their own
+        if job_id in ("megatron_stability", "plan", "verdict", *HUD_JOBS):  # their own shape: tested on their own
             continue
         last = _nox_step(job)
         assert last["run"] == f"nox -s {job_id}"
@@ -119,7 +128,7 @@ def test_one_job_per_session_each_running_nox() -> None:
 def test_the_verdict_job_judges_every_pr_job_from_the_base_code_with_a_comment_token_only() -> None:
     jobs = _workflow()["jobs"]
     verdict = jobs["verdict"]
-    pr_jobs = [j for j in jobs if j not in ("verdict", "megatron_stability", "monitor", *SCHEDULED_CHECKS)]
+    pr_jobs = [j for j in jobs if j not in ("verdict", "megatron_stability", "monitor", *SCHEDULED_CHECKS, *HUD_JOBS)]
     assert verdict["needs"] == pr_jobs, "it judges after every job a PR can run"
     assert verdict["if"] == "always() && github.event_name == 'pull_request'", "a failed job must not skip it"
     checkout = verdict["steps"][0]
@@ -198,7 +207,7 @@ def test_suite_jobs_restore_durations_from_main_before_the_run_and_save_after_it
     assert not any("actions/cache" in s.get("uses", "") for s in jobs["lint"]["steps"])
     keys = set()
     for job_id, job in jobs.items():
-        if job_id in ("lint", "megatron_stability", "plan", *SCHEDULED_CHECKS, "monitor", "verdict"):  # checks; infinite
+        if job_id in ("lint", "megatron_stability", "plan", *SCHEDULED_CHECKS, "monitor", "verdict", *HUD_JOBS):  # checks; infinite
             continue
         restore_at, restore, save_at, save = _cache_steps(job)
         nox_at = job["steps"].index(_nox_step(job))
@@ -287,7 +296,7 @@ def test_least_privilege_and_no_credentials_left_on_disk() -> None:
     assert "pull_request_target" not in text
     # One secret, the history store's URL, only in the env of the steps that open the store.
     assert set(re.findall(r"secrets\.\w+", text)) == {"secrets.SLIME_CI_HISTORY_URL"}
-    for job_id, job in wf["jobs"].items():
+    for job_id, job in own_shape(wf["jobs"]).items():
         # Only the scheduled monitor opens the shared store here (GPU jobs export their runs to
         # the ingest workflow); it alone names the environment, and no deployment.
         opens = "secrets." in json.dumps(job)
@@ -297,7 +306,7 @@ def test_least_privilege_and_no_credentials_left_on_disk() -> None:
             if "secrets." in json.dumps(step):
                 assert "secrets." not in json.dumps({k: v for k, v in step.items() if k != "env"})
                 assert step["run"].startswith("nox -s ") or "nox -s " in step["run"]
-    for job_id, job in wf["jobs"].items():
+    for job_id, job in own_shape(wf["jobs"]).items():
         # The monitor alone may dispatch (bisect.yml, one run per streak), from a step that
         # holds the token and no secret; the step holding the store's secret holds no token.
         # Beyond reading: the monitor keeps its issues; the verdict job reads this run's
@@ -319,6 +328,8 @@ def test_least_privilege_and_no_credentials_left_on_disk() -> None:
 
 # The verdict job's actions: checkout (the base), the trusted snapshot's restore, setup-python.
 VERDICT_ACTIONS = 3
+# The HUD's build (checkout, setup-python, upload-pages-artifact) and deployment (deploy-pages).
+HUD_ACTIONS = 4
 
 
 def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> None:
@@ -329,7 +340,8 @@ def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> No
     # job checks out and sets up Python; a check with a report uploads it.
     # A GPU suite job restores the ingest job's trusted snapshot and uploads its runs for it.
     assert len(uses) == sum((2 if j.kind == "check" or j.infinite else 4) + bool(j.report)
-                            + 2 * (j.self_hosted and j.kind != "check") for j in table()) + 2 + VERDICT_ACTIONS
+                            + 2 * (j.self_hosted and j.kind != "check") for j in table()) + 2 + VERDICT_ACTIONS \
+        + HUD_ACTIONS
     for ref, rest in uses:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40}", ref), ref
         assert re.fullmatch(r"  # v\d+\.\d+\.\d+", rest), rest

@@ -129,16 +129,18 @@ def test_no_job_that_checks_out_pr_code_holds_an_environment_or_a_secret() -> No
     assert {("run-ci-file.yml", "run_gpu"), ("run-ci-file.yml", "run_cpu"), ("pr-test.yml", "plan"),
             ("pr-test.yml", "megatron"), ("pr-test.yml", "cpu_unit")} <= pr_jobs
     assert not {j for j in pr_jobs if j[1] in ("monitor", "megatron_stability", "mutation", "ingest",
-                                               "decide", "resolve")}
-    # Who names an environment at all: the monitor (scheduled, main), the ingest job
-    # (workflow_run, main), the comment gateway's decide job (issue_comment, main) and the
-    # hosted bisect job (dispatched on main, it runs main's commits; its GPU twin holds none).
+                                               "decide", "resolve", "hud", "pages")}
+    # Who names an environment at all: the monitor and the HUD's build (scheduled, main), the
+    # Pages deployment (no checkout at all), the ingest job (workflow_run, main), the comment
+    # gateway's decide job (issue_comment, main) and the hosted bisect job (dispatched on main,
+    # it runs main's commits; its GPU twin holds none).
     holders = set()
     for path in sorted(WORKFLOWS.glob("*.yml")):
         for job_id, job in yaml.safe_load(path.read_text(encoding="utf-8"))["jobs"].items():
             if "environment" in job:
                 holders.add((path.name, job_id, job["environment"]["name"]))
-    assert holders == {("pr-test.yml", "monitor", "ci-history"),
+    assert holders == {("pr-test.yml", "monitor", "ci-history"), ("pr-test.yml", "hud", "ci-history"),
+                       ("pr-test.yml", "pages", "github-pages"),
                        ("history-ingest.yml", "ingest", "ci-history"),
                        ("bisect.yml", "bisect_cpu", "ci-history"),
                        ("ci-comment.yml", "decide", "ci-comment")}
