@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "store takes trust from the event alone)")
     ing.add_argument("--dry-run", action="store_true",
                      help="validate and say what would be recorded; open no store, write nothing")
+    ing.add_argument("--trusted-workflow", metavar="PATH", default=None,
+                     help="the only workflow file whose default-branch runs are trusted (default: "
+                          ".github/workflows/pr-test.yml); their head commit must be on the default "
+                          "branch of the checkout at --root, a full clone")
     snap = sub.add_parser("snapshot", parents=[common],
                           help="write the store's trusted runs to a fresh SQLite file (the ingest job "
                                "hands it to GPU jobs through the Actions cache)")
@@ -202,7 +206,16 @@ def _export(root: Path, url: str, uids: list[str], folder: Path, log: Log) -> No
 def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
     """`ingest DIR --event-file F` (or `--pr N`, into a local store): validate every exported
     run, then record them all."""
-    from ci.history.ingest import ONE_FILE_WORKFLOW, Trigger, collect, ingest, read_event, trigger
+    from ci.history.ingest import (
+        ONE_FILE_WORKFLOW,
+        TRUSTED_WORKFLOW,
+        Trigger,
+        collect,
+        ingest,
+        read_event,
+        trigger,
+    )
+    from ci.history.on_branch import on_branch
 
     folder = args.dir if args.dir.is_absolute() else root / args.dir
     # The step output `trusted`: how many trusted runs were added; the ingest job refreshes the
@@ -221,8 +234,14 @@ def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
         source = Trigger(run_id=0, workflow="this workflow run", event="pull_request", trusted=False,
                          pr=args.pr)
     else:
-        source = trigger(read_event(args.event_file), run_file=ONE_FILE_WORKFLOW)
-    runs = collect(folder, trigger=source)
+        # Whether the run's head is on the default branch: this checkout's history says, never
+        # the branch's name (a tag can carry it).
+        source = trigger(read_event(args.event_file), run_file=ONE_FILE_WORKFLOW,
+                         trusted_workflow=args.trusted_workflow or TRUSTED_WORKFLOW,
+                         on_branch=lambda sha, branch: on_branch(root, sha, branch))
+        if source.doubt:
+            _warn(f"ingest: {source.describe()}: not trusted, {source.doubt}")
+    runs = collect(folder, trigger=source, now=time.time())
     if args.dry_run:
         log.line(f"ingest: {source.describe()}: {len(runs)} valid run(s) would be recorded "
                  f"({', '.join(sorted({r.suite for r in runs})) or 'none'}); nothing written")
