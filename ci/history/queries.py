@@ -338,8 +338,14 @@ def _read(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
             else:
                 print(f"no flaky entry in the last {args.window} runs of each entry")
             return EXIT_OK
-        found = streaks(rows, branch=args.branch, k=args.k)
+        found, gone = registered(streaks(rows, branch=args.branch, k=args.k), root)
+        for s in gone:
+            _warn(f"monitor: {s.suite}: {s.entry_id[:120]!r} failed {s.failures} runs but is not in the "
+                  "registry (deleted, or never registered): ignored, no alert and no bisect")
         md = monitor_markdown(found, branch=args.branch, k=args.k)
+        if gone:
+            md += (f"\n\n{len(gone)} failing entr{'y' if len(gone) == 1 else 'ies'} not in the registry "
+                   "(deleted, or never registered) ignored.")
         if args.json:
             print(json.dumps([asdict(s) for s in found], indent=1))
         else:
@@ -354,6 +360,37 @@ def _read(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
             args.bisect_plan.write_text("".join(json.dumps(p, sort_keys=True) + "\n" for p in plan),
                                         encoding="utf-8")
         return EXIT_FAILED if found else EXIT_OK
+
+
+def registered(found: Sequence[Streak], root: Path) -> tuple[list[Streak], list[Streak]]:
+    """The streaks of entries the checkout's registry has, and the others.
+
+    An entry that was deleted (or a name a forged record made up) never runs again, so its
+    streak would never end: it would alert, and plan a bisect that cannot run, every hour.
+    """
+    from ci.registry.loader import load_registry
+    from ci.select.discover import discover
+    from ci.select.entries import resolve_entry, suite_entries
+
+    registry = load_registry(root)
+    files = discover(root)
+    ids: dict[str, set[str]] = {}
+    for name in sorted({s.suite for s in found}):
+        suite = registry.get(name)
+        ids[name] = set()
+        if suite is None:
+            continue
+        for entry in suite_entries(suite, files):
+            tf = files.get(entry.path)
+            if tf is None:
+                continue  # a file the registry lists but the checkout lacks: gone too
+            try:
+                ids[name].add(resolve_entry(entry, tf, default_timeout=suite.timeout,
+                                            pytest_only=suite.takes_pytest_args).id)
+            except UsageError:
+                continue  # an entry the registry cannot resolve never runs either
+    kept = [s for s in found if s.entry_id in ids[s.suite]]
+    return kept, [s for s in found if s.entry_id not in ids[s.suite]]
 
 
 def bisect_plan(store: HistoryStore, found: Sequence[Streak], root: Path) -> list[dict[str, str]]:
