@@ -8,9 +8,10 @@ the default branch's code only) downloads those artifacts and records them with
 
 The artifact was written by code nobody reviewed, so it is read as hostile: bounded in files
 and bytes, each record checked against a strict schema (exact keys, exact types, bounded
-strings and numbers), all or nothing. Its trust and its pull request come from GitHub's
-event payload, never from the artifact: a record that claims to be trusted, or to belong to
-another pull request, is refused.
+strings and numbers, each within its store column), all or nothing: a batch is checked
+whole, then written in one transaction. Its trust and its pull request come from GitHub's
+event payload and the default branch's commit graph, never from the artifact: a record that
+claims to be trusted, or to belong to another pull request, is refused.
 """
 
 from __future__ import annotations
