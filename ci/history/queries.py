@@ -372,6 +372,8 @@ def registered(found: Sequence[Streak], root: Path) -> tuple[list[Streak], list[
     from ci.select.discover import discover
     from ci.select.entries import resolve_entry, suite_entries
 
+    if not found:
+        return [], []  # nothing failing: the registry is not read
     registry = load_registry(root)
     files = discover(root)
     ids: dict[str, set[str]] = {}
