@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-monitor", action="store_true",
                    help="take the range from the failure monitor's streak of the entry in the history")
     p.add_argument("--branch", default="main", help="--from-monitor: the branch it watches (default: main)")
+    p.add_argument("--branch-only", action="store_true",
+                   help="with --good/--bad: refuse ends that are not commits of --branch (the bisect "
+                        "workflow's mode, which holds the store's secret; --from-monitor always checks)")
     p.add_argument("-k", dest="streak", type=int, default=3,
                    help="--from-monitor: failures in a row that make a streak (default: 3)")
     p.add_argument("--history", metavar="URL",
@@ -195,6 +198,11 @@ def main(argv: Sequence[str]) -> int:
                              + ", ".join(e.id for e in entries[:8]))
         entry = by_path[0]
     commits = commit_range(root, good, bad)
+    if args.branch_only and not args.from_monitor:
+        for flag, ref, commit in (("--good", good, commits[0]), ("--bad", bad, commits[-1])):
+            if not on_branch(root, commit.sha, args.branch):
+                raise UsageError(f"{flag} {ref!r} ({commit.short()}) is not a commit of {args.branch}: "
+                                 "--branch-only runs that branch's commits alone")
     rate = _rate(args, url, suite.name, entry.id, warn=not args.dry_run)
     k_wanted = attempts_for(rate, args.confidence)
     k = min(k_wanted, args.max_attempts)

@@ -178,6 +178,14 @@ def test_the_monitors_streak_must_lie_on_the_branch(repo, tmp_path):
     assert proc.stderr.count("\n") == 1
     assert f"the streak's bad end '{off[:12]}' is not a commit of main" in proc.stderr
     assert "round 1" not in proc.stdout and "commits:" not in proc.stdout
+    # The bisect workflow's explicit range (a /bisect comment, a dispatch) is held the same way;
+    # by hand, any range of the checkout can still be bisected.
+    given = ("bisect", "--suite", "unit", "--entry", VALUE, "--good", shas[0], "--bad", off,
+             "--root", str(clone.root), "--history", "off", "--dry-run")
+    held = run_ci(*given, "--branch-only")
+    assert held.returncode == 2 and held.stderr.count("\n") == 1, held.stdout + held.stderr
+    assert f"--bad '{off}' ({off[:10]}) is not a commit of main" in held.stderr
+    assert run_ci(*given).returncode == 0
 
 
 def test_from_monitor_never_makes_a_store_at_a_mistyped_path(repo, tmp_path):
@@ -199,7 +207,7 @@ def test_no_step_holds_the_stores_url_or_the_jobs_tokens(repo, tmp_path):
     dump = f"import json, os; open({str(probe)!r}, 'a').write(json.dumps(dict(os.environ)) + chr(10))"
     secrets = {"SLIME_CI_HISTORY_URL": url, "DATABASE_URL": url, "GITHUB_TOKEN": "ghs_job",
                "GH_TOKEN": "ghs_job", "ACTIONS_RUNTIME_TOKEN": "rt", "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "oidc"}
-    proc = run_ci("bisect", "--suite", "unit", "--entry", VALUE, "--good", shas[18], "--bad", shas[21],
+    proc = run_ci("bisect", "--suite", "unit", "--entry", VALUE, "--good", shas[19], "--bad", shas[20],
                   "--install", shlex.join([sys.executable, "-c", dump]), "--root", str(clone.root), FAST,
                   env={**secrets, "PATH_MARK": "kept"}, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -78,14 +78,20 @@ A, B = "a" * 32, "b" * 32
 
 
 # Each passed the old bounds and was refused by the store halfway through the batch.
-@pytest.mark.parametrize(("bad", "why"), [
+REFUSED = [
     ({"attempts": [_attempt(passed=2 ** 31)]}, "attempt 0: `passed` is not a valid int"),
     ({"metrics": [_metric(step=2 ** 40)]}, "metric point 0: `step` is not a valid int"),
     ({"attempts": [_attempt(reason="\ud800 half a character")]},
      "attempt 0: `reason` is not a valid str of at most 500 characters, with no NUL or lone surrogate"),
     ({"attempts": [_attempt(), _attempt(final=False)]}, "attempt 1 of 'tests/test_ok.py' is listed twice"),
     ({"metrics": [_metric(), _metric(value=0.7)]}, "step 1 of 'reward' is listed twice"),
-])
+]
+
+
+# Every case on SQLite; one on PostgreSQL too (the refusal comes before any store is opened).
+@pytest.mark.parametrize(("store_url", "bad", "why"),
+                         [("sqlite", *case) for case in REFUSED] + [("postgresql", *REFUSED[0])],
+                         indirect=["store_url"])
 def test_a_batch_the_store_cannot_hold_in_part_writes_nothing(tmp_path: Path, store_url: str,
                                                               bad: dict[str, Any], why: str) -> None:
     done = _ingest(tmp_path, store_url, {"a.json": json.dumps(_record(A)).encode(),
