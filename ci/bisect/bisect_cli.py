@@ -18,7 +18,16 @@ from pathlib import Path
 
 from ci.args import Parser, existing_dir, seconds
 from ci.bisect.answer import Answer, markdown, post_to_streak_issue, record_answer, text
-from ci.bisect.driver import STEP_TIMEOUT, StepPlan, Steps, Worktrees, bisect, commit_range, free_sets
+from ci.bisect.driver import (
+    STEP_TIMEOUT,
+    StepPlan,
+    Steps,
+    Worktrees,
+    bisect,
+    commit_range,
+    free_sets,
+    step_env,
+)
 from ci.bisect.search import (
     DEFAULT_CONFIDENCE,
     MAX_ATTEMPTS,
@@ -29,6 +38,7 @@ from ci.bisect.search import (
 )
 from ci.errors import EXIT_FAILED, EXIT_OK, StoreError, UsageError
 from ci.gpu.allocator import DEFAULT_PATTERN, nvml_gpu_count, validate_pattern
+from ci.history.on_branch import on_branch
 from ci.history.stats import flakiness, streaks
 from ci.history.store import HISTORY_ENV, HISTORY_FILE, describe, open_store, resolve_url
 from ci.log import Log
@@ -68,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-monitor", action="store_true",
                    help="take the range from the failure monitor's streak of the entry in the history")
     p.add_argument("--branch", default="main", help="--from-monitor: the branch it watches (default: main)")
+    p.add_argument("--branch-only", action="store_true",
+                   help="with --good/--bad: refuse ends that are not commits of --branch (the bisect "
+                        "workflow's mode, which holds the store's secret; --from-monitor always checks)")
     p.add_argument("-k", dest="streak", type=int, default=3,
                    help="--from-monitor: failures in a row that make a streak (default: 3)")
     p.add_argument("--history", metavar="URL",
@@ -126,11 +139,12 @@ def _rate(args: argparse.Namespace, url: str | None, suite: str, entry: str, war
     return found.rate if found is not None else 0.0
 
 
-def _from_monitor(args: argparse.Namespace, url: str | None) -> tuple[str, str, str, str]:
+def _from_monitor(args: argparse.Namespace, url: str | None, root: Path) -> tuple[str, str, str, str]:
     """(suite, entry, good, bad) of the monitor's streak."""
     if url is None:
         raise UsageError("--from-monitor reads the history; it is off (--history off)")
-    with open_store(url) as store:
+    # Read only: a mistyped path is an error (exit 4), never a new, empty store without streaks.
+    with open_store(url, create=False) as store:
         rows = store.attempts(suite=args.suite, last_runs=5000, trusted_only=True)
     found = [s for s in streaks(rows, branch=args.branch, k=args.streak)
              if args.entry is None or s.entry_id == args.entry]
@@ -142,6 +156,14 @@ def _from_monitor(args: argparse.Namespace, url: str | None) -> tuple[str, str, 
     if not streak.last_passing_commit:
         raise UsageError(f"{streak.entry_id} never passed on {args.branch} in the history: nothing is "
                          "known good; pass --good")
+    # The history names the commits, and each step runs the code of one: both ends must be on
+    # the watched branch itself (reviewed code), checked in the commit graph. A run whose
+    # trust was forged could otherwise name a commit of no branch to be run here.
+    for end, sha in (("good", streak.last_passing_commit), ("bad", streak.first_failing_commit)):
+        if not on_branch(root, sha, args.branch):
+            raise UsageError(f"the streak's {end} end {sha[:12]!r} is not a commit of {args.branch} "
+                             f"in {root}; nothing of it is run (bisect it by hand with --good and "
+                             "--bad if you trust it)")
     return streak.suite, streak.entry_id, streak.last_passing_commit, streak.first_failing_commit
 
 
@@ -159,7 +181,7 @@ def main(argv: Sequence[str]) -> int:
     if args.from_monitor:
         if args.good or args.bad:
             raise UsageError("--from-monitor takes the range from the history; drop --good/--bad")
-        suite_name, entry_id, good, bad = _from_monitor(args, url)
+        suite_name, entry_id, good, bad = _from_monitor(args, url, root)
         if args.suite and args.suite != suite_name:
             raise UsageError(f"the streak of {entry_id} is in suite {suite_name}, not {args.suite}")
     else:
@@ -176,6 +198,11 @@ def main(argv: Sequence[str]) -> int:
                              + ", ".join(e.id for e in entries[:8]))
         entry = by_path[0]
     commits = commit_range(root, good, bad)
+    if args.branch_only and not args.from_monitor:
+        for flag, ref, commit in (("--good", good, commits[0]), ("--bad", bad, commits[-1])):
+            if not on_branch(root, commit.sha, args.branch):
+                raise UsageError(f"{flag} {ref!r} ({commit.short()}) is not a commit of {args.branch}: "
+                                 "--branch-only runs that branch's commits alone")
     rate = _rate(args, url, suite.name, entry.id, warn=not args.dry_run)
     k_wanted = attempts_for(rate, args.confidence)
     k = min(k_wanted, args.max_attempts)
@@ -185,7 +212,10 @@ def main(argv: Sequence[str]) -> int:
                          "--emulate-gpus to run it on the CPU, or --gpus N")
     if args.lock_path_pattern is not None:
         validate_pattern(args.lock_path_pattern)
-    install = tuple(shlex.split(args.install)) if args.install else ()
+    try:
+        install = tuple(shlex.split(args.install)) if args.install else ()
+    except ValueError as exc:  # an unbalanced quote
+        raise UsageError(f"--install {args.install!r}: {exc}; quote it as a shell would") from None
     log = Log.from_env()
     started = time.time()
     work_dir = existing_dir("--work-dir", args.work_dir) if args.work_dir is not None else None
@@ -234,7 +264,7 @@ def main(argv: Sequence[str]) -> int:
             return EXIT_OK
         assert trees is not None
         search = Search(n=n, width=width, k=k, bad_end_known=k == 1)
-        steps = Steps(plan=plan, commits=commits, trees=trees, env=dict(os.environ), note=log.line)
+        steps = Steps(plan=plan, commits=commits, trees=trees, env=step_env(os.environ), note=log.line)
         outcome = bisect(search, steps, max_rounds=max_rounds, progress=log.line)
     finally:
         if trees is not None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from ci.bisect.search import Search, Verdict
 from ci.errors import UsageError
 from ci.gpu.allocator import free_now
+from ci.history.store import HISTORY_ENV
 from ci.interrupts import PROCESS
 from ci.proc import finish, process_guard, start, stop_group, wait_exit
 
@@ -36,6 +37,9 @@ ATTEMPT_ENV = "SLIME_CI_BISECT_ATTEMPT"  # 1, 2, …: the attempt on this commit
 COMMIT_ENV = "SLIME_CI_BISECT_COMMIT"  # the commit under test
 # What a step's `ci run` must not inherit: the job's own summary, outputs and annotations.
 _JOB_ONLY = ("GITHUB_STEP_SUMMARY", "GITHUB_OUTPUT", "GITHUB_ACTIONS")
+# Secrets of the bisect's job that no step needs: the shared store's URL (the answer is recorded
+# by the bisect, never by a step) and the job's tokens.
+_SECRETS = frozenset({HISTORY_ENV, "GITHUB_TOKEN", "GH_TOKEN", "ACTIONS_RUNTIME_TOKEN"})
 _PR = re.compile(r"(?:\(#(\d+)\)\s*$|^Merge pull request #(\d+))")
 STEP_TIMEOUT = 4 * 3600.0
 GRACE = 10.0  # seconds a step's run has to stop its entries after SIGTERM
@@ -317,4 +321,11 @@ def bisect(search: Search, steps: Steps, *, max_rounds: int, progress: Callable[
 
 
 def step_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    return dict(os.environ if env is None else env)
+    """The bisect's environment as its steps get it: without the shared store's URL (each step
+    runs `--history off`; only the bisect itself records its answer) and without the job's
+    GitHub credentials, nor any variable that carries the store's URL under another name."""
+    env = dict(os.environ if env is None else env)
+    store = env.get(HISTORY_ENV, "").strip()
+    return {k: v for k, v in env.items()
+            if k not in _SECRETS and not k.startswith("ACTIONS_ID_TOKEN_")
+            and not (store and store in v)}

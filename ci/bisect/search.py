@@ -31,6 +31,9 @@ from ci.errors import UsageError
 Mode = Literal["break", "rate"]
 Kind = Literal["first-bad", "rate-rose", "undetermined"]
 DEFAULT_CONFIDENCE = 0.99
+# Past this many attempts per commit a bisect is no answer at all (a rate of 1e-6 needs 4.6
+# million): such a rate is refused, not bisected.
+MOST_ATTEMPTS_NEEDED = 1_000_000
 MAX_ATTEMPTS = 30  # the default budget of attempts on one commit
 
 
@@ -46,9 +49,15 @@ def attempts_for(rate: float, confidence: float = DEFAULT_CONFIDENCE) -> int:
         raise UsageError(f"flake rate {rate:g}: must be at least 0 and below 1")
     if rate == 0:
         return 1
-    miss = math.log(1 - confidence)
+    miss = math.log1p(-confidence)
     # A sound commit failing every attempt by chance; a commit at the new rate never failing.
-    return max(1, math.ceil(miss / math.log(rate) - 1e-9), math.ceil(miss / math.log(1 - rate) - 1e-9))
+    # log1p: for a rate of 1e-300, log(1 - rate) is 0.0 and the division fails.
+    needed = max(miss / math.log(rate), miss / math.log1p(-rate))
+    if needed > MOST_ATTEMPTS_NEEDED:
+        raise UsageError(f"flake rate {rate:g} at confidence {confidence:g}: one commit's verdict "
+                         f"takes more than {MOST_ATTEMPTS_NEEDED:,} attempts; pass a rate of 0 (no "
+                         "flake history) or of at least 1e-05, or a lower --confidence")
+    return max(1, math.ceil(miss / math.log(rate) - 1e-9), math.ceil(miss / math.log1p(-rate) - 1e-9))
 
 
 def confidence_of(rate: float, k: int) -> float:

@@ -58,7 +58,8 @@ INPUTS: dict[str, tuple[str, bool]] = {
 _RUN = (
     'set -- --suite "$SUITE" --entry "$ENTRY" --trigger "${TRIGGER:-monitor}" '
     f'--answer-dir {ANSWER_DIR} --work-dir "$RUNNER_TEMP"',
-    'if [ -n "$GOOD" ]; then set -- "$@" --good "$GOOD" --bad "${BAD:-HEAD}"; '
+    # Either way only commits of the default branch run here (--from-monitor checks its own).
+    'if [ -n "$GOOD" ]; then set -- "$@" --good "$GOOD" --bad "${BAD:-HEAD}" --branch-only; '
     'else set -- "$@" --from-monitor; fi',
     'venv=".nox/$SUITE"',
     '"$venv/bin/python" -m pip install --quiet -e ".[history]"  # the store, in the session\'s env',

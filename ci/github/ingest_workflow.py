@@ -5,10 +5,12 @@ they export their runs as an artifact (`history-*`, ci/github/workflow.py). This
 when one of the test workflows completes (`workflow_run`): GitHub runs it from the default
 branch, whatever branch the finished run tested, so its code and its `ci-history` environment
 (give it the deployment branches "the default branch only", docs/security.md) are out of a
-pull request's reach. It checks out the default branch and fetches the artifacts' zip files
-as data (never unpacked, never run); `history ingest` reads them in memory, validates each
-record strictly and records it with the trust and PR number GitHub's event payload states
-(ci/history/ingest.py).
+pull request's reach. It checks out the default branch (`refs/heads/<branch>` in full, with
+its whole commit graph) and fetches the artifacts' zip files as data (never unpacked, never
+run); `history ingest` reads them in memory, validates each record strictly and records it
+with the trust and PR number GitHub's event payload states (ci/history/ingest.py). A run is
+trusted only when it ran our test workflow file and its head commit is on that checkout's
+default branch: a pushed tag named like the branch reports the same `head_branch`.
 
 After a trusted run (a push, schedule or manual run of the default branch) it writes the store's
 trusted runs to a SQLite file and saves it in the Actions cache, in the default branch's scope:
@@ -19,6 +21,7 @@ which no other branch reads.
 
 from __future__ import annotations
 
+from ci.github.job_plan import WORKFLOW_NAME
 from ci.github.yaml_writer import (
     CACHE_RESTORE,
     CACHE_SAVE,
@@ -40,6 +43,9 @@ from ci.registry.job_timeouts import LINT_MINUTES
 from ci.registry.workflow_style import Style
 
 INGEST_PATH = ".github/workflows/history-ingest.yml"
+# The workflow whose default-branch runs are trusted: the test workflow (ci/github/workflow.py
+# WORKFLOW_PATH), never another file that takes its `name:`.
+TRUSTED_PATH = f".github/workflows/{WORKFLOW_NAME}.yml"
 DOWNLOADED = "$RUNNER_TEMP/history"
 _FRESH = "steps.ingest.outputs.trusted != '0'"  # trusted runs were added
 _FETCH = Script((
@@ -94,8 +100,13 @@ def ingest(style: Style, watched: tuple[str, ...]) -> dict[str, Node]:
         "steps": [
             {"name": "Check out the default branch (the ingest's code, never the run's)",
              "uses": _uses(CHECKOUT),
-             "with": {"ref": _expr("github.event.repository.default_branch"),
-                      "persist-credentials": False}},
+             "with": {"ref": Note("refs/heads/" + _expr("github.event.repository.default_branch"),
+                                  "the branch in full: a tag of the same name is not it"),
+                      "persist-credentials": False,
+                      # A trusted run's head must be on this branch (ci/history/on_branch.py): its
+                      # whole commit graph, without the files of old commits.
+                      "fetch-depth": Note(0, "every commit of the branch: is the run's head one?"),
+                      "filter": "blob:none"}},
             {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
             {"name": "Install nox", "run": style.install},
             # The artifacts' zip files as the API serves them, never unpacked: `history ingest`
@@ -103,7 +114,8 @@ def ingest(style: Style, watched: tuple[str, ...]) -> dict[str, Node]:
             fetch_exports(_expr("github.event.workflow_run.id")),
             {"name": "Validate and record them, trust and PR from the event", "id": "ingest",
              "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")},
-             "run": f'nox -s {HISTORY_SESSION} -- ingest "{DOWNLOADED}" --event-file "$GITHUB_EVENT_PATH"'},
+             "run": f'nox -s {HISTORY_SESSION} -- ingest "{DOWNLOADED}" --event-file "$GITHUB_EVENT_PATH" '
+                    f'--trusted-workflow {TRUSTED_PATH}'},
             {"name": "Snapshot the trusted runs for the GPU jobs (after a trusted run only)",
              "if": f"{_FRESH}",
              "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")},

@@ -8,9 +8,10 @@ the default branch's code only) downloads those artifacts and records them with
 
 The artifact was written by code nobody reviewed, so it is read as hostile: bounded in files
 and bytes, each record checked against a strict schema (exact keys, exact types, bounded
-strings and numbers), all or nothing. Its trust and its pull request come from GitHub's
-event payload, never from the artifact: a record that claims to be trusted, or to belong to
-another pull request, is refused.
+strings and numbers, each within its store column), all or nothing: a batch is checked
+whole, then written in one transaction. Its trust and its pull request come from GitHub's
+event payload and the default branch's commit graph, never from the artifact: a record that
+claims to be trusted, or to belong to another pull request, is refused.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ci.errors import UsageError
-from ci.history.rows import MAX_POINTS_PER_ENTRY, AttemptRecord, RunRecord
+from ci.history.on_branch import SHA
+from ci.history.rows import MAX_POINTS_PER_ENTRY, STEP_MAX, AttemptRecord, RunRecord
 from ci.history.store import HistoryStore
 from ci.results import MetricPoint
 
@@ -38,6 +40,10 @@ SNAPSHOT_RUNS = 300  # per suite and hardware: what a run reads before it plans 
 # The comment commands' one-file workflow (ci.github.gateway.RUN_FILE_WORKFLOW, which cannot be
 # imported from this layer; a test holds the two equal): every run of it checks out a PR's head.
 ONE_FILE_WORKFLOW = "run-ci-file.yml"
+# The only workflow file whose runs of the default branch are trusted (ci.github.workflow.
+# WORKFLOW_PATH, held equal by a test): another file that takes the same `name:` (any writer
+# can push one on a branch or a tag) triggers the ingest too, and is never trusted.
+TRUSTED_WORKFLOW = ".github/workflows/pr-test.yml"
 ARTIFACT_PREFIX = "history-"
 # What one workflow run may hand to the ingest job.
 MAX_FILES = 256
@@ -50,7 +56,12 @@ TRUSTED_EVENTS = frozenset({"push", "schedule", "workflow_dispatch"})
 # run-ci-file.yml names each run after its pull request (`run-name`); the number is read back here.
 RUN_NAME_PR = re.compile(r" for PR #([1-9][0-9]{0,9})\Z")
 _UID = re.compile(r"[0-9a-f]{32}")
-_INT64 = 1 << 63
+# The store's INTEGER columns are 32-bit (PostgreSQL's); a record past them is refused here,
+# before anything of the batch is written, not by the database halfway through it.
+_INT32 = (1 << 31) - 1
+# Times a run can have: not before this toolkit existed, not after tomorrow by this clock.
+EARLIEST = 1_577_836_800.0  # 2020-01-01 UTC
+FUTURE_SLACK = 86_400.0
 Warn = Callable[[str], None]
 
 
@@ -63,10 +74,16 @@ class Trigger:
     event: str
     trusted: bool
     pr: int | None
+    head_sha: str = ""  # the commit it ran; a trusted run's records must name this one
+    doubt: str = ""  # why a run that looked like the default branch's is not trusted
 
     def describe(self) -> str:
         trust = "trusted" if self.trusted else "untrusted" + (f", PR #{self.pr}" if self.pr else "")
         return f"{self.workflow} run {self.run_id} ({self.event}, {trust})"
+
+
+# Whether a commit is on a branch: (sha, branch) -> bool, from the commit graph (ci/history/on_branch.py).
+OnBranch = Callable[[str, str], bool]
 
 
 def _field(data: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
@@ -76,13 +93,16 @@ def _field(data: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
     return value
 
 
-def trigger(payload: Any, *, run_file: str) -> Trigger:
+def trigger(payload: Any, *, run_file: str, trusted_workflow: str, on_branch: OnBranch) -> Trigger:
     """Trust and pull request of the triggering run, from the `workflow_run` event payload.
 
-    Trusted: a push, schedule or manual run of this repository's default branch. Untrusted:
-    everything else; a pull_request run carries its PR's number, and a run of `run_file` (the
-    comment commands' one-file workflow, which checks out a PR's head) the number its
-    `run-name` states (the dispatch's `pr` input, checked against the PR by its resolve job).
+    Trusted: a push, schedule or manual run of this repository, by our own workflow file
+    (`trusted_workflow`), whose head commit `on_branch` finds on the default branch. The
+    branch's name alone proves nothing: a pushed tag named like the branch reports it as
+    `head_branch` too. Untrusted: everything else; a pull_request run carries its PR's
+    number, and a run of `run_file` (the comment commands' one-file workflow, which checks
+    out a PR's head) the number its `run-name` states (the dispatch's `pr` input, checked
+    against the PR by its resolve job).
     """
     where = "event file"
     if not isinstance(payload, dict):
@@ -96,6 +116,8 @@ def trigger(payload: Any, *, run_file: str) -> Trigger:
     workflow = _field(run, "path", str, where)
     event = _field(run, "event", str, where)
     head_branch = run.get("head_branch") or ""
+    raw_sha = run.get("head_sha")
+    head_sha = raw_sha if isinstance(raw_sha, str) else ""
     head = run.get("head_repository")
     head_repo = head.get("full_name") if isinstance(head, dict) else None
     own = head_repo is not None and head_repo == repo.get("full_name")
@@ -112,36 +134,60 @@ def trigger(payload: Any, *, run_file: str) -> Trigger:
         if len(numbers) == 1 and isinstance(numbers[0], int) and not isinstance(numbers[0], bool):
             pr = numbers[0]
         return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=False, pr=pr)
-    trusted = event in TRUSTED_EVENTS and own and head_branch == repo.get("default_branch")
-    return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=bool(trusted), pr=None)
+    default = repo.get("default_branch")
+    if not (event in TRUSTED_EVENTS and own and isinstance(default, str) and default
+            and head_branch == default):
+        return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=False, pr=None)
+    # It looks like the default branch's own run: now check what the name cannot prove.
+    doubt = ""
+    if workflow != trusted_workflow:
+        doubt = f"it ran {workflow[:120]!r}, not our {trusted_workflow}"
+    elif not SHA.fullmatch(head_sha):
+        doubt = "the event names no head commit (`head_sha`)"
+    elif not on_branch(head_sha, default):
+        doubt = (f"its head {head_sha[:12]} is not on {default} (a tag or a commit of no branch "
+                 f"named {head_branch!r})")
+    return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=not doubt, pr=None,
+                   head_sha=head_sha if not doubt else "", doubt=doubt)
 
 
 # --- the strict schema of an exported record --------------------------------------------------
 
-_STR, _INT, _FLOAT, _BOOL, _OPT_INT = "str", "int", "float", "bool", "int|null"
+_STR, _INT, _FLOAT, _BOOL, _OPT_INT, _TIME = "str", "int", "float", "bool", "int|null", "time"
 # field: (kind, bound: the longest string, or the largest absolute number)
 _RUN: dict[str, tuple[str, float]] = {
     "uid": (_STR, 32), "suite": (_STR, 128), "commit": (_STR, 64), "branch": (_STR, 256),
     "event": (_STR, 64), "host": (_STR, 256), "runner": (_STR, 256), "backend": (_STR, 256),
-    "hardware": (_STR, 64), "started_at": (_FLOAT, 1e11), "ended_at": (_FLOAT, 1e11),
-    "exit_code": (_INT, 1 << 16), "trusted": (_BOOL, 0), "pr": (_OPT_INT, 1 << 31),
+    "hardware": (_STR, 64), "started_at": (_TIME, 0), "ended_at": (_TIME, 0),
+    "exit_code": (_INT, 1 << 16), "trusted": (_BOOL, 0), "pr": (_OPT_INT, _INT32),
     "attempts": ("list", MAX_ATTEMPTS), "metrics": ("list", MAX_METRICS),
 }
 _ATTEMPT: dict[str, tuple[str, float]] = {
     "entry_id": (_STR, 1024), "path": (_STR, 1024), "attempt": (_INT, 1000), "final": (_BOOL, 0),
-    "outcome": (_STR, 32), "passed": (_INT, 1 << 31), "failed": (_INT, 1 << 31),
-    "skipped": (_INT, 1 << 31), "num_gpus": (_INT, 4096), "devices": (_STR, 256),
+    "outcome": (_STR, 32), "passed": (_INT, _INT32), "failed": (_INT, _INT32),
+    "skipped": (_INT, _INT32), "num_gpus": (_INT, 4096), "devices": (_STR, 256),
     "node": (_STR, 256), "seconds": (_FLOAT, 1e8), "reason": (_STR, 500),
-    "exit_code": (_OPT_INT, (1 << 31) - 1),  # the process's own status (schema 4)
+    "exit_code": (_OPT_INT, _INT32),  # the process's own status (schema 4)
 }
 # Keys an exporter older than the key may leave out (a PR branched before it), with their value then.
 _ATTEMPT_LATER = {"exit_code": None}
 _METRIC: dict[str, tuple[str, float]] = {
-    "entry_id": (_STR, 1024), "step": (_INT, _INT64 - 1), "name": (_STR, 256), "value": (_FLOAT, math.inf),
+    "entry_id": (_STR, 1024), "step": (_INT, STEP_MAX), "name": (_STR, 256), "value": (_FLOAT, math.inf),
 }
 
 
-def _check(obj: Any, schema: Mapping[str, tuple[str, float]], where: str) -> None:
+def _text(value: object, bound: float) -> bool:
+    """Text every store column takes: no NUL, no lone surrogate (JSON's "\\ud800"), bounded."""
+    if not isinstance(value, str) or len(value) > bound or "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check(obj: Any, schema: Mapping[str, tuple[str, float]], where: str, *, now: float = math.inf) -> None:
     if not isinstance(obj, dict):
         raise ValueError(f"{where} is not an object")
     if set(obj) != set(schema):
@@ -151,7 +197,10 @@ def _check(obj: Any, schema: Mapping[str, tuple[str, float]], where: str) -> Non
     for key, (kind, bound) in schema.items():
         value = obj[key]
         if kind == _STR:
-            ok = isinstance(value, str) and len(value) <= bound and "\x00" not in value
+            ok = _text(value, bound)
+        elif kind == _TIME:
+            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and EARLIEST <= value <= now + FUTURE_SLACK)
         elif kind == _BOOL:
             ok = isinstance(value, bool)
         elif kind in (_INT, _OPT_INT):
@@ -164,7 +213,10 @@ def _check(obj: Any, schema: Mapping[str, tuple[str, float]], where: str) -> Non
             ok = isinstance(value, list) and len(value) <= bound
         if not ok:
             raise ValueError(f"{where}: `{key}` is not a valid {kind}"
-                             + (f" of at most {int(bound)}" if kind in (_STR, "list") else ""))
+                             + (f" of at most {int(bound)}" if kind in (_STR, "list") else "")
+                             + (" characters, with no NUL or lone surrogate" if kind == _STR else "")
+                             + (" (from 2020 up to tomorrow, in seconds since 1970)" if kind == _TIME
+                                else ""))
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -178,13 +230,14 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number")
 
 
-def parse_record(text: str, *, trigger: Trigger) -> RunRecord:
-    """One exported run, checked field by field; ValueError says what is wrong."""
+def parse_record(text: str, *, trigger: Trigger, now: float) -> RunRecord:
+    """One exported run, checked field by field (times against `now`); ValueError says what
+    is wrong. What it returns every store column holds (store.check_record agrees)."""
     try:
         data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except RecursionError:
         raise ValueError("nested too deeply") from None
-    _check(data, _RUN, "the run")
+    _check(data, _RUN, "the run", now=now)
     if not _UID.fullmatch(data["uid"]):
         raise ValueError("the run: `uid` is not 32 hex digits")
     if data["trusted"] is not False:
@@ -192,21 +245,33 @@ def parse_record(text: str, *, trigger: Trigger) -> RunRecord:
     if data["pr"] is not None and data["pr"] != trigger.pr:
         raise ValueError(f"the run claims PR #{data['pr']}, but {trigger.describe()} is "
                          + (f"PR #{trigger.pr}'s" if trigger.pr else "no PR's"))
+    if trigger.trusted and data["commit"] != trigger.head_sha:
+        raise ValueError(f"the run names commit {data['commit'][:12]!r}, but {trigger.describe()} "
+                         f"ran {trigger.head_sha[:12]}: only that commit is vouched for")
+    tries = set()
     for i, a in enumerate(data["attempts"]):
         if isinstance(a, dict):
             for key, value in _ATTEMPT_LATER.items():
                 a.setdefault(key, value)
         _check(a, _ATTEMPT, f"attempt {i}")
+        if (a["entry_id"], a["attempt"]) in tries:
+            raise ValueError(f"attempt {i}: attempt {a['attempt']} of {a['entry_id'][:80]!r} is listed twice")
+        tries.add((a["entry_id"], a["attempt"]))
+    points = set()
+    per_entry: dict[str, int] = {}
     for i, m in enumerate(data["metrics"]):
         _check(m, _METRIC, f"metric point {i}")
-    per_entry: dict[str, int] = {}
-    for m in data["metrics"]:
         per_entry[m["entry_id"]] = per_entry.get(m["entry_id"], 0) + 1
         if per_entry[m["entry_id"]] > MAX_POINTS_PER_ENTRY:
             raise ValueError(f"more than {MAX_POINTS_PER_ENTRY} metric points for one entry")
+        if (m["entry_id"], m["step"], m["name"]) in points:
+            raise ValueError(f"metric point {i}: step {m['step']} of {m['name'][:80]!r} is listed twice")
+        points.add((m["entry_id"], m["step"], m["name"]))
     # Whose run it was is the event's word: trust, pull request and event never come from the file.
     return RunRecord(
-        **{k: data[k] for k in _RUN if k not in ("attempts", "metrics", "trusted", "pr", "event")},
+        **{k: data[k] for k in _RUN if k not in ("attempts", "metrics", "trusted", "pr", "event",
+                                                 "started_at", "ended_at")},
+        started_at=float(data["started_at"]), ended_at=float(data["ended_at"]),
         trusted=trigger.trusted, pr=trigger.pr, event=trigger.event,
         attempts=tuple(AttemptRecord(**{**a, "seconds": float(a["seconds"])}) for a in data["attempts"]),
         metrics=tuple(MetricPoint(entry_id=m["entry_id"], step=m["step"], name=m["name"],
@@ -234,7 +299,9 @@ def _zip_members(path: Path, label: str, budget: _Budget) -> list[tuple[str, byt
     """The records in an artifact's zip, read in memory: never unpacked, so no member's name
     can place a file anywhere; each member's size is bounded as it is read, whatever the
     archive's header says."""
+    import lzma
     import zipfile
+    import zlib
 
     out = []
     try:
@@ -251,15 +318,20 @@ def _zip_members(path: Path, label: str, budget: _Budget) -> list[tuple[str, byt
                     data = fh.read(MAX_FILE_BYTES + 1)  # what is really there, not what the header says
                 budget.take(where, len(data))
                 out.append((where, data))
-    except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError) as exc:
-        raise UsageError(f"ingest: {label} is not a readable zip ({str(exc)[:120]}); "
+    except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError,
+            zlib.error, lzma.LZMAError) as exc:  # a member whose compressed data is corrupt
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+        raise UsageError(f"ingest: {label} is not a readable zip ({reason}); "
                          "nothing ingested") from None
     return out
 
 
-def collect(folder: Path, *, trigger: Trigger) -> list[RunRecord]:
+def collect(folder: Path, *, trigger: Trigger, now: float) -> list[RunRecord]:
     """Every record under `folder`, all valid, or a UsageError: the artifacts' zip files as the
-    API serves them (read in memory), or folders of `<uid>.json` files."""
+    API serves them (read in memory), or folders of `<uid>.json` files. Valid means the
+    store takes every one of them (store.check_record), so the batch is written whole."""
+    from ci.history.store import RecordRefused, check_record
+
     if not folder.is_dir():
         return []
     items: list[tuple[str, bytes]] = []
@@ -287,8 +359,9 @@ def collect(folder: Path, *, trigger: Trigger) -> list[RunRecord]:
     seen: set[str] = set()
     for label, data in items:
         try:
-            run = parse_record(data.decode("utf-8"), trigger=trigger)
-        except (ValueError, UnicodeDecodeError) as exc:
+            run = parse_record(data.decode("utf-8"), trigger=trigger, now=now)
+            check_record(run)  # the columns' own word; parse_record's bounds agree with it
+        except (ValueError, UnicodeDecodeError, RecordRefused) as exc:
             reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
             raise UsageError(f"ingest: {label}: {reason}; nothing ingested") from None
         if run.uid in seen:
@@ -299,8 +372,8 @@ def collect(folder: Path, *, trigger: Trigger) -> list[RunRecord]:
 
 
 def ingest(store: HistoryStore, runs: Sequence[RunRecord]) -> int:
-    """Record the runs `collect` checked; how many were new."""
-    return sum(store.record(r) for r in runs)
+    """Record the runs `collect` checked, all in one transaction; how many were new."""
+    return store.record_all(runs)
 
 
 def read_event(path: Path) -> Any:
@@ -338,19 +411,13 @@ def snapshot(store: HistoryStore, out: Path, *, last_runs: int = SNAPSHOT_RUNS) 
     """
     from ci.history.store import open_store
 
-    kept: dict[tuple[str, str], list[RunRecord]] = {}
-    for run in store.runs():  # oldest first
-        if run.trusted:
-            kept.setdefault((run.suite, run.hardware), []).append(run)
-    runs = sorted((r for group in kept.values() for r in group[-last_runs:]),
-                  key=lambda r: r.started_at)
+    runs = store.runs(trusted_only=True, newest=last_runs)  # oldest first, chosen in SQL
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     try:
         with open_store(f"sqlite:///{tmp}") as copy:
-            for run in runs:
-                copy.record(run)
+            copy.record_all(runs)
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)

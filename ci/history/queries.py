@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "store takes trust from the event alone)")
     ing.add_argument("--dry-run", action="store_true",
                      help="validate and say what would be recorded; open no store, write nothing")
+    ing.add_argument("--trusted-workflow", metavar="PATH", default=None,
+                     help="the only workflow file whose default-branch runs are trusted (default: "
+                          ".github/workflows/pr-test.yml); their head commit must be on the default "
+                          "branch of the checkout at --root, a full clone")
     snap = sub.add_parser("snapshot", parents=[common],
                           help="write the store's trusted runs to a fresh SQLite file (the ingest job "
                                "hands it to GPU jobs through the Actions cache)")
@@ -202,7 +206,16 @@ def _export(root: Path, url: str, uids: list[str], folder: Path, log: Log) -> No
 def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
     """`ingest DIR --event-file F` (or `--pr N`, into a local store): validate every exported
     run, then record them all."""
-    from ci.history.ingest import ONE_FILE_WORKFLOW, Trigger, collect, ingest, read_event, trigger
+    from ci.history.ingest import (
+        ONE_FILE_WORKFLOW,
+        TRUSTED_WORKFLOW,
+        Trigger,
+        collect,
+        ingest,
+        read_event,
+        trigger,
+    )
+    from ci.history.on_branch import on_branch
 
     folder = args.dir if args.dir.is_absolute() else root / args.dir
     # The step output `trusted`: how many trusted runs were added; the ingest job refreshes the
@@ -221,8 +234,14 @@ def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
         source = Trigger(run_id=0, workflow="this workflow run", event="pull_request", trusted=False,
                          pr=args.pr)
     else:
-        source = trigger(read_event(args.event_file), run_file=ONE_FILE_WORKFLOW)
-    runs = collect(folder, trigger=source)
+        # Whether the run's head is on the default branch: this checkout's history says, never
+        # the branch's name (a tag can carry it).
+        source = trigger(read_event(args.event_file), run_file=ONE_FILE_WORKFLOW,
+                         trusted_workflow=args.trusted_workflow or TRUSTED_WORKFLOW,
+                         on_branch=lambda sha, branch: on_branch(root, sha, branch))
+        if source.doubt:
+            _warn(f"ingest: {source.describe()}: not trusted, {source.doubt}")
+    runs = collect(folder, trigger=source, now=time.time())
     if args.dry_run:
         log.line(f"ingest: {source.describe()}: {len(runs)} valid run(s) would be recorded "
                  f"({', '.join(sorted({r.suite for r in runs})) or 'none'}); nothing written")
@@ -319,8 +338,14 @@ def _read(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
             else:
                 print(f"no flaky entry in the last {args.window} runs of each entry")
             return EXIT_OK
-        found = streaks(rows, branch=args.branch, k=args.k)
+        found, gone = registered(streaks(rows, branch=args.branch, k=args.k), root)
+        for s in gone:
+            _warn(f"monitor: {s.suite}: {s.entry_id[:120]!r} failed {s.failures} runs but is not in the "
+                  "registry (deleted, or never registered): ignored, no alert and no bisect")
         md = monitor_markdown(found, branch=args.branch, k=args.k)
+        if gone:
+            md += (f"\n\n{len(gone)} failing entr{'y' if len(gone) == 1 else 'ies'} not in the registry "
+                   "(deleted, or never registered) ignored.")
         if args.json:
             print(json.dumps([asdict(s) for s in found], indent=1))
         else:
@@ -335,6 +360,39 @@ def _read(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
             args.bisect_plan.write_text("".join(json.dumps(p, sort_keys=True) + "\n" for p in plan),
                                         encoding="utf-8")
         return EXIT_FAILED if found else EXIT_OK
+
+
+def registered(found: Sequence[Streak], root: Path) -> tuple[list[Streak], list[Streak]]:
+    """The streaks of entries the checkout's registry has, and the others.
+
+    An entry that was deleted (or a name a forged record made up) never runs again, so its
+    streak would never end: it would alert, and plan a bisect that cannot run, every hour.
+    """
+    from ci.registry.loader import load_registry
+    from ci.select.discover import discover
+    from ci.select.entries import resolve_entry, suite_entries
+
+    if not found:
+        return [], []  # nothing failing: the registry is not read
+    registry = load_registry(root)
+    files = discover(root)
+    ids: dict[str, set[str]] = {}
+    for name in sorted({s.suite for s in found}):
+        suite = registry.get(name)
+        ids[name] = set()
+        if suite is None:
+            continue
+        for entry in suite_entries(suite, files):
+            tf = files.get(entry.path)
+            if tf is None:
+                continue  # a file the registry lists but the checkout lacks: gone too
+            try:
+                ids[name].add(resolve_entry(entry, tf, default_timeout=suite.timeout,
+                                            pytest_only=suite.takes_pytest_args).id)
+            except UsageError:
+                continue  # an entry the registry cannot resolve never runs either
+    kept = [s for s in found if s.entry_id in ids[s.suite]]
+    return kept, [s for s in found if s.entry_id not in ids[s.suite]]
 
 
 def bisect_plan(store: HistoryStore, found: Sequence[Streak], root: Path) -> list[dict[str, str]]:

@@ -246,36 +246,50 @@ class HistoryStore:
         A record no column can hold (a NaN, a step past the integer column, a string too
         long) is RecordRefused before anything is written.
         """
-        from sqlalchemy import select
+        return self.record_all((run,)) == 1
+
+    def record_all(self, runs: Sequence[RunRecord]) -> int:
+        """Write the runs in one transaction, all or none; how many were new (the others were
+        there already). Every record is checked before the transaction begins."""
         from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+        for run in runs:
+            check_record(run)
+        for tries_left in (1, 0):
+            try:
+                with self.engine.begin() as conn:
+                    return sum(self._insert(conn, run) for run in runs)
+            except IntegrityError as exc:
+                # Only a uid that is there now means "another writer recorded this very run a
+                # moment ago": then the batch is tried again, and skips it. Any other
+                # constraint is a record's fault.
+                if tries_left and any(self._has(run.uid) for run in runs):
+                    continue
+                uid = next((r.uid for r in runs if not self._has(r.uid)), runs[0].uid if runs else "")
+                raise RecordRefused(f"run {uid[:8]} cannot be recorded: "
+                                    f"{self._fail(exc, 'record the run')}") from None
+            except SQLAlchemyError as exc:
+                raise self._fail(exc, "record the run") from None
+        return 0  # not reached: the second try returns or raises
+
+    @staticmethod
+    def _insert(conn: Any, run: RunRecord) -> bool:
+        from sqlalchemy import select
 
         from ci.history import schema
 
-        check_record(run)
-        try:
-            with self.engine.begin() as conn:
-                if conn.execute(select(schema.runs.c.id).where(schema.runs.c.uid == run.uid)).first():
-                    return False
-                row = {k: getattr(run, k) for k in _RUN_FIELDS}
-                pk = conn.execute(schema.runs.insert().values(**row)).inserted_primary_key
-                run_id = pk[0] if pk is not None else None
-                if run.attempts:
-                    conn.execute(schema.attempts.insert(), [
-                        {"run_id": run_id, **{k: getattr(a, k) for k in _ATTEMPT_FIELDS}}
-                        for a in run.attempts])
-                if run.metrics:
-                    conn.execute(schema.metrics.insert(), [
-                        {"run_id": run_id, "entry_id": m.entry_id, "step": m.step, "name": m.name,
-                         "value": m.value} for m in run.metrics])
-        except IntegrityError as exc:
-            # Only a uid that is there now means "another writer recorded this very run a
-            # moment ago"; any other constraint is this record's fault.
-            if self._has(run.uid):
-                return False
-            raise RecordRefused(f"run {run.uid[:8]} cannot be recorded: "
-                                f"{self._fail(exc, 'record the run')}") from None
-        except SQLAlchemyError as exc:
-            raise self._fail(exc, "record the run") from None
+        if conn.execute(select(schema.runs.c.id).where(schema.runs.c.uid == run.uid)).first():
+            return False
+        row = {k: getattr(run, k) for k in _RUN_FIELDS}
+        pk = conn.execute(schema.runs.insert().values(**row)).inserted_primary_key
+        run_id = pk[0] if pk is not None else None
+        if run.attempts:
+            conn.execute(schema.attempts.insert(), [
+                {"run_id": run_id, **{k: getattr(a, k) for k in _ATTEMPT_FIELDS}} for a in run.attempts])
+        if run.metrics:
+            conn.execute(schema.metrics.insert(), [
+                {"run_id": run_id, "entry_id": m.entry_id, "step": m.step, "name": m.name,
+                 "value": m.value} for m in run.metrics])
         return True
 
     def _has(self, uid: str) -> bool:
@@ -382,9 +396,14 @@ class HistoryStore:
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
 
-    def runs(self) -> list[RunRecord]:
-        """Every run with its attempts and metric points, oldest first (to merge stores)."""
-        from sqlalchemy import select
+    def runs(self, *, trusted_only: bool = False, newest: int | None = None) -> list[RunRecord]:
+        """Every run with its attempts and metric points, oldest first (to merge stores).
+
+        `trusted_only`: runs of reviewed code only; `newest`: the newest N of each suite and
+        hardware only. Both are chosen in SQL, so that the rows of the runs left out (a
+        pull request's metric points, the old runs) are never read.
+        """
+        from sqlalchemy import func, select
         from sqlalchemy.exc import SQLAlchemyError
 
         from ci.history import schema
@@ -393,19 +412,32 @@ class HistoryStore:
 
         r, a, m = schema.runs, schema.attempts, schema.metrics
         fields = [c.name for c in a.columns if c.name not in ("id", "run_id")]
+        chosen = select(r.c.id)
+        if trusted_only:
+            chosen = chosen.where(r.c.trusted.is_(True))
+        if newest is not None:
+            place = (func.row_number().over(partition_by=(r.c.suite, r.c.hardware),
+                                            order_by=(r.c.started_at.desc(), r.c.id.desc()))
+                     .label("place"))
+            ranked = chosen.add_columns(place).subquery()
+            chosen = select(ranked.c.id).where(ranked.c.place <= newest)
+        wanted = chosen.scalar_subquery()
         try:
             with self.engine.connect() as conn:
                 tries: dict[int, list[AttemptRecord]] = {}
-                for x in conn.execute(select(a).order_by(a.c.run_id, a.c.entry_id, a.c.attempt)):
+                for x in conn.execute(select(a).where(a.c.run_id.in_(wanted))
+                                      .order_by(a.c.run_id, a.c.entry_id, a.c.attempt)):
                     tries.setdefault(x.run_id, []).append(
                         AttemptRecord(**{k: getattr(x, k) for k in fields}))
                 points: dict[int, list[MetricPoint]] = {}
-                for x in conn.execute(select(m).order_by(m.c.run_id, m.c.entry_id, m.c.step, m.c.name)):
+                for x in conn.execute(select(m).where(m.c.run_id.in_(wanted))
+                                      .order_by(m.c.run_id, m.c.entry_id, m.c.step, m.c.name)):
                     points.setdefault(x.run_id, []).append(
                         MetricPoint(entry_id=x.entry_id, step=x.step, name=x.name, value=x.value))
                 return [RunRecord(**{k: getattr(x, k) for k in _RUN_FIELDS},
                                   attempts=tuple(tries.get(x.id, ())), metrics=tuple(points.get(x.id, ())))
-                        for x in conn.execute(select(r).order_by(r.c.started_at, r.c.id))]
+                        for x in conn.execute(select(r).where(r.c.id.in_(wanted))
+                                              .order_by(r.c.started_at, r.c.id))]
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
 

@@ -247,7 +247,6 @@ TESTED_ELSEWHERE: dict[str, tuple[str, str, str]] = {
     "ci/history/rows.py": ("history/test_store.py", "ci.history.rows", "what the store writes and reads back"),
     "ci/history/schema.py": ("history/test_store.py", "schema", "migrations on SQLite and PostgreSQL"),
     "ci/history/stats.py": ("history/test_record.py", "ci.history.stats", "p90 and failure-first order"),
-    "ci/history/queries.py": ("history/test_observer.py", '"history"', "python -m ci history, on real runs"),
     "ci/github/rest_client.py": ("github/test_pr_verdicts.py", "fake_github", "GitHub's API through a stand-in"),
     "ci/run/report.py": ("run/test_runner.py", "junit", "the table and JUnit of real runs"),
     "ci/run/options.py": ("run/test_pipeline.py", "parse(", "the parsed options every stage takes"),

@@ -3,6 +3,7 @@ real git, real worktrees, each step a real `python -m ci run` of the planted ent
 
 import json
 import re
+import shlex
 import sqlite3
 import sys
 from pathlib import Path
@@ -146,6 +147,9 @@ def test_a_budget_below_the_confidence_is_said_before_anything_runs(repo):
     (("--good", "{0}", "--entry", "tests/unit/test_nothing.py"), "has no entry"),
     (("--good", "{0}", "--confidence", "1.5"), "--confidence"),
     (("--from-monitor", "--history", "off"), "--from-monitor reads the history"),
+    (("--good", "{0}", "--install", "pip install 'unbalanced"), "--install \"pip install 'unbalanced\": "
+                                                                "No closing quotation"),
+    (("--good", "{0}", "--flake-rate", "1e-300"), "more than 1,000,000 attempts"),  # log(1 - r) is 0.0
 ])
 def test_bad_input_is_one_line_and_exit_2(repo, args, message):
     clone, shas = repo
@@ -155,6 +159,65 @@ def test_bad_input_is_one_line_and_exit_2(repo, args, message):
     proc = run_ci("bisect", "--suite", "unit", *argv, "--root", str(clone.root), "--dry-run")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def test_the_monitors_streak_must_lie_on_the_branch(repo, tmp_path):
+    """The history names the commits a bisect runs: a streak whose bad end is a commit of no
+    branch (a forged record, a tag's run) is refused before any of it is checked out."""
+    clone, shas = repo
+    clone.git("checkout", "--quiet", "--detach", shas[32])
+    off = clone.commit("not reviewed", {"calc.py": planted.calc(0)})
+    clone.git("checkout", "--quiet", "main")
+    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
+    record(url, "pass", "unit", VALUE, shas[0], "passed", 1)
+    for n in range(3):
+        record(url, f"fail{n}", "unit", VALUE, off, "failed", 2 + n)
+    proc = run_ci("bisect", "--from-monitor", "--entry", VALUE, "--history", url, "--root", str(clone.root),
+                  "--dry-run")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert f"the streak's bad end '{off[:12]}' is not a commit of main" in proc.stderr
+    assert "round 1" not in proc.stdout and "commits:" not in proc.stdout
+    # The bisect workflow's explicit range (a /bisect comment, a dispatch) is held the same way;
+    # by hand, any range of the checkout can still be bisected.
+    given = ("bisect", "--suite", "unit", "--entry", VALUE, "--good", shas[0], "--bad", off,
+             "--root", str(clone.root), "--history", "off", "--dry-run")
+    held = run_ci(*given, "--branch-only")
+    assert held.returncode == 2 and held.stderr.count("\n") == 1, held.stdout + held.stderr
+    assert f"--bad '{off}' ({off[:10]}) is not a commit of main" in held.stderr
+    assert run_ci(*given).returncode == 0
+
+
+def test_from_monitor_never_makes_a_store_at_a_mistyped_path(repo, tmp_path):
+    clone, _ = repo
+    typo = tmp_path / "histroy" / "h.sqlite"
+    proc = run_ci("bisect", "--from-monitor", "--entry", VALUE, "--history", f"sqlite:///{typo}",
+                  "--root", str(clone.root), "--dry-run")
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and f"no history store at {typo}" in proc.stderr
+    assert not typo.parent.exists()
+
+
+def test_no_step_holds_the_stores_url_or_the_jobs_tokens(repo, tmp_path):
+    """Each step runs `--history off`; the bisect alone records its answer. What a step (its
+    install command here) sees of the job's environment: no store URL under any name, no token."""
+    clone, shas = repo
+    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
+    probe = tmp_path / "env.jsonl"
+    dump = f"import json, os; open({str(probe)!r}, 'a').write(json.dumps(dict(os.environ)) + chr(10))"
+    secrets = {"SLIME_CI_HISTORY_URL": url, "DATABASE_URL": url, "GITHUB_TOKEN": "ghs_job",
+               "GH_TOKEN": "ghs_job", "ACTIONS_RUNTIME_TOKEN": "rt", "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "oidc"}
+    proc = run_ci("bisect", "--suite", "unit", "--entry", VALUE, "--good", shas[19], "--bad", shas[20],
+                  "--install", shlex.join([sys.executable, "-c", dump]), "--root", str(clone.root), FAST,
+                  env={**secrets, "PATH_MARK": "kept"}, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = [json.loads(line) for line in probe.read_text().splitlines()]
+    assert seen and all(env.get("PATH_MARK") == "kept" for env in seen)  # the rest passes through
+    for env in seen:
+        assert not set(secrets) & set(env), sorted(set(secrets) & set(env))
+        assert not any(url in value for value in env.values())
+    with sqlite3.connect(tmp_path / "h.sqlite") as conn:  # the bisect itself still records
+        assert conn.execute("select count(*) from bisects").fetchone() == (1,)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ def test_bisect_runs_on_the_tier_s_runner_with_the_whole_history(files):
         assert "${{" not in run["run"], "inputs reach the shell through the environment only"
         assert run["env"]["ENTRY"] == "${{ inputs.entry }}"
         assert '"$venv/bin/python" -m ci bisect "$@"' in run["run"] and "--from-monitor" in run["run"]
+        # An explicit range runs only the default branch's commits, as the monitor's does.
+        assert '--good "$GOOD" --bad "${BAD:-HEAD}" --branch-only' in run["run"]
         assert "--answer-dir .ci-cache/bisect" in run["run"]
         assert '--work-dir "$RUNNER_TEMP"' in run["run"]  # in the work dir a GPU runner maps to its host
     runs = [next(s for s in j["steps"] if s["name"] == "python -m ci bisect") for j in (cpu, gpu)]

@@ -33,8 +33,10 @@ def test_it_watches_both_test_workflows_by_their_names_and_reads_what_they_uploa
     assert job["environment"] == {"name": "ci-history", "deployment": False}
     steps = job["steps"]
     checkout, fetch, record = steps[0], steps[3], steps[4]
-    assert checkout["with"] == {"ref": "${{ github.event.repository.default_branch }}",
-                                "persist-credentials": False}
+    # The branch named in full (a tag `main` is not it), with its whole commit graph: a trusted
+    # run's head must be one of its commits (ci/history/on_branch.py).
+    assert checkout["with"] == {"ref": "refs/heads/${{ github.event.repository.default_branch }}",
+                                "persist-credentials": False, "fetch-depth": 0, "filter": "blob:none"}
     # The finished run's artifacts, fetched as zip files and never unpacked (ingest reads them).
     assert fetch["env"]["RUN"] == "${{ github.event.workflow_run.id }}"
     assert "unzip" not in fetch["run"] and not any("download-artifact" in s.get("uses", "") for s in steps)
@@ -50,7 +52,8 @@ def test_it_watches_both_test_workflows_by_their_names_and_reads_what_they_uploa
     # Nothing from the artifact runs: the steps that run are the install, the fetch, the
     # ingest and the snapshot, all from the default branch's checkout.
     assert [s["run"] for s in steps if "run" in s][2] == (
-        'nox -s history -- ingest "$RUNNER_TEMP/history" --event-file "$GITHUB_EVENT_PATH"')
+        'nox -s history -- ingest "$RUNNER_TEMP/history" --event-file "$GITHUB_EVENT_PATH" '
+        f"--trusted-workflow {WORKFLOW_PATH}")  # only the test workflow's own file is trusted
     # The secret only in the environment of the steps that open the store.
     snap, save = steps[5:]
     assert [s for s in steps if "secrets." in json.dumps(s)] == [record, snap]

@@ -210,7 +210,8 @@ def test_a_planted_secret_in_a_pr_job_fails(tmp_path: Path) -> None:
 
 
 def test_the_ingest_job_would_fail_it_if_it_checked_out_the_finished_runs_code(tmp_path: Path) -> None:
-    folder = _plant(tmp_path, "history-ingest.yml", 'ref: "${{ github.event.repository.default_branch }}"',
+    folder = _plant(tmp_path, "history-ingest.yml",
+                    'ref: "refs/heads/${{ github.event.repository.default_branch }}"',
                     'ref: "${{ github.event.workflow_run.head_sha }}"')
     wrong, _ = violations(folder)
     assert [w.split(" and ")[0] for w in wrong] == [

@@ -9,6 +9,7 @@ import json
 import os
 import sqlite3
 import sys
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -17,14 +18,18 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import PASSING, run_ci, write
+from _gitrepo import Clone
 from _postgres import fresh_database
 
 from ci.errors import UsageError
 from ci.github.gateway import RUN_FILE_WORKFLOW
+from ci.github.ingest_workflow import TRUSTED_PATH
+from ci.github.workflow import WORKFLOW_PATH
 from ci.history.ingest import (
     MAX_FILE_BYTES,
     MAX_FILES,
     ONE_FILE_WORKFLOW,
+    TRUSTED_WORKFLOW,
     Trigger,
     collect,
     parse_record,
@@ -46,15 +51,24 @@ REGISTRY = """
 JOB_ENV = {"GITHUB_SHA": "c0ffee", "GITHUB_HEAD_REF": "feature", "GITHUB_EVENT_NAME": "pull_request",
            "SLIME_CI_HISTORY_URL": ""}
 UID = "0123456789abcdef0123456789abcdef"
+NOW = time.time()
+MAIN_SHA = "c0ffee" * 6 + "c0ff"  # a commit of main, as the stand-in graph below answers
 
 
 def _event(*, workflow: str = ".github/workflows/pr-test.yml", event: str = "pull_request",
            branch: str = "feature", head_repo: str = "o/r", prs: tuple[int, ...] = (12,),
-           title: str = "Add a thing") -> dict[str, Any]:
+           title: str = "Add a thing", head_sha: str = MAIN_SHA) -> dict[str, Any]:
     return {"workflow_run": {"id": 777, "path": workflow, "event": event, "head_branch": branch,
-                             "head_repository": {"full_name": head_repo},
+                             "head_sha": head_sha, "head_repository": {"full_name": head_repo},
                              "pull_requests": [{"number": n} for n in prs], "display_title": title},
             "repository": {"full_name": "o/r", "default_branch": "main"}}
+
+
+def _trigger(event: Any) -> Trigger:
+    """The trigger with a commit graph in which main holds MAIN_SHA alone (the real graph, read
+    with git, is tests/toolkit/history/test_on_branch.py's)."""
+    return trigger(event, run_file=ONE_FILE_WORKFLOW, trusted_workflow=TRUSTED_WORKFLOW,
+                   on_branch=lambda sha, branch: (sha, branch) == (MAIN_SHA, "main"))
 
 
 PR12 = Trigger(run_id=777, workflow=".github/workflows/pr-test.yml", event="pull_request",
@@ -74,32 +88,38 @@ PR12 = Trigger(run_id=777, workflow=".github/workflows/pr-test.yml", event="pull
     # The one-file workflow runs on main's ref but checks out the PR's head: never trusted.
     (_event(workflow=".github/workflows/run-ci-file.yml", event="workflow_dispatch", branch="main",
             prs=(), title="pr-test run megatron tests/e2e/x.py for PR #31"), False, 31),
+    # A pushed tag named `main` reports `head_branch: main`; its commit is on no branch.
+    (_event(event="push", branch="main", prs=(), head_sha="ab" * 20), False, None),
+    (_event(event="push", branch="main", prs=(), head_sha=""), False, None),
+    # Another file that took the test workflow's `name:` (pushed on a branch or a tag).
+    (_event(workflow=".github/workflows/mine.yml", event="push", branch="main", prs=()), False, None),
 ])
 def test_trust_and_pr_come_from_the_event(event: dict[str, Any], trusted: bool, pr: int | None) -> None:
-    found = trigger(event, run_file=ONE_FILE_WORKFLOW)
+    found = _trigger(event)
     assert (found.trusted, found.pr, found.run_id) == (trusted, pr, 777)
 
 
 def test_a_one_file_run_whose_name_states_no_single_pr_is_refused() -> None:
     for title in ("pr-test run megatron  for PR #", "for PR #3 for PR #4", "by hand"):
         with pytest.raises(UsageError, match="states no single PR"):
-            trigger(_event(workflow=".github/workflows/run-ci-file.yml", event="workflow_dispatch",
-                           branch="main", title=title), run_file=ONE_FILE_WORKFLOW)
+            _trigger(_event(workflow=".github/workflows/run-ci-file.yml", event="workflow_dispatch",
+                            branch="main", title=title))
     with pytest.raises(UsageError, match="workflow_run"):
-        trigger({"action": "completed"}, run_file=ONE_FILE_WORKFLOW)
+        _trigger({"action": "completed"})
 
 
 def test_the_one_file_workflow_is_named_as_the_gateway_dispatches_it() -> None:
     assert ONE_FILE_WORKFLOW == RUN_FILE_WORKFLOW
+    assert TRUSTED_WORKFLOW == WORKFLOW_PATH == TRUSTED_PATH  # the file the ingest job trusts
 
 
 # --- the artifact is hostile ----------------------------------------------------------------------
 
 def _record(**over: Any) -> dict[str, Any]:
     run: dict[str, Any] = {
-        "uid": UID, "suite": "train", "commit": "c0ffee", "branch": "feature", "event": "pull_request",
-        "host": "h", "runner": "r", "backend": "docker", "hardware": "cuda", "started_at": 1.0,
-        "ended_at": 2.0, "exit_code": 0, "trusted": False, "pr": None,
+        "uid": UID, "suite": "train", "commit": MAIN_SHA, "branch": "feature", "event": "pull_request",
+        "host": "h", "runner": "r", "backend": "docker", "hardware": "cuda", "started_at": NOW - 60,
+        "ended_at": NOW - 1, "exit_code": 0, "trusted": False, "pr": None,
         "attempts": [{"entry_id": "tests/test_ok.py", "path": "tests/test_ok.py", "attempt": 1,
                       "final": True, "outcome": "passed", "passed": 1, "failed": 0, "skipped": 0,
                       "num_gpus": 1, "devices": "0", "node": "", "seconds": 3.5, "reason": ""}],
@@ -109,12 +129,12 @@ def _record(**over: Any) -> dict[str, Any]:
 
 
 def test_a_valid_record_takes_the_events_trust_and_pr() -> None:
-    run = parse_record(json.dumps(_record(pr=12)), trigger=PR12)
+    run = parse_record(json.dumps(_record(pr=12)), trigger=PR12, now=NOW)
     assert (run.trusted, run.pr, run.uid, run.attempts[0].seconds, run.metrics[0].value) == \
         (False, 12, UID, 3.5, 0.5)
-    main = Trigger(run_id=1, workflow="w", event="schedule", trusted=True, pr=None)
-    assert parse_record(json.dumps(_record()), trigger=main).trusted is True
-    assert parse_record(json.dumps(_record()), trigger=main).event == "schedule"
+    main = Trigger(run_id=1, workflow="w", event="schedule", trusted=True, pr=None, head_sha=MAIN_SHA)
+    assert parse_record(json.dumps(_record()), trigger=main, now=NOW).trusted is True
+    assert parse_record(json.dumps(_record()), trigger=main, now=NOW).event == "schedule"
 
 
 def _attempt(**over: Any) -> list[dict[str, Any]]:
@@ -134,13 +154,14 @@ def _metric(**over: Any) -> list[dict[str, Any]]:
     (json.dumps(_record(exit_code="0")), "`exit_code` is not a valid int"),
     (json.dumps(_record(exit_code=True)), "`exit_code` is not a valid int"),
     (json.dumps(_record(suite="s" * 129)), "`suite` is not a valid str of at most 128"),
-    (json.dumps(_record(started_at=1e300)), "`started_at` is not a valid float"),
+    (json.dumps(_record(started_at=1e300)), "`started_at` is not a valid time"),
     (json.dumps(_record(attempts=_attempt(seconds=float("nan")))).replace("NaN", "NaN"), "NaN is not a number"),
     (json.dumps(_record(metrics=_metric(step=2 ** 63))), "metric point 0: `step` is not a valid int"),
     (json.dumps(_record(metrics=_metric(value=float("inf")))), "Infinity is not a number"),
     (json.dumps(_record(attempts=_attempt(extra=1))), "attempt 0 has keys it must not (extra)"),
     (json.dumps(_record(attempts=[1])), "attempt 0 is not an object"),
-    (json.dumps(_record(metrics=_metric() * 20_001)), "more than 20000 metric points"),
+    (json.dumps(_record(metrics=[{**_metric()[0], "step": i} for i in range(20_001)])),
+     "more than 20000 metric points"),
     ('{"uid": "a", "uid": "b"}', "an object repeats a key"),
     ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
     ("[]", "the run is not an object"),
@@ -148,7 +169,7 @@ def _metric(**over: Any) -> list[dict[str, Any]]:
 ])
 def test_a_hostile_record_is_refused_with_the_reason(text: str, why: str) -> None:
     with pytest.raises(ValueError) as caught:
-        parse_record(text, trigger=PR12)
+        parse_record(text, trigger=PR12, now=NOW)
     assert why in str(caught.value)
 
 
@@ -181,10 +202,10 @@ def test_the_artifacts_are_bounded_in_files_bytes_and_kind(tmp_path: Path) -> No
                       ("link", "is not a plain file"), ("other", "is not an exported run"),
                       ("binary", "can't decode"), ("twice", "appears twice")):
         with pytest.raises(UsageError, match="nothing ingested") as caught:
-            collect(tmp_path / name, trigger=PR12)
+            collect(tmp_path / name, trigger=PR12, now=NOW)
         assert why in str(caught.value), name
         assert "\n" not in str(caught.value)
-    assert collect(tmp_path / "absent", trigger=PR12) == []  # the run uploaded nothing
+    assert collect(tmp_path / "absent", trigger=PR12, now=NOW) == []  # the run uploaded nothing
 
 
 def _zip(path: Path, members: dict[str, bytes]) -> Path:
@@ -197,7 +218,7 @@ def _zip(path: Path, members: dict[str, bytes]) -> Path:
 
 def test_artifact_zips_are_read_in_memory_and_never_unpacked(tmp_path: Path) -> None:
     ok = _zip(tmp_path / "ok" / "101.zip", {f"{UID}.json": json.dumps(_record()).encode()})
-    (run,) = collect(ok.parent, trigger=PR12)
+    (run,) = collect(ok.parent, trigger=PR12, now=NOW)
     assert (run.uid, run.pr, run.trusted) == (UID, 12, False)
     assert sorted(p.name for p in ok.parent.iterdir()) == ["101.zip"]  # nothing unpacked
     for name, members, why in (
@@ -208,12 +229,12 @@ def test_artifact_zips_are_read_in_memory_and_never_unpacked(tmp_path: Path) -> 
             ("bad", {f"{UID}.json": json.dumps(_record(pr=99)).encode()}, "claims PR #99")):
         folder = _zip(tmp_path / name / "102.zip", members).parent
         with pytest.raises(UsageError, match="nothing ingested") as caught:
-            collect(folder, trigger=PR12)
+            collect(folder, trigger=PR12, now=NOW)
         assert why in str(caught.value), name
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "103.zip").write_bytes(b"not a zip")
     with pytest.raises(UsageError, match=r"103\.zip is not a readable zip"):
-        collect(tmp_path / "junk", trigger=PR12)
+        collect(tmp_path / "junk", trigger=PR12, now=NOW)
     assert not (tmp_path / UID).exists() and not (tmp_path.parent / f"{UID}.json").exists()
 
 
@@ -248,13 +269,14 @@ def shared_url(request, tmp_path):  # type: ignore[no-untyped-def]
 
 
 def _ingest(artifacts: Path, event: dict[str, Any], url: str, tmp_path: Path,  # type: ignore[no-untyped-def]
-            *extra: str):
+            *extra: str, root: Path | None = None):
+    """The ingest job's step; `root`: its checkout of the default branch (default: no checkout)."""
     path = tmp_path / "event.json"
     path.write_text(json.dumps(event))
     env = {k: "" for k in os.environ if k.startswith("GITHUB_")}
     env["GITHUB_OUTPUT"] = str(tmp_path / "outputs")
     return run_ci("history", "ingest", str(artifacts), "--event-file", str(path), "--history", url,
-                  "--root", str(tmp_path), *extra, env={**env, "SLIME_CI_HISTORY_URL": ""})
+                  "--root", str(root or tmp_path), *extra, env={**env, "SLIME_CI_HISTORY_URL": ""})
 
 
 def _outputs(tmp_path: Path) -> list[str]:
@@ -318,16 +340,18 @@ def test_a_refused_artifact_writes_nothing_and_says_why_in_one_line(tmp_path: Pa
 
 
 def test_a_main_run_is_ingested_trusted(tmp_path: Path) -> None:
+    checkout = Clone.on_feature_branch(tmp_path, {"README.md": "main\n"})  # the ingest job's
+    head = checkout.git("rev-parse", "main")
     artifacts = tmp_path / "downloaded" / "history-megatron"
     artifacts.mkdir(parents=True)
-    (artifacts / f"{UID}.json").write_text(json.dumps(_record()))
+    (artifacts / f"{UID}.json").write_text(json.dumps(_record(commit=head)))
     db = tmp_path / "shared.sqlite"
-    looked = _ingest(tmp_path / "downloaded", _event(event="schedule", branch="main", prs=()),
-                     f"sqlite:///{db}", tmp_path, "--dry-run")
+    scheduled = _event(event="schedule", branch="main", prs=(), head_sha=head)
+    looked = _ingest(tmp_path / "downloaded", scheduled, f"sqlite:///{db}", tmp_path, "--dry-run",
+                     root=checkout.root)
     assert looked.returncode == 0 and "1 valid run(s) would be recorded (train)" in looked.stdout
     assert not db.exists()
-    done = _ingest(tmp_path / "downloaded", _event(event="schedule", branch="main", prs=()),
-                   f"sqlite:///{db}", tmp_path)
+    done = _ingest(tmp_path / "downloaded", scheduled, f"sqlite:///{db}", tmp_path, root=checkout.root)
     assert done.returncode == 0, done.stderr
     assert _outputs(tmp_path) == ["trusted=1"]  # the ingest job refreshes the GPU jobs' snapshot
     with sqlite3.connect(db) as conn:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
+from _ci import write
 
 from ci.history import queries
 from ci.history.record import read_before
@@ -21,6 +22,18 @@ from ci.history.store import open_store
 
 NUM_GPUS = 0
 X = "tests/e2e/test_x.py"
+REGISTRY = """
+    from ci.registry import Entry, Suite
+
+    SUITES = (Suite(name="megatron", tier="gpu", purpose="p", profile="e2e",
+                    entries=(Entry(path="tests/e2e/test_x.py"),)),)
+"""
+E2E = """
+    NUM_GPUS = 1
+
+    if __name__ == "__main__":
+        print("trained")
+"""
 
 
 def _run(n: int, outcome: str, *, trusted: bool, seconds: float = 10.0, branch: str = "main",
@@ -77,6 +90,7 @@ def test_the_monitor_sees_mains_streak_through_a_prs_fake_passes(tmp_path: Path,
     trusted = [_run(1, "passed", trusted=True)] + [_run(i, "failed", trusted=True) for i in (2, 3, 4)]
     fake = [_run(i, "passed", trusted=False, branch="main") for i in (5, 6)]  # a PR's record says "main"
     url = _store(tmp_path, trusted + fake)
+    write(tmp_path, {".slime-ci/suites.py": REGISTRY, X: E2E})  # the monitor judges registered entries
     code, out = _history(tmp_path, url, "monitor", "-k", "3", "--json", capsys=capsys)
     assert code == 1
     (streak,) = json.loads(out)
