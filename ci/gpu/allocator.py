@@ -36,17 +36,17 @@ expectation, or one past it (an overrun), counts as ending now: its GPUs may fre
 moment, so nothing is lent against them. Each waiter can be passed by backfilling at most
 MAX_PASSES times (counts in the queue file after its header); a waiter that asked for strict
 FIFO (`backfill=False`, `--no-backfill`, SLIME_CI_NO_BACKFILL) never backfills.
+
+The pieces live beside this module: the holder record's format (`holders.py`), the ticket
+queue (`tickets.py`) and the backfilling decision (`backfill.py`); here are the request's
+validation, the acquire loop that acts on the decision, release and `read_status`.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
-import json
 import os
-import re
 import socket
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -55,8 +55,41 @@ from dataclasses import dataclass, field
 
 from ci.args import seconds
 from ci.errors import UsageError, WaitTimeout
-from ci.gpu.safe_open import FILE_MODE, open_lock, read_capped, trusted_owners
-from ci.proc import alive
+from ci.gpu.backfill import BACKFILL_SLACK, MAX_PASSES, Schedule, claim, schedule
+from ci.gpu.holders import (
+    Holder,
+    _float_or_none,
+    _holder_from,
+    _int_or_none,
+    _ints,
+    _open,
+    _read_record_fd,
+    _shorten,
+    _try_lock,
+    _write_record_fd,
+    expected_end,
+    gpu_path,
+)
+from ci.gpu.tickets import (
+    Request,
+    _bump,
+    _drop_ticket,
+    _ensure_tickets_dir,
+    _live_tickets,
+    _new_ticket,
+    _queue_entries,
+    _queue_locked,
+    _read_gen,
+    _read_passes,
+    _Ticket,
+    _write_passes,
+    queue_path,
+    tickets_dir,
+)
+
+# The allocator's pieces, importable from here as before the split.
+__all__ = ["BACKFILL_SLACK", "MAX_PASSES", "Holder", "Request", "Schedule", "_Ticket", "claim",
+           "expected_end", "gpu_path", "queue_path", "schedule", "tickets_dir"]
 
 DEFAULT_PATTERN = "/dev/shm/custom_gpu_lock_{gpu_id}.lock"
 DEFAULT_TOTAL_GPUS = 8
@@ -66,24 +99,8 @@ DEFAULT_TIMEOUT = 86400.0
 # telling anyone (SIGKILL: the kernel frees the flock but nobody bumps the generation).
 POLL = 0.01
 FULL_CHECK = 0.2
-# How often a waiter may be passed by backfilling before nobody may pass it any more: a
-# bound on what wrong expectations can cost it (honest ones cost the head nothing).
-MAX_PASSES = 16
-# A backfiller may be expected to end this long after the head's reservation: waiters woken
-# by one release decide one after another, milliseconds to a few hundred apart on a busy
-# host, and without it one deciding just after another started would lose every tie. It
-# is the most the head can start later than under strict FIFO (with honest expectations).
-BACKFILL_SLACK = 0.5
 NO_BACKFILL_ENV = "SLIME_CI_NO_BACKFILL"
 
-_HEADER = 64
-# Largest holder record or ticket read: ours are a few hundred bytes; a bigger one was not
-# written by us and is never read whole.
-_RECORD_LIMIT = 65536
-_TICKET_NAME = re.compile(r"(\d{12})\.json")
-# Sticky and world-writable, like /dev/shm itself: runners of several users may queue here,
-# and nobody can remove or replace another user's ticket.
-_TICKETS_MODE = 0o1777
 # One lock file per GPU stays open while a request is decided: a bound that no real host
 # reaches keeps a typo (--total-gpus 20000) from creating thousands of files.
 MAX_TOTAL_GPUS = 256
@@ -91,24 +108,6 @@ MAX_TOTAL_GPUS = 256
 
 class Abandoned(Exception):
     """The waiter was told to stop waiting (its run was interrupted)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Request:
-    """A validated request: a count of any GPUs, or an exact device list."""
-
-    count: int | None
-    devices: tuple[int, ...] | None
-    total_gpus: int
-
-    @property
-    def size(self) -> int:
-        return self.count if self.count is not None else len(self.devices or ())
-
-    def describe(self) -> str:
-        if self.devices is not None:
-            return f"GPU(s) {','.join(map(str, self.devices))}"
-        return f"{self.count} GPU(s)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,55 +132,6 @@ class Lease:
                 _write_record_fd(fd, record)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Holder:
-    """Who holds a GPU, read from its lock file's holder record."""
-
-    pid: int | None
-    command: str
-    since: float | None
-    host: str
-    child_pid: int | None
-    expect: float | None = None  # seconds it said it would hold
-    ticket: int | None = None
-    passed: tuple[int, ...] = ()  # tickets it started ahead of by backfilling
-
-    def overrun(self, now: float) -> float | None:
-        """Seconds past its expected end, or None while within it (or without one)."""
-        if self.expect is None or self.since is None:
-            return None
-        late = now - (self.since + self.expect)
-        return late if late > 0 else None
-
-    @property
-    def local(self) -> bool:
-        """Recorded on this host (pids mean something here)."""
-        return not self.host or self.host == socket.gethostname()
-
-    @property
-    def acting_pid(self) -> int | None:
-        """The process that holds the GPU now.
-
-        The recorded holder, unless it is gone while the command it started still holds
-        the lock through the inherited descriptor (a SIGKILLed runner or wrapper): then
-        that command, so nobody is sent after a pid that no longer exists.
-        """
-        if (self.child_pid is not None and self.pid is not None and self.local
-                and not alive(self.pid) and alive(self.child_pid)):
-            return self.child_pid
-        return self.pid
-
-    def describe(self) -> str:
-        pid = self.acting_pid
-        who = f"pid {pid}" if pid is not None else "an unknown process"
-        if self.host and self.host != socket.gethostname():
-            who += f" on {self.host}"
-        parts = [who]
-        if self.command:
-            parts.append(f"(`{_shorten(self.command)}`)")
-        if self.since is not None:
-            parts.append(f"since {time.strftime('%H:%M:%S', time.localtime(self.since))}")
-        return " ".join(parts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -325,371 +275,6 @@ def detect_total_gpus() -> int:
 # ---------------------------------------------------------------- files and records
 
 
-def gpu_path(pattern: str, gpu: int) -> str:
-    """The lock file of one GPU."""
-    return pattern.format(gpu_id=gpu)
-
-
-def queue_path(pattern: str) -> str:
-    """The queue lock file: ticket and generation counters, guarded by its own flock."""
-    return pattern.format(gpu_id="queue")
-
-
-def tickets_dir(pattern: str) -> str:
-    """The directory holding one ticket file per waiter."""
-    return queue_path(pattern) + ".d"
-
-
-def _open(path: str, *, create: bool = True) -> int:
-    # Never through a link, never another user's file: see ci/gpu/safe_open.py.
-    return open_lock(path, create=create)
-
-
-def _try_lock(fd: int, kind: int = fcntl.LOCK_EX) -> bool:
-    try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-    return True
-
-
-def _read_record_fd(fd: int) -> dict[str, object]:
-    data = read_capped(fd, _RECORD_LIMIT)
-    if data is None:
-        return {}
-    try:
-        record = json.loads(data.decode("utf-8", "replace") or "{}")
-    except (ValueError, RecursionError):
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
-def _write_record_fd(fd: int, record: dict[str, object]) -> None:
-    data = (json.dumps(record, sort_keys=True) + "\n").encode()
-    with suppress(OSError):  # a read-only lock file just has no record
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
-
-
-def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float_or_none(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _expect_or_none(value: object) -> float | None:
-    got = _float_or_none(value)
-    return got if got is not None and 0 < got < float("inf") else None
-
-
-def _ints(value: object) -> tuple[int, ...]:
-    if not isinstance(value, list):
-        return ()
-    return tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool))
-
-
-def _holder_from(record: dict[str, object]) -> Holder:
-    return Holder(pid=_int_or_none(record.get("pid")), command=str(record.get("command", "")),
-                  since=_float_or_none(record.get("since")), host=str(record.get("host", "")),
-                  child_pid=_int_or_none(record.get("child_pid")),
-                  expect=_expect_or_none(record.get("expect")),
-                  ticket=_int_or_none(record.get("ticket")), passed=_ints(record.get("passed")))
-
-
-def expected_end(record: dict[str, object], now: float) -> float:
-    """When a holder's GPUs are expected free: `since + expect`, but never before `now`.
-
-    Without an expectation, or past it (an overrun), its GPUs may free up any moment: now.
-    """
-    since, expect = _float_or_none(record.get("since")), _expect_or_none(record.get("expect"))
-    if since is None or expect is None:
-        return now
-    return max(now, since + expect)
-
-
-def _shorten(text: str, limit: int = 80) -> str:
-    """A holder's command for one line: its program by name (a venv's interpreter path would
-    use up the line before what it runs), then clipped."""
-    program, sep, rest = text.partition(" ")
-    if "/" in program and not program.startswith(("'", '"')):
-        text = program.rsplit("/", 1)[1] + sep + rest
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-@contextmanager
-def _queue_locked(pattern: str) -> Iterator[int]:
-    # A fresh open per use: flocks belong to the open file description, so two threads of
-    # one process exclude each other exactly as two processes do.
-    fd = _open(queue_path(pattern))
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def _read_counters(fd: int) -> tuple[int, int]:
-    parts = os.pread(fd, _HEADER, 0).split()
-    try:
-        return int(parts[1]), int(parts[2])
-    except (IndexError, ValueError):
-        return 0, 0
-
-
-def _write_counters(fd: int, ticket: int, gen: int) -> None:
-    os.pwrite(fd, f"v1 {ticket:020d} {gen:020d}\n".encode().ljust(_HEADER - 1) + b"\n", 0)
-
-
-def _read_passes(fd: int) -> dict[int, int]:
-    """Times each waiter was passed by backfilling, kept after the counters' header."""
-    try:
-        raw = json.loads(os.pread(fd, _RECORD_LIMIT, _HEADER).decode("utf-8", "replace") or "{}")
-    except (ValueError, RecursionError):
-        return {}
-    if not isinstance(raw, dict):
-        return {}
-    passes = {}
-    for key, value in raw.items():
-        n = _int_or_none(value)
-        if key.isdigit() and n is not None:
-            passes[int(key)] = n
-    return passes
-
-
-def _write_passes(fd: int, passes: dict[int, int]) -> None:
-    data = json.dumps({str(k): v for k, v in sorted(passes.items())}).encode()
-    os.ftruncate(fd, _HEADER)
-    os.pwrite(fd, data, _HEADER)
-
-
-def _bump(fd: int) -> None:
-    ticket, gen = _read_counters(fd)
-    _write_counters(fd, ticket, gen + 1)
-
-
-def _read_gen(fd: int) -> int:
-    return _read_counters(fd)[1]
-
-
-# ---------------------------------------------------------------- the queue
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Ticket:
-    number: int
-    count: int | None
-    devices: tuple[int, ...] | None
-    record: dict[str, object]
-    expect: float | None = None
-    backfill: bool = True
-
-    @property
-    def size(self) -> int:
-        return self.count if self.count is not None else len(self.devices or ())
-
-
-def _tickets_dir_state(directory: str) -> bool:
-    """Whether the ticket directory exists; refuses one that is a link, a file or untrusted."""
-    try:
-        st = os.lstat(directory)
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        raise UsageError(f"{directory}: cannot read the GPU queue ({exc.strerror}); pass a "
-                         "--lock-path-pattern in a directory you can write") from None
-    if not stat.S_ISDIR(st.st_mode):
-        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
-        raise UsageError(f"{directory} is {kind}; it must be the directory of the GPU queue's "
-                         "tickets: remove it")
-    if st.st_uid not in trusted_owners(os.path.dirname(directory) or "."):
-        raise UsageError(f"{directory} belongs to uid {st.st_uid}, not to you, root or the "
-                         "directory's owner, so it could drop anyone's place in the queue; "
-                         "remove it")
-    return True
-
-
-def _ensure_tickets_dir(directory: str) -> None:
-    if not _tickets_dir_state(directory):
-        try:
-            os.mkdir(directory)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise UsageError(f"{directory}: cannot create the GPU queue ({exc.strerror}); pass "
-                             "a --lock-path-pattern in a directory you can write") from None
-        _tickets_dir_state(directory)
-    st = os.lstat(directory)
-    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != _TICKETS_MODE:
-        with suppress(OSError):
-            os.chmod(directory, _TICKETS_MODE)  # also upgrades a 0777 one from an older version
-
-
-def _read_ticket(directory: str, name: str) -> _Ticket | str | None:
-    """The ticket in `name`; None when its waiter is gone; a reason when it is no ticket."""
-    match = _TICKET_NAME.fullmatch(name)
-    if match is None:
-        return "not a ticket name"
-    path = os.path.join(directory, name)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return "a symbolic link" if exc.errno == errno.ELOOP else f"unreadable ({exc.strerror})"
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return "not a regular file"
-        if _try_lock(fd):
-            # Nobody holds the ticket: its waiter died (SIGKILL, crash). Drop it (the sticky
-            # directory lets only its owner or root do so; others just skip it).
-            with suppress(OSError):
-                os.unlink(path)
-            return None
-        record = _read_record_fd(fd)
-    finally:
-        os.close(fd)
-    number = int(match.group(1))
-    # The number is the file's name, which the queue lock handed out; a record that claims
-    # another one (an earlier place in the queue) is not ours.
-    if _int_or_none(record.get("ticket")) != number:
-        return "not a ticket record"
-    count = _int_or_none(record.get("count"))
-    devices = record.get("devices")
-    devs = (tuple(d for d in devices if isinstance(d, int) and not isinstance(d, bool))
-            if isinstance(devices, list) else None)
-    if (count is None) == (devs is None):
-        return "not a ticket record"
-    return _Ticket(number=number, count=count, devices=devs, record=record,
-                   expect=_expect_or_none(record.get("expect")),
-                   backfill=record.get("backfill") is not False)
-
-
-def _queue_entries(pattern: str) -> tuple[list[_Ticket], list[str]]:
-    """(tickets of live waiters in arrival order, entries skipped and why); queue lock held.
-
-    Anything else in the directory (a directory, a link, garbage, a record that is no
-    ticket) is skipped, never fatal: any local user can put names there.
-    """
-    directory = tickets_dir(pattern)
-    if not _tickets_dir_state(directory):
-        return [], []
-    try:
-        names = os.listdir(directory)
-    except OSError as exc:
-        raise UsageError(f"{directory}: cannot list the GPU queue ({exc.strerror})") from None
-    tickets, ignored = [], []
-    for name in sorted(names):
-        got = _read_ticket(directory, name)
-        if isinstance(got, _Ticket):
-            tickets.append(got)
-        elif isinstance(got, str):
-            ignored.append(f"{os.path.join(directory, name)}: {got}")
-    tickets.sort(key=lambda t: t.number)
-    return tickets, ignored
-
-
-def _live_tickets(pattern: str) -> list[_Ticket]:
-    """Tickets of live waiters in arrival order; call with the queue lock held."""
-    return _queue_entries(pattern)[0]
-
-
-def claim(count: int | None, devices: tuple[int, ...] | None,
-          avail: list[int]) -> tuple[list[int], list[int]]:
-    """(GPUs a request takes or reserves from `avail`, GPUs left for later requests)."""
-    if devices is not None:
-        wanted = set(devices)
-        return [g for g in avail if g in wanted], [g for g in avail if g not in wanted]
-    n = count or 0
-    return avail[:n], avail[n:]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Schedule:
-    """What the queue decides at one moment: who may start now on which GPUs.
-
-    `starts` maps a ticket to the GPUs it may take now; `passed` a backfilling ticket to the
-    earlier waiters it starts ahead of; `head` is the first waiter that must wait and
-    `reservation` when its GPUs are expected free.
-    """
-
-    starts: dict[int, tuple[int, ...]]
-    passed: dict[int, tuple[int, ...]]
-    head: int | None
-    reservation: float | None
-
-
-def _reservation(ticket: _Ticket, ends: dict[int, float]) -> float:
-    """When `ticket` could start if nobody else took a GPU: from each GPU's expected end."""
-    never = float("inf")  # a GPU this machine lacks: a request that can never start
-    if ticket.devices is not None:
-        return max(ends.get(g, never) for g in ticket.devices)
-    ordered = sorted(ends.values())
-    return ordered[ticket.size - 1] if ticket.size <= len(ordered) else never
-
-
-def schedule(tickets: Sequence[_Ticket], free: Sequence[int], ends: dict[int, float],
-             now: float, passes: dict[int, int] | None = None, *,
-             lent: dict[int, tuple[int, ...]] | None = None, slack: float | None = None,
-             max_passes: int = MAX_PASSES) -> Schedule:
-    """Walk the queue in ticket order (EASY backfilling).
-
-    `free`: GPUs nobody holds; `ends`: each held GPU's expected end (see `expected_end`).
-    A waiter that fits in what earlier waiters left starts. The first that does not is the
-    head: it claims the free GPUs it can use and gets a reservation. A later waiter with an
-    expectation that ends by the reservation (give or take `slack`, default BACKFILL_SLACK),
-    and that passes nobody passed `max_passes` times already, may start on the head's
-    claimed GPUs too; any other waits and claims.
-
-    `lent`: per held GPU, the tickets its holder backfilled past. GPUs lent by the head count
-    as ending now in its reservation: a backfiller expected to end `slack` after it never
-    moves it, so `slack` is all the head can lose, however many backfill one after another.
-    """
-    passes = passes or {}
-    lent = lent or {}
-    slack = BACKFILL_SLACK if slack is None else slack
-    est = dict(ends)
-    est.update((g, now) for g in free)
-    avail = sorted(free)
-    lend: list[int] = []
-    head: _Ticket | None = None
-    reservation: float | None = None
-    waiting: list[int] = []
-    starts: dict[int, tuple[int, ...]] = {}
-    passed: dict[int, tuple[int, ...]] = {}
-    for t in tickets:
-        mine, rest = claim(t.count, t.devices, avail)
-        if len(mine) == t.size:
-            starts[t.number] = tuple(mine)
-            avail = rest
-            if head is None:  # starts now, expected to end after its expectation
-                est.update((g, now + (t.expect or 0.0)) for g in mine)
-            continue
-        if head is None:
-            number = t.number
-            head = t
-            reservation = _reservation(t, {g: now if number in lent.get(g, ()) else end
-                                           for g, end in est.items()})
-            lend, avail = mine, rest
-            waiting.append(t.number)
-            continue
-        assert reservation is not None
-        if (t.backfill and t.expect is not None and now + t.expect <= reservation + slack
-                and all(passes.get(w, 0) < max_passes for w in waiting)):
-            borrowed, _ = claim(t.count, t.devices, avail + lend)
-            if len(borrowed) == t.size:
-                starts[t.number] = tuple(sorted(borrowed))
-                passed[t.number] = tuple(waiting)
-                avail = [g for g in avail if g not in borrowed]
-                lend = [g for g in lend if g not in borrowed]
-                continue
-        _, avail = claim(t.count, t.devices, avail)
-        waiting.append(t.number)
-    return Schedule(starts=starts, passed=passed, head=head.number if head else None,
-                    reservation=reservation)
 
 
 def _probe(pattern: str, total: int, now: float
@@ -759,42 +344,6 @@ def _try_take(pattern: str, req: Request, ticket: int, record: dict[str, object]
     return tuple(mine), fds
 
 
-def _new_ticket(pattern: str, req: Request, record: dict[str, object]) -> tuple[int, int, str]:
-    """Enqueue; returns (ticket number, locked ticket fd, ticket path)."""
-    directory = tickets_dir(pattern)
-    with _queue_locked(pattern) as qfd:
-        _ensure_tickets_dir(directory)
-        ticket, gen = _read_counters(qfd)
-        for _ in range(1000):
-            ticket += 1
-            path = os.path.join(directory, f"{ticket:012d}.json")
-            # O_EXCL: a name someone planted (a link to a file of ours, a directory) is
-            # never opened; the next number is taken instead.
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, FILE_MODE)
-            except FileExistsError:
-                continue
-            except OSError as exc:
-                raise UsageError(f"{path}: cannot queue for GPUs ({exc.strerror}); pass a "
-                                 "--lock-path-pattern in a directory you can write") from None
-            break
-        else:
-            raise UsageError(f"{directory}: a thousand ticket names in a row are taken; "
-                             "empty the directory")
-        _write_counters(qfd, ticket, gen + 1)
-        # Created and locked under the queue lock, so nobody can see it unlocked and
-        # mistake it for the ticket of a dead waiter.
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        _write_record_fd(fd, dict(record, ticket=ticket, count=req.count,
-                                  devices=list(req.devices) if req.devices is not None else None))
-    return ticket, fd, path
-
-
-def _drop_ticket(fd: int, path: str) -> None:
-    with suppress(FileNotFoundError):
-        os.unlink(path)
-    os.close(fd)
 
 
 def _gpu_list(gpus: Sequence[int]) -> str:
