@@ -35,7 +35,8 @@ head count as free in its reservation, so backfillers never push it back. A hold
 expectation, or one past it (an overrun), counts as ending now: its GPUs may free up any
 moment, so nothing is lent against them. Each waiter can be passed by backfilling at most
 MAX_PASSES times (counts in the queue file after its header); a waiter that asked for strict
-FIFO (`backfill=False`, `--no-backfill`, SLIME_CI_NO_BACKFILL) never backfills.
+FIFO (`backfill=False`, `--no-backfill`, SLIME_CI_NO_BACKFILL) never backfills, and neither
+does a command that overran its last expectations (`overruns.py`).
 
 The pieces live beside this module: the holder record's format (`holders.py`), the ticket
 queue (`tickets.py`) and the backfilling decision (`backfill.py`); here are the request's
@@ -55,16 +56,18 @@ from dataclasses import dataclass, field
 
 from ci.args import seconds
 from ci.errors import UsageError, WaitTimeout
+from ci.gpu import overruns
 from ci.gpu.backfill import BACKFILL_SLACK, MAX_PASSES, Schedule, claim, schedule
 from ci.gpu.holders import (
+    MAX_EXPECT,
     Holder,
-    _float_or_none,
     _holder_from,
     _int_or_none,
-    _ints,
     _open,
     _read_record_fd,
     _shorten,
+    _text,
+    _time_or_none,
     _try_lock,
     _write_record_fd,
     expected_end,
@@ -80,15 +83,17 @@ from ci.gpu.tickets import (
     _queue_entries,
     _queue_locked,
     _read_gen,
+    _read_overruns,
     _read_passes,
     _Ticket,
+    _write_overruns,
     _write_passes,
     queue_path,
     tickets_dir,
 )
 
 # The allocator's pieces, importable from here as before the split.
-__all__ = ["BACKFILL_SLACK", "MAX_PASSES", "Holder", "Request", "Schedule", "_Ticket", "claim",
+__all__ = ["BACKFILL_SLACK", "MAX_EXPECT", "MAX_PASSES", "Holder", "Request", "Schedule", "_Ticket", "claim",
            "expected_end", "gpu_path", "queue_path", "schedule", "tickets_dir"]
 
 DEFAULT_PATTERN = "/dev/shm/custom_gpu_lock_{gpu_id}.lock"
@@ -157,6 +162,7 @@ class Waiter:
     expect: float | None = None
     backfill: bool = True  # False: asked for strict FIFO
     passes: int = 0  # times later waiters started ahead of it by backfilling
+    trusted: bool = True  # False: its command overran its last expectations (no backfilling)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,6 +175,7 @@ class Status:
     head: int | None = None  # the first waiter that cannot start now
     reservation: float | None = None  # when the head's GPUs are expected free (epoch seconds)
     now: float = 0.0  # when it was read
+    distrusted: tuple[str, ...] = ()  # commands whose expectations backfilling ignores
 
 
 # ---------------------------------------------------------------- validation
@@ -277,28 +284,50 @@ def detect_total_gpus() -> int:
 
 
 
-def _probe(pattern: str, total: int, now: float
-           ) -> tuple[dict[int, int], dict[int, float], dict[int, tuple[int, ...]]]:
-    """Lock every free GPU (non-blocking): (gpu -> locked fd, held gpu -> expected end,
-    held gpu -> tickets its holder backfilled past). Queue lock held."""
+def _probe(pattern: str, total: int) -> tuple[dict[int, int], dict[int, Holder]]:
+    """Lock every free GPU (non-blocking): (gpu -> locked fd, held gpu -> its holder).
+    Queue lock held."""
     free: dict[int, int] = {}
-    ends: dict[int, float] = {}
-    lent: dict[int, tuple[int, ...]] = {}
+    held: dict[int, Holder] = {}
     try:
         for gpu in range(total):
             fd = _open(gpu_path(pattern, gpu))
             if _try_lock(fd):
                 free[gpu] = fd
             else:
-                record = _read_record_fd(fd)
+                held[gpu] = _holder_from(_read_record_fd(fd))
                 os.close(fd)
-                ends[gpu] = expected_end(record, now)
-                lent[gpu] = _ints(record.get("passed"))
     except BaseException:
         for fd in free.values():
             os.close(fd)
         raise
-    return free, ends, lent
+    return free, held
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Plan:
+    """What the decision reads from the holders and the queue's book, besides the tickets."""
+
+    ends: dict[int, float]  # held GPU -> expected end
+    lent: dict[int, tuple[int, ...]]  # held GPU -> tickets its holder backfilled past
+    distrusted: frozenset[int]  # tickets whose command overran its expectations
+    book: dict[str, tuple[int, ...]]  # the overruns, with the ones seen now
+
+
+def _plan_inputs(held: dict[int, Holder], tickets: Sequence[_Ticket],
+                 book: dict[str, tuple[int, ...]], now: float) -> _Plan:
+    # A holder past its expectation is counted here, by whoever looks first, so one that is
+    # killed (and never releases) counts too; its ticket makes it once per holding.
+    for h in held.values():
+        if h.ticket is not None and h.overrun(now) is not None:
+            book = overruns.noted(book, h.command, h.ticket)
+    untrusted = overruns.distrusted(book)
+    ends = {g: now if overruns.key(h.command) in untrusted else h.expected_end(now)
+            for g, h in held.items()}
+    return _Plan(ends=ends, lent={g: h.passed for g, h in held.items()},
+                 distrusted=frozenset(t.number for t in tickets
+                                      if overruns.key(_text(t.record.get("command"))) in untrusted),
+                 book=book)
 
 
 def _try_take(pattern: str, req: Request, ticket: int, record: dict[str, object],
@@ -313,11 +342,15 @@ def _try_take(pattern: str, req: Request, ticket: int, record: dict[str, object]
     mine: list[int] = []
     qfd = _open(queue_path(pattern))
     try:
-        free, ends, lent = _probe(pattern, req.total_gpus, now)
+        free, held = _probe(pattern, req.total_gpus)
         queue = _live_tickets(pattern)
         tickets = [t for t in queue if t.number <= ticket]  # later ones do not matter here
-        passes = _read_passes(qfd)
-        plan = schedule(tickets, sorted(free), ends, now, passes, lent=lent)
+        passes, book = _read_passes(qfd), _read_overruns(qfd)
+        inputs = _plan_inputs(held, tickets, book, now)
+        if inputs.book != book:
+            _write_overruns(qfd, inputs.book)
+        plan = schedule(tickets, sorted(free), inputs.ends, now, passes, lent=inputs.lent,
+                        distrusted=inputs.distrusted)
         mine = list(plan.starts.get(ticket, ()))
         passed = plan.passed.get(ticket, ())
         if mine and passed:
@@ -342,8 +375,6 @@ def _try_take(pattern: str, req: Request, ticket: int, record: dict[str, object]
     for gpu, fd in zip(mine, fds, strict=True):
         _write_record_fd(fd, dict(now_record, gpu=gpu))
     return tuple(mine), fds
-
-
 
 
 def _gpu_list(gpus: Sequence[int]) -> str:
@@ -391,7 +422,7 @@ def acquire(*, count: int | None = None, devices: Sequence[int] | None = None,
     req = make_request(count=count, devices=devices, total_gpus=total_gpus)
     seconds("--timeout", timeout, zero=True, forever=True)
     if expect is not None:
-        seconds("--expect", expect)
+        seconds("--expect", expect, most=MAX_EXPECT)
     record: dict[str, object] = {"pid": os.getpid(), "command": command,
                                  "host": socket.gethostname(), "since": time.time(),
                                  "expect": expect,
@@ -440,12 +471,21 @@ def release(lease: Lease) -> None:
     if lease._released.is_set():
         return
     lease._released.set()
+    mine = _holder_from(_read_record_fd(lease.fds[0])) if lease.fds else None
+    now = time.time()
     for fd in lease.fds:
         # The record stays: while a process that inherited the descriptor still holds
         # the lock it says whose GPU this is, and once the lock is free it reads as free.
         with suppress(OSError):
             os.close(fd)
     with suppress(OSError), _queue_locked(lease.pattern) as qfd:
+        if mine is not None and mine.expect is not None and mine.ticket is not None:
+            # Ended within its expectation: its command is trusted again; past it: one more.
+            book = _read_overruns(qfd)
+            after = (overruns.noted(book, mine.command, mine.ticket)
+                     if mine.overrun(now) is not None else overruns.forgiven(book, mine.command))
+            if after != book:
+                _write_overruns(qfd, after)
         _bump(qfd)
 
 
@@ -476,10 +516,10 @@ def read_status(lock_path_pattern: str = DEFAULT_PATTERN,
     check_total(total_gpus)
     gpus = []
     now = time.time()
-    ends: dict[int, float] = {}
     # Probing takes a lock for an instant; under the queue lock no allocator of ours is
-    # looking at the same moment, so the probe never makes a request fail.
-    with _queue_locked(pattern) as qfd:
+    # looking at the same moment, so the probe never makes a request fail. Reading writes
+    # nothing, so a queue one may only read still shows.
+    with _queue_locked(pattern, write=False) as qfd:
         for gpu in range(total_gpus):
             path = gpu_path(pattern, gpu)
             try:
@@ -493,24 +533,23 @@ def read_status(lock_path_pattern: str = DEFAULT_PATTERN,
                 record = {} if free else _read_record_fd(fd)
             finally:
                 os.close(fd)
-            holder = None if free else _holder_from(record)
-            if holder is not None:
-                ends[gpu] = expected_end(record, now)
-            gpus.append(GpuState(gpu=gpu, path=path, holder=holder))
+            gpus.append(GpuState(gpu=gpu, path=path, holder=None if free else _holder_from(record)))
         tickets, ignored = _queue_entries(pattern)
-        passes = _read_passes(qfd)
-    lent = {g.gpu: g.holder.passed for g in gpus if g.holder is not None}
-    plan = schedule(tickets, [g.gpu for g in gpus if g.holder is None], ends, now, passes,
-                    lent=lent)
+        passes, book = _read_passes(qfd), _read_overruns(qfd)
+    held = {g.gpu: g.holder for g in gpus if g.holder is not None}
+    inputs = _plan_inputs(held, tickets, book, now)
+    plan = schedule(tickets, [g.gpu for g in gpus if g.holder is None], inputs.ends, now, passes,
+                    lent=inputs.lent, distrusted=inputs.distrusted)
     waiters = tuple(
         Waiter(ticket=t.number, pid=_int_or_none(t.record.get("pid")),
-               command=str(t.record.get("command", "")),
-               since=_float_or_none(t.record.get("since")), count=t.count, devices=t.devices,
-               host=str(t.record.get("host", "")), expect=t.expect, backfill=t.backfill,
-               passes=passes.get(t.number, 0))
+               command=_text(t.record.get("command")),
+               since=_time_or_none(t.record.get("since")), count=t.count, devices=t.devices,
+               host=_text(t.record.get("host")), expect=t.expect, backfill=t.backfill,
+               passes=passes.get(t.number, 0), trusted=t.number not in inputs.distrusted)
         for t in tickets)
     return Status(gpus=tuple(gpus), waiters=waiters, ignored=tuple(ignored), head=plan.head,
-                  reservation=plan.reservation, now=now)
+                  reservation=plan.reservation, now=now,
+                  distrusted=tuple(sorted(overruns.distrusted(inputs.book))))
 
 
 def free_now(lock_path_pattern: str = DEFAULT_PATTERN,

@@ -6,7 +6,7 @@ the acquire loop (`ci/gpu/allocator.py`) probes the lock files and acts on it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ci.gpu.tickets import _Ticket
@@ -58,7 +58,7 @@ def _reservation(ticket: _Ticket, ends: dict[int, float]) -> float:
 def schedule(tickets: Sequence[_Ticket], free: Sequence[int], ends: dict[int, float],
              now: float, passes: dict[int, int] | None = None, *,
              lent: dict[int, tuple[int, ...]] | None = None, slack: float | None = None,
-             max_passes: int = MAX_PASSES) -> Schedule:
+             max_passes: int = MAX_PASSES, distrusted: Collection[int] = ()) -> Schedule:
     """Walk the queue in ticket order (EASY backfilling).
 
     `free`: GPUs nobody holds; `ends`: each held GPU's expected end (see `expected_end`).
@@ -66,7 +66,9 @@ def schedule(tickets: Sequence[_Ticket], free: Sequence[int], ends: dict[int, fl
     head: it claims the free GPUs it can use and gets a reservation. A later waiter with an
     expectation that ends by the reservation (give or take `slack`, default BACKFILL_SLACK),
     and that passes nobody passed `max_passes` times already, may start on the head's
-    claimed GPUs too; any other waits and claims.
+    claimed GPUs too; any other waits and claims. A reservation of now lends nothing, and
+    the tickets in `distrusted` (commands that overran their expectations,
+    `ci/gpu/overruns.py`) never backfill and, starting now, count as ending any moment.
 
     `lent`: per held GPU, the tickets its holder backfilled past. GPUs lent by the head count
     as ending now in its reservation: a backfiller expected to end `slack` after it never
@@ -90,7 +92,8 @@ def schedule(tickets: Sequence[_Ticket], free: Sequence[int], ends: dict[int, fl
             starts[t.number] = tuple(mine)
             avail = rest
             if head is None:  # starts now, expected to end after its expectation
-                est.update((g, now + (t.expect or 0.0)) for g in mine)
+                trusted = t.number not in distrusted
+                est.update((g, now + (t.expect if trusted and t.expect else 0.0)) for g in mine)
             continue
         if head is None:
             number = t.number
@@ -101,7 +104,11 @@ def schedule(tickets: Sequence[_Ticket], free: Sequence[int], ends: dict[int, fl
             waiting.append(t.number)
             continue
         assert reservation is not None
-        if (t.backfill and t.expect is not None and now + t.expect <= reservation + slack
+        # A reservation of now (a holder without an expectation, or past it) lends nothing:
+        # the head may start any moment, and the slack, meant for ties between waiters woken
+        # by one release, would let any `--expect 0.5` in ahead of it, again and again.
+        if (t.backfill and t.expect is not None and t.number not in distrusted
+                and reservation > now and now + t.expect <= reservation + slack
                 and all(passes.get(w, 0) < max_passes for w in waiting)):
             borrowed, _ = claim(t.count, t.devices, avail + lend)
             if len(borrowed) == t.size:

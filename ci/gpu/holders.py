@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import math
 import os
 import socket
 import time
@@ -23,6 +24,16 @@ from ci.proc import alive
 # Largest holder record or ticket read: ours are a few hundred bytes; a bigger one was not
 # written by us and is never read whole.
 _RECORD_LIMIT = 65536
+# The longest expectation a request may declare (`--expect`) and a record may carry: a week.
+# Past it a number means nothing for planning, and 1e300 seconds overflowed every clock
+# that `gpu-status` and the timeout message print.
+MAX_EXPECT = 7 * 86400.0
+# Times in records are epoch seconds; one outside [0, 2**32) (year 2106) was not written by a
+# clock, and `time.localtime` cannot print NaN or 1e300.
+_LAST_TIME = float(2**32)
+# Pids, ticket numbers and GPU indices are small non-negative ints; a forged 10**400 must not
+# reach float() or a comparison that assumes a machine integer.
+_LARGEST_INT = 2**63 - 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +55,15 @@ class Holder:
             return None
         late = now - (self.since + self.expect)
         return late if late > 0 else None
+
+    def expected_end(self, now: float) -> float:
+        """When its GPUs are expected free: `since + expect`, but never before `now`.
+
+        Without an expectation, or past it (an overrun), its GPUs may free up any moment: now.
+        """
+        if self.since is None or self.expect is None:
+            return now
+        return max(now, self.since + self.expect)
 
     @property
     def local(self) -> bool:
@@ -72,8 +92,18 @@ class Holder:
         if self.command:
             parts.append(f"(`{_shorten(self.command)}`)")
         if self.since is not None:
-            parts.append(f"since {time.strftime('%H:%M:%S', time.localtime(self.since))}")
+            parts.append(f"since {clock(self.since)}")
         return " ".join(parts)
+
+
+def clock(ts: float | None) -> str:
+    """A record's time as HH:MM:SS; '?' for none or one no clock can show."""
+    if ts is None:
+        return "?"
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 def gpu_path(pattern: str, gpu: int) -> str:
@@ -116,41 +146,55 @@ def _write_record_fd(fd: int, record: dict[str, object]) -> None:
 
 
 def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _LARGEST_INT:
+        return value
+    return None
 
 
 def _float_or_none(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int) and abs(value) > _LARGEST_INT:
+        return None  # float() of a 400-digit int raises
+    got = float(value)
+    return got if math.isfinite(got) else None
+
+
+def _time_or_none(value: object) -> float | None:
+    got = _float_or_none(value)
+    return got if got is not None and 0 <= got < _LAST_TIME else None
 
 
 def _expect_or_none(value: object) -> float | None:
     got = _float_or_none(value)
-    return got if got is not None and 0 < got < float("inf") else None
+    return got if got is not None and 0 < got <= MAX_EXPECT else None
+
+
+def _text(value: object) -> str:
+    # A scalar reads as its text; a list or an object as nothing: str() of a deeply nested
+    # one can itself recurse too deep, and its text would be nobody's command.
+    if isinstance(value, str):
+        return value
+    return str(value) if isinstance(value, (int, float)) else ""
 
 
 def _ints(value: object) -> tuple[int, ...]:
     if not isinstance(value, list):
         return ()
-    return tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool))
+    return tuple(v for v in (_int_or_none(item) for item in value) if v is not None)
 
 
 def _holder_from(record: dict[str, object]) -> Holder:
-    return Holder(pid=_int_or_none(record.get("pid")), command=str(record.get("command", "")),
-                  since=_float_or_none(record.get("since")), host=str(record.get("host", "")),
+    return Holder(pid=_int_or_none(record.get("pid")), command=_text(record.get("command")),
+                  since=_time_or_none(record.get("since")), host=_text(record.get("host")),
                   child_pid=_int_or_none(record.get("child_pid")),
                   expect=_expect_or_none(record.get("expect")),
                   ticket=_int_or_none(record.get("ticket")), passed=_ints(record.get("passed")))
 
 
 def expected_end(record: dict[str, object], now: float) -> float:
-    """When a holder's GPUs are expected free: `since + expect`, but never before `now`.
-
-    Without an expectation, or past it (an overrun), its GPUs may free up any moment: now.
-    """
-    since, expect = _float_or_none(record.get("since")), _expect_or_none(record.get("expect"))
-    if since is None or expect is None:
-        return now
-    return max(now, since + expect)
+    """When a holder record's GPUs are expected free (see `Holder.expected_end`)."""
+    return _holder_from(record).expected_end(now)
 
 
 def _shorten(text: str, limit: int = 80) -> str:

@@ -24,14 +24,16 @@ from ci.gpu.holders import (
     _RECORD_LIMIT,
     _expect_or_none,
     _int_or_none,
+    _ints,
     _open,
     _read_record_fd,
     _try_lock,
     _write_record_fd,
 )
-from ci.gpu.safe_open import FILE_MODE, trusted_owners
+from ci.gpu.safe_open import TICKET_MODE, trusted_owners
 
 _HEADER = 64
+_OVERRUNS = "overruns"  # the book's one key that is no ticket number (ci/gpu/overruns.py)
 
 _TICKET_NAME = re.compile(r"(\d{12})\.json")
 # Sticky and world-writable, like /dev/shm itself: runners of several users may queue here,
@@ -68,15 +70,29 @@ def tickets_dir(pattern: str) -> str:
 
 
 @contextmanager
-def _queue_locked(pattern: str) -> Iterator[int]:
+def _queue_locked(pattern: str, *, write: bool = True) -> Iterator[int]:
     # A fresh open per use: flocks belong to the open file description, so two threads of
     # one process exclude each other exactly as two processes do.
-    fd = _open(queue_path(pattern))
+    path = queue_path(pattern)
+    fd = _open(path)
     try:
+        if write:
+            _check_writable(fd, path)
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd
     finally:
         os.close(fd)
+
+
+def _check_writable(fd: int, path: str) -> None:
+    # The opener falls back to read-only for a trusted user's file we may not write (a lock
+    # directory another user's umask made 0644): flocks work, but the counters cannot move,
+    # which surfaced as "Bad file descriptor" from the first write.
+    if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+        st = os.fstat(fd)
+        raise UsageError(f"{path}: the GPU queue belongs to uid {st.st_uid} with mode "
+                         f"{stat.S_IMODE(st.st_mode):o}, so you cannot queue in it; its owner "
+                         "can `chmod 666` it, or pass a --lock-path-pattern of your own")
 
 
 def _read_counters(fd: int) -> tuple[int, int]:
@@ -91,26 +107,57 @@ def _write_counters(fd: int, ticket: int, gen: int) -> None:
     os.pwrite(fd, f"v1 {ticket:020d} {gen:020d}\n".encode().ljust(_HEADER - 1) + b"\n", 0)
 
 
-def _read_passes(fd: int) -> dict[int, int]:
-    """Times each waiter was passed by backfilling, kept after the counters' header."""
+def _read_book(fd: int) -> dict[str, object]:
+    # After the counters' header: {"<ticket>": times passed, ..., "overruns": {command: [..]}}.
     try:
         raw = json.loads(os.pread(fd, _RECORD_LIMIT, _HEADER).decode("utf-8", "replace") or "{}")
     except (ValueError, RecursionError):
         return {}
-    if not isinstance(raw, dict):
-        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _passes_in(book: dict[str, object]) -> dict[int, int]:
     passes = {}
-    for key, value in raw.items():
+    for key, value in book.items():
         n = _int_or_none(value)
-        if key.isdigit() and n is not None:
+        # isascii: "²".isdigit() is true, and int("²") raises.
+        if key.isascii() and key.isdigit() and n is not None:
             passes[int(key)] = n
     return passes
 
 
-def _write_passes(fd: int, passes: dict[int, int]) -> None:
-    data = json.dumps({str(k): v for k, v in sorted(passes.items())}).encode()
+def _overruns_in(book: dict[str, object]) -> dict[str, tuple[int, ...]]:
+    raw = book.get(_OVERRUNS)
+    if not isinstance(raw, dict):
+        return {}
+    return {k: _ints(v) for k, v in raw.items() if isinstance(k, str) and _ints(v)}
+
+
+def _read_passes(fd: int) -> dict[int, int]:
+    """Times each waiter was passed by backfilling, kept after the counters' header."""
+    return _passes_in(_read_book(fd))
+
+
+def _read_overruns(fd: int) -> dict[str, tuple[int, ...]]:
+    """Per command, its last holdings (tickets) in a row that ran past their expectation."""
+    return _overruns_in(_read_book(fd))
+
+
+def _write_book(fd: int, passes: dict[int, int], overruns: dict[str, tuple[int, ...]]) -> None:
+    book: dict[str, object] = {str(k): v for k, v in sorted(passes.items())}
+    if overruns:
+        book[_OVERRUNS] = {k: list(v) for k, v in sorted(overruns.items())}
+    data = json.dumps(book).encode()
     os.ftruncate(fd, _HEADER)
     os.pwrite(fd, data, _HEADER)
+
+
+def _write_passes(fd: int, passes: dict[int, int]) -> None:
+    _write_book(fd, passes, _read_overruns(fd))
+
+
+def _write_overruns(fd: int, overruns: dict[str, tuple[int, ...]]) -> None:
+    _write_book(fd, _read_passes(fd), overruns)
 
 
 def _bump(fd: int) -> None:
@@ -204,9 +251,8 @@ def _read_ticket(directory: str, name: str) -> _Ticket | str | None:
         return "not a ticket record"
     count = _int_or_none(record.get("count"))
     devices = record.get("devices")
-    devs = (tuple(d for d in devices if isinstance(d, int) and not isinstance(d, bool))
-            if isinstance(devices, list) else None)
-    if (count is None) == (devs is None):
+    devs = _ints(devices) if isinstance(devices, list) else None
+    if (count is None) == (devs is None) or count == 0:
         return "not a ticket record"
     return _Ticket(number=number, count=count, devices=devs, record=record,
                    expect=_expect_or_none(record.get("expect")),
@@ -255,7 +301,7 @@ def _new_ticket(pattern: str, req: Request, record: dict[str, object]) -> tuple[
             # never opened; the next number is taken instead.
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, FILE_MODE)
+                             | os.O_CLOEXEC, TICKET_MODE)
             except FileExistsError:
                 continue
             except OSError as exc:
@@ -265,6 +311,8 @@ def _new_ticket(pattern: str, req: Request, record: dict[str, object]) -> tuple[
         else:
             raise UsageError(f"{directory}: a thousand ticket names in a row are taken; "
                              "empty the directory")
+        with suppress(OSError):
+            os.fchmod(fd, TICKET_MODE)  # readable by every waiter, whatever the umask
         _write_counters(qfd, ticket, gen + 1)
         # Created and locked under the queue lock, so nobody can see it unlocked and
         # mistake it for the ticket of a dead waiter.

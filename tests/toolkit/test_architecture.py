@@ -238,8 +238,6 @@ TESTED_ELSEWHERE: dict[str, tuple[str, str, str]] = {
     "ci/registry/u_files.py": ("u/test_u_selfcontained.py", "ci.registry.u_files", "U's copies and their sync"),
     "ci/select/import_graph.py": ("select/test_changed_affected.py", "import graph", "changed --affected"),
     "ci/gpu/safe_open.py": ("gpu/test_allocator_security.py", "symlink", "lock files others planted"),
-    "ci/gpu/holders.py": ("gpu/test_allocator_queue.py", "Holder", "holder records, as waiters read them"),
-    "ci/gpu/tickets.py": ("gpu/test_allocator_queue.py", "ticket", "the queue, through real waiters"),
     "ci/gpu/backfill.py": ("gpu/test_allocator_backfill.py", "schedule", "the decision, on real lock files"),
     "ci/backends/base.py": ("backends/test_backends.py", "ci.backends", "the backend interface, per backend"),
     "ci/backends/local.py": ("backends/test_backends.py", "local", "backend selection and preconditions"),
