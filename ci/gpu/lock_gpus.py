@@ -187,7 +187,7 @@ def main(argv: Sequence[str]) -> int:
         raise UsageError(f"unexpected {shlex.join(opts.command)!r} before --; "
                          "put options before -- and the command after it")
     pattern = allocator.validate_pattern(opts.lock_path_pattern)
-    total = _total_gpus(opts.total_gpus, "lock-gpus")
+    total, assumed = _total_gpus(opts.total_gpus)
     seconds("--timeout", opts.timeout, zero=True, forever=True)
     # inf would overflow the SIGKILL timer, and nan would never fire it: the command would
     # outlive the signal forever.
@@ -196,10 +196,13 @@ def main(argv: Sequence[str]) -> int:
         seconds("--expect", opts.expect, most=allocator.MAX_EXPECT)
     env_name("--target-env-name", opts.target_env_name)
     if opts.print_only:
-        return _print_only(opts, pattern, total)
+        return _print_only(opts, pattern, total, assumed)
     allocator.make_request(count=opts.count, devices=opts.devices, total_gpus=total)
     if not command:
         raise UsageError("no command to run: add -- CMD [ARGS...] after the options")
+    if assumed:
+        allocator.check_files(pattern, total)  # any refusal first, as its one line
+    _say_assumed("lock-gpus", assumed)
 
     sup = _Supervisor(opts.grace)
     previous = {sig: signal.signal(sig, sup.on_signal) for sig in _FORWARDED}
@@ -223,25 +226,30 @@ def main(argv: Sequence[str]) -> int:
             signal.signal(sig, handler)
 
 
-def _total_gpus(given: int | None, prog: str) -> int:
-    """`--total-gpus`, else NVML's count; without NVML 8, said on stderr (a machine without
-    GPUs then queues for 8 that do not exist, which no one would guess)."""
+def _total_gpus(given: int | None) -> tuple[int, bool]:
+    """(`--total-gpus`, else NVML's count, else 8; whether that 8 was assumed)."""
     if given is not None:
-        return allocator.check_total(given)
+        return allocator.check_total(given), False
     found = allocator.nvml_gpu_count()
-    if found is not None:
-        return found
-    print(f"{prog}: NVML reports no GPU here (no driver, library or device); assuming "
-          f"{allocator.DEFAULT_TOTAL_GPUS}: pass --total-gpus N to say how many",
-          file=sys.stderr, flush=True)
-    return allocator.DEFAULT_TOTAL_GPUS
+    return (found, False) if found is not None else (allocator.DEFAULT_TOTAL_GPUS, True)
 
 
-def _print_only(opts: argparse.Namespace, pattern: str, total: int) -> int:
+def _say_assumed(prog: str, assumed: bool) -> None:
+    # Said once the request is valid, just before acting on it: a refusal stays one line.
+    # Without it a machine with no GPU queued for 8 that do not exist, which no one guessed.
+    if assumed:
+        print(f"{prog}: NVML reports no GPU here (no driver, library or device); assuming "
+              f"{allocator.DEFAULT_TOTAL_GPUS}: pass --total-gpus N to say how many",
+              file=sys.stderr, flush=True)
+
+
+def _print_only(opts: argparse.Namespace, pattern: str, total: int, assumed: bool) -> int:
+    req = (allocator.make_request(count=opts.count, devices=opts.devices, total_gpus=total)
+           if opts.count is not None or opts.devices is not None else None)
     free = allocator.free_now(pattern, total)
+    _say_assumed("lock-gpus", assumed)
     print(",".join(map(str, free)))
-    if opts.count is not None or opts.devices is not None:
-        req = allocator.make_request(count=opts.count, devices=opts.devices, total_gpus=total)
+    if req is not None:
         mine, _ = allocator.claim(req.count, req.devices, list(free))
         verdict = (f"could start now on {','.join(map(str, mine))}" if len(mine) >= req.size
                    else "would wait")
@@ -359,7 +367,8 @@ def status_main(argv: Sequence[str]) -> int:
                    help=f"lock files (default {allocator.DEFAULT_PATTERN})")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     opts = p.parse_args(list(argv))
-    total = _total_gpus(opts.total_gpus, "gpu-status")
+    total, assumed = _total_gpus(opts.total_gpus)
     st = allocator.read_status(opts.lock_path_pattern, total)
+    _say_assumed("gpu-status", assumed)
     print(status_as_json(st) if opts.json else format_status(st))
     return 0

@@ -6,7 +6,6 @@ so every field is open-ended input: NaN, 1e300, 400-digit integers, nested lists
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
@@ -14,7 +13,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,11 +21,13 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import REPO
+from _lock_helpers import held_with
 
 from ci.errors import WaitTimeout
 from ci.gpu import allocator, lock_gpus
 
 NUM_GPUS = 0
+pytestmark = pytest.mark.timeout(120)  # a wait gone wrong fails, never hangs the suite
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30)
@@ -43,21 +43,7 @@ def _no_constant(name: str) -> object:
     raise AssertionError(f"{name} in JSON output")
 
 
-@contextmanager
-def held_with(pattern: str, gpu: int, record: bytes) -> Iterator[None]:
-    """GPU `gpu` locked by this test (another open file) with `record` as its holder record."""
-    path = Path(allocator.gpu_path(pattern, gpu))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(record)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-@settings(max_examples=150, deadline=None, database=None,
+@settings(max_examples=75, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(record=RECORDS)
 def test_any_holder_record_is_shown_and_named_in_a_timeout_without_a_crash(tmp_path, record):

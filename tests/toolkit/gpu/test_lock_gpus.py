@@ -24,6 +24,7 @@ from _lock_helpers import (
     wait_for,
 )
 
+from ci.errors import UsageError
 from ci.gpu import allocator
 
 NUM_GPUS = 0
@@ -381,6 +382,10 @@ def test_without_a_gpu_the_assumed_8_are_said_on_stderr(pattern: str, command: l
     err = capsys.readouterr().err
     assert err.splitlines()[0] == (f"{command[0]}: NVML reports no GPU here (no driver, library "
                                    "or device); assuming 8: pass --total-gpus N to say how many")
+    if command[0] == "lock-gpus":  # a refusal stays its one line: nothing is said before it
+        with pytest.raises(UsageError, match="--timeout nan"):
+            run(["--count", "1", "--timeout", "nan", "--lock-path-pattern", pattern, "--", "true"])
+        assert capsys.readouterr().err == ""
     for told in (["--total-gpus", "2"], []):  # told, or NVML answers (a stand-in): silent
         monkeypatch.setitem(sys.modules, "pynvml", _Nvml(2))
         assert run([*command[1:], "--lock-path-pattern", pattern, *told]) == 0

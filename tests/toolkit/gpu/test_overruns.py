@@ -24,6 +24,8 @@ from ci.gpu import allocator, lock_gpus, overruns
 from ci.gpu.tickets import _queue_locked, _read_overruns, _read_passes, _write_passes
 
 NUM_GPUS = 0
+# A request here that waited would wait for a day: each names a timeout, and this bounds all.
+pytestmark = pytest.mark.timeout(120)
 SLOW = "python tests/e2e/test_slow.py"
 
 
@@ -70,7 +72,7 @@ def pattern(tmp_path: Path) -> str:
 def head_waiting(pattern: str, now: float) -> Iterator[int]:
     """GPUs 2,3 held until +60 s by a job that planned honestly; a 4-GPU head queued behind."""
     inner = allocator.acquire(devices=[2, 3], total_gpus=4, lock_path_pattern=pattern,
-                              command="python honest.py", expect=60)
+                              command="python honest.py", expect=60, timeout=10)
     req = allocator.make_request(count=4, total_gpus=4)
     number, fd, path = allocator._new_ticket(pattern, req, {"pid": os.getpid(), "since": now})
     try:
@@ -83,7 +85,7 @@ def head_waiting(pattern: str, now: float) -> Iterator[int]:
 def overrun_once(pattern: str, command: str = SLOW) -> None:
     """Hold a GPU for longer than the expectation given, then release."""
     lease = allocator.acquire(count=1, total_gpus=4, lock_path_pattern=pattern, command=command,
-                              expect=0.05)
+                              expect=0.05, timeout=10)
     time.sleep(0.12)
     allocator.release(lease)
 
@@ -123,7 +125,7 @@ def test_a_command_that_overran_twice_waits_its_turn_until_it_ends_in_time(patte
         assert got["head"] == head
     # In its turn it runs, ends within its expectation, and is trusted again.
     allocator.release(allocator.acquire(count=1, total_gpus=4, lock_path_pattern=pattern,
-                                        command=SLOW, expect=60))
+                                        command=SLOW, expect=60, timeout=10))
     with head_waiting(pattern, time.time()):
         assert backfills(pattern, SLOW)
 
@@ -149,7 +151,8 @@ def test_a_holder_never_released_is_counted_by_whoever_looks(pattern):
     allocator.check_files(pattern, 4)
     for number in (900, 901):
         with late_holder(number):
-            allocator.release(allocator.acquire(count=1, total_gpus=4, lock_path_pattern=pattern))
+            allocator.release(allocator.acquire(count=1, total_gpus=4, lock_path_pattern=pattern,
+                                                timeout=10))
     with _queue_locked(pattern) as qfd:
         assert _read_overruns(qfd) == {SLOW: (900, 901)}
         # The pass counts beside the book are kept when either is written.
@@ -165,7 +168,7 @@ def test_a_distrusted_holder_counts_as_ending_any_moment(pattern):
     # It says 60 s; the head's reservation is now all the same, so nobody is lent its GPUs.
     req = allocator.make_request(count=4, total_gpus=4)
     with allocator.hold(devices=[3], total_gpus=4, lock_path_pattern=pattern, command=SLOW,
-                        expect=60):
+                        expect=60, timeout=10):
         number, fd, path = allocator._new_ticket(pattern, req, {"pid": os.getpid()})
         try:
             st = allocator.read_status(pattern, 4)

@@ -23,12 +23,14 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import REPO
+from _lock_helpers import held_with
 
 from ci.errors import WaitTimeout
 from ci.gpu import allocator, lock_gpus
 from ci.gpu.tickets import _HEADER, _queue_locked, _read_overruns, _read_passes
 
 NUM_GPUS = 0
+pytestmark = pytest.mark.timeout(120)  # a wait gone wrong fails, never hangs the suite
 SETPRIV = shutil.which("setpriv")
 # Two users that are not root: nobody, and the uid below it (no account needed for a uid).
 FIRST, SECOND = 65534, 65533
@@ -72,14 +74,15 @@ def _read_all(pattern: str) -> allocator.Status:
     return st_
 
 
-@settings(max_examples=150, deadline=None, database=None,
+@settings(max_examples=75, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fields=st.dictionaries(st.sampled_from(TICKET_FIELDS), JSON), numbered=st.booleans())
 def test_any_ticket_is_read_as_far_as_it_goes(tmp_path, fields, numbered):
     pattern = str(tmp_path / "gpu_{gpu_id}.lock")
     record = dict(fields, ticket=7) if numbered else fields
-    with planted_ticket(pattern, 7, record), allocator.hold(count=1, total_gpus=2,
-                                                            lock_path_pattern=pattern):
+    # GPU 0 held straight through its lock file: a planted ticket ahead in the queue (one
+    # no process will ever act on) cannot keep a request of this test waiting.
+    with planted_ticket(pattern, 7, record), held_with(pattern, 0, b'{"pid": 1}'):
         st_ = _read_all(pattern)
     for w in st_.waiters:
         assert w.since is None or 0 <= w.since < 2**32
@@ -100,7 +103,7 @@ def test_a_planted_ticket_with_since_nan_is_shown_by_gpu_status(tmp_path):
     assert "#9 pid 1 since ? wants 1 GPU(s)" in res.stdout
 
 
-@settings(max_examples=100, deadline=None, database=None,
+@settings(max_examples=50, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(book=JSON | st.binary(max_size=64))
 def test_any_book_after_the_queue_header_is_read_without_a_crash(tmp_path, book):
@@ -113,8 +116,8 @@ def test_any_book_after_the_queue_header_is_read_without_a_crash(tmp_path, book)
         passes, late = _read_passes(qfd), _read_overruns(qfd)
     assert all(isinstance(k, int) and isinstance(v, int) for k, v in passes.items())
     assert all(isinstance(k, str) and v for k, v in late.items())
-    with allocator.hold(count=1, total_gpus=2, lock_path_pattern=pattern), \
-            allocator.hold(count=1, total_gpus=2, lock_path_pattern=pattern, expect=1):
+    with allocator.hold(count=1, total_gpus=2, lock_path_pattern=pattern, timeout=10), \
+            allocator.hold(count=1, total_gpus=2, lock_path_pattern=pattern, expect=1, timeout=10):
         _read_all(pattern)
 
 
