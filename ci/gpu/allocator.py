@@ -35,18 +35,19 @@ head count as free in its reservation, so backfillers never push it back. A hold
 expectation, or one past it (an overrun), counts as ending now: its GPUs may free up any
 moment, so nothing is lent against them. Each waiter can be passed by backfilling at most
 MAX_PASSES times (counts in the queue file after its header); a waiter that asked for strict
-FIFO (`backfill=False`, `--no-backfill`, SLIME_CI_NO_BACKFILL) never backfills.
+FIFO (`backfill=False`, `--no-backfill`, SLIME_CI_NO_BACKFILL) never backfills, and neither
+does a command that overran its last expectations (`overruns.py`).
+
+The pieces live beside this module: the holder record's format (`holders.py`), the ticket
+queue (`tickets.py`) and the backfilling decision (`backfill.py`); here are the request's
+validation, the acquire loop that acts on the decision, release and `read_status`.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
-import json
 import os
-import re
 import socket
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -55,8 +56,45 @@ from dataclasses import dataclass, field
 
 from ci.args import seconds
 from ci.errors import UsageError, WaitTimeout
-from ci.gpu.safe_open import FILE_MODE, open_lock, read_capped, trusted_owners
-from ci.proc import alive
+from ci.gpu import overruns
+from ci.gpu.backfill import BACKFILL_SLACK, MAX_PASSES, Schedule, claim, schedule
+from ci.gpu.holders import (
+    MAX_EXPECT,
+    Holder,
+    _holder_from,
+    _int_or_none,
+    _open,
+    _read_record_fd,
+    _shorten,
+    _text,
+    _time_or_none,
+    _try_lock,
+    _write_record_fd,
+    expected_end,
+    gpu_path,
+)
+from ci.gpu.tickets import (
+    Request,
+    _bump,
+    _drop_ticket,
+    _ensure_tickets_dir,
+    _live_tickets,
+    _new_ticket,
+    _queue_entries,
+    _queue_locked,
+    _read_gen,
+    _read_overruns,
+    _read_passes,
+    _Ticket,
+    _write_overruns,
+    _write_passes,
+    queue_path,
+    tickets_dir,
+)
+
+# The allocator's pieces, importable from here as before the split.
+__all__ = ["BACKFILL_SLACK", "MAX_EXPECT", "MAX_PASSES", "Holder", "Request", "Schedule", "_Ticket", "claim",
+           "expected_end", "gpu_path", "queue_path", "schedule", "tickets_dir"]
 
 DEFAULT_PATTERN = "/dev/shm/custom_gpu_lock_{gpu_id}.lock"
 DEFAULT_TOTAL_GPUS = 8
@@ -66,24 +104,8 @@ DEFAULT_TIMEOUT = 86400.0
 # telling anyone (SIGKILL: the kernel frees the flock but nobody bumps the generation).
 POLL = 0.01
 FULL_CHECK = 0.2
-# How often a waiter may be passed by backfilling before nobody may pass it any more: a
-# bound on what wrong expectations can cost it (honest ones cost the head nothing).
-MAX_PASSES = 16
-# A backfiller may be expected to end this long after the head's reservation: waiters woken
-# by one release decide one after another, milliseconds to a few hundred apart on a busy
-# host, and without it one deciding just after another started would lose every tie. It
-# is the most the head can start later than under strict FIFO (with honest expectations).
-BACKFILL_SLACK = 0.5
 NO_BACKFILL_ENV = "SLIME_CI_NO_BACKFILL"
 
-_HEADER = 64
-# Largest holder record or ticket read: ours are a few hundred bytes; a bigger one was not
-# written by us and is never read whole.
-_RECORD_LIMIT = 65536
-_TICKET_NAME = re.compile(r"(\d{12})\.json")
-# Sticky and world-writable, like /dev/shm itself: runners of several users may queue here,
-# and nobody can remove or replace another user's ticket.
-_TICKETS_MODE = 0o1777
 # One lock file per GPU stays open while a request is decided: a bound that no real host
 # reaches keeps a typo (--total-gpus 20000) from creating thousands of files.
 MAX_TOTAL_GPUS = 256
@@ -91,24 +113,6 @@ MAX_TOTAL_GPUS = 256
 
 class Abandoned(Exception):
     """The waiter was told to stop waiting (its run was interrupted)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Request:
-    """A validated request: a count of any GPUs, or an exact device list."""
-
-    count: int | None
-    devices: tuple[int, ...] | None
-    total_gpus: int
-
-    @property
-    def size(self) -> int:
-        return self.count if self.count is not None else len(self.devices or ())
-
-    def describe(self) -> str:
-        if self.devices is not None:
-            return f"GPU(s) {','.join(map(str, self.devices))}"
-        return f"{self.count} GPU(s)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,55 +137,6 @@ class Lease:
                 _write_record_fd(fd, record)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Holder:
-    """Who holds a GPU, read from its lock file's holder record."""
-
-    pid: int | None
-    command: str
-    since: float | None
-    host: str
-    child_pid: int | None
-    expect: float | None = None  # seconds it said it would hold
-    ticket: int | None = None
-    passed: tuple[int, ...] = ()  # tickets it started ahead of by backfilling
-
-    def overrun(self, now: float) -> float | None:
-        """Seconds past its expected end, or None while within it (or without one)."""
-        if self.expect is None or self.since is None:
-            return None
-        late = now - (self.since + self.expect)
-        return late if late > 0 else None
-
-    @property
-    def local(self) -> bool:
-        """Recorded on this host (pids mean something here)."""
-        return not self.host or self.host == socket.gethostname()
-
-    @property
-    def acting_pid(self) -> int | None:
-        """The process that holds the GPU now.
-
-        The recorded holder, unless it is gone while the command it started still holds
-        the lock through the inherited descriptor (a SIGKILLed runner or wrapper): then
-        that command, so nobody is sent after a pid that no longer exists.
-        """
-        if (self.child_pid is not None and self.pid is not None and self.local
-                and not alive(self.pid) and alive(self.child_pid)):
-            return self.child_pid
-        return self.pid
-
-    def describe(self) -> str:
-        pid = self.acting_pid
-        who = f"pid {pid}" if pid is not None else "an unknown process"
-        if self.host and self.host != socket.gethostname():
-            who += f" on {self.host}"
-        parts = [who]
-        if self.command:
-            parts.append(f"(`{_shorten(self.command)}`)")
-        if self.since is not None:
-            parts.append(f"since {time.strftime('%H:%M:%S', time.localtime(self.since))}")
-        return " ".join(parts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,6 +162,7 @@ class Waiter:
     expect: float | None = None
     backfill: bool = True  # False: asked for strict FIFO
     passes: int = 0  # times later waiters started ahead of it by backfilling
+    trusted: bool = True  # False: its command overran its last expectations (no backfilling)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,6 +175,7 @@ class Status:
     head: int | None = None  # the first waiter that cannot start now
     reservation: float | None = None  # when the head's GPUs are expected free (epoch seconds)
     now: float = 0.0  # when it was read
+    distrusted: tuple[str, ...] = ()  # commands whose expectations backfilling ignores
 
 
 # ---------------------------------------------------------------- validation
@@ -325,395 +282,52 @@ def detect_total_gpus() -> int:
 # ---------------------------------------------------------------- files and records
 
 
-def gpu_path(pattern: str, gpu: int) -> str:
-    """The lock file of one GPU."""
-    return pattern.format(gpu_id=gpu)
 
 
-def queue_path(pattern: str) -> str:
-    """The queue lock file: ticket and generation counters, guarded by its own flock."""
-    return pattern.format(gpu_id="queue")
-
-
-def tickets_dir(pattern: str) -> str:
-    """The directory holding one ticket file per waiter."""
-    return queue_path(pattern) + ".d"
-
-
-def _open(path: str, *, create: bool = True) -> int:
-    # Never through a link, never another user's file: see ci/gpu/safe_open.py.
-    return open_lock(path, create=create)
-
-
-def _try_lock(fd: int, kind: int = fcntl.LOCK_EX) -> bool:
-    try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-    return True
-
-
-def _read_record_fd(fd: int) -> dict[str, object]:
-    data = read_capped(fd, _RECORD_LIMIT)
-    if data is None:
-        return {}
-    try:
-        record = json.loads(data.decode("utf-8", "replace") or "{}")
-    except (ValueError, RecursionError):
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
-def _write_record_fd(fd: int, record: dict[str, object]) -> None:
-    data = (json.dumps(record, sort_keys=True) + "\n").encode()
-    with suppress(OSError):  # a read-only lock file just has no record
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
-
-
-def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float_or_none(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _expect_or_none(value: object) -> float | None:
-    got = _float_or_none(value)
-    return got if got is not None and 0 < got < float("inf") else None
-
-
-def _ints(value: object) -> tuple[int, ...]:
-    if not isinstance(value, list):
-        return ()
-    return tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool))
-
-
-def _holder_from(record: dict[str, object]) -> Holder:
-    return Holder(pid=_int_or_none(record.get("pid")), command=str(record.get("command", "")),
-                  since=_float_or_none(record.get("since")), host=str(record.get("host", "")),
-                  child_pid=_int_or_none(record.get("child_pid")),
-                  expect=_expect_or_none(record.get("expect")),
-                  ticket=_int_or_none(record.get("ticket")), passed=_ints(record.get("passed")))
-
-
-def expected_end(record: dict[str, object], now: float) -> float:
-    """When a holder's GPUs are expected free: `since + expect`, but never before `now`.
-
-    Without an expectation, or past it (an overrun), its GPUs may free up any moment: now.
-    """
-    since, expect = _float_or_none(record.get("since")), _expect_or_none(record.get("expect"))
-    if since is None or expect is None:
-        return now
-    return max(now, since + expect)
-
-
-def _shorten(text: str, limit: int = 80) -> str:
-    """A holder's command for one line: its program by name (a venv's interpreter path would
-    use up the line before what it runs), then clipped."""
-    program, sep, rest = text.partition(" ")
-    if "/" in program and not program.startswith(("'", '"')):
-        text = program.rsplit("/", 1)[1] + sep + rest
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-@contextmanager
-def _queue_locked(pattern: str) -> Iterator[int]:
-    # A fresh open per use: flocks belong to the open file description, so two threads of
-    # one process exclude each other exactly as two processes do.
-    fd = _open(queue_path(pattern))
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def _read_counters(fd: int) -> tuple[int, int]:
-    parts = os.pread(fd, _HEADER, 0).split()
-    try:
-        return int(parts[1]), int(parts[2])
-    except (IndexError, ValueError):
-        return 0, 0
-
-
-def _write_counters(fd: int, ticket: int, gen: int) -> None:
-    os.pwrite(fd, f"v1 {ticket:020d} {gen:020d}\n".encode().ljust(_HEADER - 1) + b"\n", 0)
-
-
-def _read_passes(fd: int) -> dict[int, int]:
-    """Times each waiter was passed by backfilling, kept after the counters' header."""
-    try:
-        raw = json.loads(os.pread(fd, _RECORD_LIMIT, _HEADER).decode("utf-8", "replace") or "{}")
-    except (ValueError, RecursionError):
-        return {}
-    if not isinstance(raw, dict):
-        return {}
-    passes = {}
-    for key, value in raw.items():
-        n = _int_or_none(value)
-        if key.isdigit() and n is not None:
-            passes[int(key)] = n
-    return passes
-
-
-def _write_passes(fd: int, passes: dict[int, int]) -> None:
-    data = json.dumps({str(k): v for k, v in sorted(passes.items())}).encode()
-    os.ftruncate(fd, _HEADER)
-    os.pwrite(fd, data, _HEADER)
-
-
-def _bump(fd: int) -> None:
-    ticket, gen = _read_counters(fd)
-    _write_counters(fd, ticket, gen + 1)
-
-
-def _read_gen(fd: int) -> int:
-    return _read_counters(fd)[1]
-
-
-# ---------------------------------------------------------------- the queue
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Ticket:
-    number: int
-    count: int | None
-    devices: tuple[int, ...] | None
-    record: dict[str, object]
-    expect: float | None = None
-    backfill: bool = True
-
-    @property
-    def size(self) -> int:
-        return self.count if self.count is not None else len(self.devices or ())
-
-
-def _tickets_dir_state(directory: str) -> bool:
-    """Whether the ticket directory exists; refuses one that is a link, a file or untrusted."""
-    try:
-        st = os.lstat(directory)
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        raise UsageError(f"{directory}: cannot read the GPU queue ({exc.strerror}); pass a "
-                         "--lock-path-pattern in a directory you can write") from None
-    if not stat.S_ISDIR(st.st_mode):
-        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
-        raise UsageError(f"{directory} is {kind}; it must be the directory of the GPU queue's "
-                         "tickets: remove it")
-    if st.st_uid not in trusted_owners(os.path.dirname(directory) or "."):
-        raise UsageError(f"{directory} belongs to uid {st.st_uid}, not to you, root or the "
-                         "directory's owner, so it could drop anyone's place in the queue; "
-                         "remove it")
-    return True
-
-
-def _ensure_tickets_dir(directory: str) -> None:
-    if not _tickets_dir_state(directory):
-        try:
-            os.mkdir(directory)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise UsageError(f"{directory}: cannot create the GPU queue ({exc.strerror}); pass "
-                             "a --lock-path-pattern in a directory you can write") from None
-        _tickets_dir_state(directory)
-    st = os.lstat(directory)
-    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != _TICKETS_MODE:
-        with suppress(OSError):
-            os.chmod(directory, _TICKETS_MODE)  # also upgrades a 0777 one from an older version
-
-
-def _read_ticket(directory: str, name: str) -> _Ticket | str | None:
-    """The ticket in `name`; None when its waiter is gone; a reason when it is no ticket."""
-    match = _TICKET_NAME.fullmatch(name)
-    if match is None:
-        return "not a ticket name"
-    path = os.path.join(directory, name)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return "a symbolic link" if exc.errno == errno.ELOOP else f"unreadable ({exc.strerror})"
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return "not a regular file"
-        if _try_lock(fd):
-            # Nobody holds the ticket: its waiter died (SIGKILL, crash). Drop it (the sticky
-            # directory lets only its owner or root do so; others just skip it).
-            with suppress(OSError):
-                os.unlink(path)
-            return None
-        record = _read_record_fd(fd)
-    finally:
-        os.close(fd)
-    number = int(match.group(1))
-    # The number is the file's name, which the queue lock handed out; a record that claims
-    # another one (an earlier place in the queue) is not ours.
-    if _int_or_none(record.get("ticket")) != number:
-        return "not a ticket record"
-    count = _int_or_none(record.get("count"))
-    devices = record.get("devices")
-    devs = (tuple(d for d in devices if isinstance(d, int) and not isinstance(d, bool))
-            if isinstance(devices, list) else None)
-    if (count is None) == (devs is None):
-        return "not a ticket record"
-    return _Ticket(number=number, count=count, devices=devs, record=record,
-                   expect=_expect_or_none(record.get("expect")),
-                   backfill=record.get("backfill") is not False)
-
-
-def _queue_entries(pattern: str) -> tuple[list[_Ticket], list[str]]:
-    """(tickets of live waiters in arrival order, entries skipped and why); queue lock held.
-
-    Anything else in the directory (a directory, a link, garbage, a record that is no
-    ticket) is skipped, never fatal: any local user can put names there.
-    """
-    directory = tickets_dir(pattern)
-    if not _tickets_dir_state(directory):
-        return [], []
-    try:
-        names = os.listdir(directory)
-    except OSError as exc:
-        raise UsageError(f"{directory}: cannot list the GPU queue ({exc.strerror})") from None
-    tickets, ignored = [], []
-    for name in sorted(names):
-        got = _read_ticket(directory, name)
-        if isinstance(got, _Ticket):
-            tickets.append(got)
-        elif isinstance(got, str):
-            ignored.append(f"{os.path.join(directory, name)}: {got}")
-    tickets.sort(key=lambda t: t.number)
-    return tickets, ignored
-
-
-def _live_tickets(pattern: str) -> list[_Ticket]:
-    """Tickets of live waiters in arrival order; call with the queue lock held."""
-    return _queue_entries(pattern)[0]
-
-
-def claim(count: int | None, devices: tuple[int, ...] | None,
-          avail: list[int]) -> tuple[list[int], list[int]]:
-    """(GPUs a request takes or reserves from `avail`, GPUs left for later requests)."""
-    if devices is not None:
-        wanted = set(devices)
-        return [g for g in avail if g in wanted], [g for g in avail if g not in wanted]
-    n = count or 0
-    return avail[:n], avail[n:]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Schedule:
-    """What the queue decides at one moment: who may start now on which GPUs.
-
-    `starts` maps a ticket to the GPUs it may take now; `passed` a backfilling ticket to the
-    earlier waiters it starts ahead of; `head` is the first waiter that must wait and
-    `reservation` when its GPUs are expected free.
-    """
-
-    starts: dict[int, tuple[int, ...]]
-    passed: dict[int, tuple[int, ...]]
-    head: int | None
-    reservation: float | None
-
-
-def _reservation(ticket: _Ticket, ends: dict[int, float]) -> float:
-    """When `ticket` could start if nobody else took a GPU: from each GPU's expected end."""
-    never = float("inf")  # a GPU this machine lacks: a request that can never start
-    if ticket.devices is not None:
-        return max(ends.get(g, never) for g in ticket.devices)
-    ordered = sorted(ends.values())
-    return ordered[ticket.size - 1] if ticket.size <= len(ordered) else never
-
-
-def schedule(tickets: Sequence[_Ticket], free: Sequence[int], ends: dict[int, float],
-             now: float, passes: dict[int, int] | None = None, *,
-             lent: dict[int, tuple[int, ...]] | None = None, slack: float | None = None,
-             max_passes: int = MAX_PASSES) -> Schedule:
-    """Walk the queue in ticket order (EASY backfilling).
-
-    `free`: GPUs nobody holds; `ends`: each held GPU's expected end (see `expected_end`).
-    A waiter that fits in what earlier waiters left starts. The first that does not is the
-    head: it claims the free GPUs it can use and gets a reservation. A later waiter with an
-    expectation that ends by the reservation (give or take `slack`, default BACKFILL_SLACK),
-    and that passes nobody passed `max_passes` times already, may start on the head's
-    claimed GPUs too; any other waits and claims.
-
-    `lent`: per held GPU, the tickets its holder backfilled past. GPUs lent by the head count
-    as ending now in its reservation: a backfiller expected to end `slack` after it never
-    moves it, so `slack` is all the head can lose, however many backfill one after another.
-    """
-    passes = passes or {}
-    lent = lent or {}
-    slack = BACKFILL_SLACK if slack is None else slack
-    est = dict(ends)
-    est.update((g, now) for g in free)
-    avail = sorted(free)
-    lend: list[int] = []
-    head: _Ticket | None = None
-    reservation: float | None = None
-    waiting: list[int] = []
-    starts: dict[int, tuple[int, ...]] = {}
-    passed: dict[int, tuple[int, ...]] = {}
-    for t in tickets:
-        mine, rest = claim(t.count, t.devices, avail)
-        if len(mine) == t.size:
-            starts[t.number] = tuple(mine)
-            avail = rest
-            if head is None:  # starts now, expected to end after its expectation
-                est.update((g, now + (t.expect or 0.0)) for g in mine)
-            continue
-        if head is None:
-            number = t.number
-            head = t
-            reservation = _reservation(t, {g: now if number in lent.get(g, ()) else end
-                                           for g, end in est.items()})
-            lend, avail = mine, rest
-            waiting.append(t.number)
-            continue
-        assert reservation is not None
-        if (t.backfill and t.expect is not None and now + t.expect <= reservation + slack
-                and all(passes.get(w, 0) < max_passes for w in waiting)):
-            borrowed, _ = claim(t.count, t.devices, avail + lend)
-            if len(borrowed) == t.size:
-                starts[t.number] = tuple(sorted(borrowed))
-                passed[t.number] = tuple(waiting)
-                avail = [g for g in avail if g not in borrowed]
-                lend = [g for g in lend if g not in borrowed]
-                continue
-        _, avail = claim(t.count, t.devices, avail)
-        waiting.append(t.number)
-    return Schedule(starts=starts, passed=passed, head=head.number if head else None,
-                    reservation=reservation)
-
-
-def _probe(pattern: str, total: int, now: float
-           ) -> tuple[dict[int, int], dict[int, float], dict[int, tuple[int, ...]]]:
-    """Lock every free GPU (non-blocking): (gpu -> locked fd, held gpu -> expected end,
-    held gpu -> tickets its holder backfilled past). Queue lock held."""
+def _probe(pattern: str, total: int) -> tuple[dict[int, int], dict[int, Holder]]:
+    """Lock every free GPU (non-blocking): (gpu -> locked fd, held gpu -> its holder).
+    Queue lock held."""
     free: dict[int, int] = {}
-    ends: dict[int, float] = {}
-    lent: dict[int, tuple[int, ...]] = {}
+    held: dict[int, Holder] = {}
     try:
         for gpu in range(total):
             fd = _open(gpu_path(pattern, gpu))
             if _try_lock(fd):
                 free[gpu] = fd
             else:
-                record = _read_record_fd(fd)
+                held[gpu] = _holder_from(_read_record_fd(fd))
                 os.close(fd)
-                ends[gpu] = expected_end(record, now)
-                lent[gpu] = _ints(record.get("passed"))
     except BaseException:
         for fd in free.values():
             os.close(fd)
         raise
-    return free, ends, lent
+    return free, held
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Plan:
+    """What the decision reads from the holders and the queue's book, besides the tickets."""
+
+    ends: dict[int, float]  # held GPU -> expected end
+    lent: dict[int, tuple[int, ...]]  # held GPU -> tickets its holder backfilled past
+    distrusted: frozenset[int]  # tickets whose command overran its expectations
+    book: dict[str, tuple[int, ...]]  # the overruns, with the ones seen now
+
+
+def _plan_inputs(held: dict[int, Holder], tickets: Sequence[_Ticket],
+                 book: dict[str, tuple[int, ...]], now: float) -> _Plan:
+    # A holder past its expectation is counted here, by whoever looks first, so one that is
+    # killed (and never releases) counts too; its ticket makes it once per holding.
+    for h in held.values():
+        if h.ticket is not None and h.overrun(now) is not None:
+            book = overruns.noted(book, h.command, h.ticket)
+    untrusted = overruns.distrusted(book)
+    ends = {g: now if overruns.key(h.command) in untrusted else h.expected_end(now)
+            for g, h in held.items()}
+    return _Plan(ends=ends, lent={g: h.passed for g, h in held.items()},
+                 distrusted=frozenset(t.number for t in tickets
+                                      if overruns.key(_text(t.record.get("command"))) in untrusted),
+                 book=book)
 
 
 def _try_take(pattern: str, req: Request, ticket: int, record: dict[str, object],
@@ -728,11 +342,15 @@ def _try_take(pattern: str, req: Request, ticket: int, record: dict[str, object]
     mine: list[int] = []
     qfd = _open(queue_path(pattern))
     try:
-        free, ends, lent = _probe(pattern, req.total_gpus, now)
+        free, held = _probe(pattern, req.total_gpus)
         queue = _live_tickets(pattern)
         tickets = [t for t in queue if t.number <= ticket]  # later ones do not matter here
-        passes = _read_passes(qfd)
-        plan = schedule(tickets, sorted(free), ends, now, passes, lent=lent)
+        passes, book = _read_passes(qfd), _read_overruns(qfd)
+        inputs = _plan_inputs(held, tickets, book, now)
+        if inputs.book != book:
+            _write_overruns(qfd, inputs.book)
+        plan = schedule(tickets, sorted(free), inputs.ends, now, passes, lent=inputs.lent,
+                        distrusted=inputs.distrusted)
         mine = list(plan.starts.get(ticket, ()))
         passed = plan.passed.get(ticket, ())
         if mine and passed:
@@ -757,44 +375,6 @@ def _try_take(pattern: str, req: Request, ticket: int, record: dict[str, object]
     for gpu, fd in zip(mine, fds, strict=True):
         _write_record_fd(fd, dict(now_record, gpu=gpu))
     return tuple(mine), fds
-
-
-def _new_ticket(pattern: str, req: Request, record: dict[str, object]) -> tuple[int, int, str]:
-    """Enqueue; returns (ticket number, locked ticket fd, ticket path)."""
-    directory = tickets_dir(pattern)
-    with _queue_locked(pattern) as qfd:
-        _ensure_tickets_dir(directory)
-        ticket, gen = _read_counters(qfd)
-        for _ in range(1000):
-            ticket += 1
-            path = os.path.join(directory, f"{ticket:012d}.json")
-            # O_EXCL: a name someone planted (a link to a file of ours, a directory) is
-            # never opened; the next number is taken instead.
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, FILE_MODE)
-            except FileExistsError:
-                continue
-            except OSError as exc:
-                raise UsageError(f"{path}: cannot queue for GPUs ({exc.strerror}); pass a "
-                                 "--lock-path-pattern in a directory you can write") from None
-            break
-        else:
-            raise UsageError(f"{directory}: a thousand ticket names in a row are taken; "
-                             "empty the directory")
-        _write_counters(qfd, ticket, gen + 1)
-        # Created and locked under the queue lock, so nobody can see it unlocked and
-        # mistake it for the ticket of a dead waiter.
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        _write_record_fd(fd, dict(record, ticket=ticket, count=req.count,
-                                  devices=list(req.devices) if req.devices is not None else None))
-    return ticket, fd, path
-
-
-def _drop_ticket(fd: int, path: str) -> None:
-    with suppress(FileNotFoundError):
-        os.unlink(path)
-    os.close(fd)
 
 
 def _gpu_list(gpus: Sequence[int]) -> str:
@@ -842,7 +422,7 @@ def acquire(*, count: int | None = None, devices: Sequence[int] | None = None,
     req = make_request(count=count, devices=devices, total_gpus=total_gpus)
     seconds("--timeout", timeout, zero=True, forever=True)
     if expect is not None:
-        seconds("--expect", expect)
+        seconds("--expect", expect, most=MAX_EXPECT)
     record: dict[str, object] = {"pid": os.getpid(), "command": command,
                                  "host": socket.gethostname(), "since": time.time(),
                                  "expect": expect,
@@ -891,12 +471,21 @@ def release(lease: Lease) -> None:
     if lease._released.is_set():
         return
     lease._released.set()
+    mine = _holder_from(_read_record_fd(lease.fds[0])) if lease.fds else None
+    now = time.time()
     for fd in lease.fds:
         # The record stays: while a process that inherited the descriptor still holds
         # the lock it says whose GPU this is, and once the lock is free it reads as free.
         with suppress(OSError):
             os.close(fd)
     with suppress(OSError), _queue_locked(lease.pattern) as qfd:
+        if mine is not None and mine.expect is not None and mine.ticket is not None:
+            # Ended within its expectation: its command is trusted again; past it: one more.
+            book = _read_overruns(qfd)
+            after = (overruns.noted(book, mine.command, mine.ticket)
+                     if mine.overrun(now) is not None else overruns.forgiven(book, mine.command))
+            if after != book:
+                _write_overruns(qfd, after)
         _bump(qfd)
 
 
@@ -927,10 +516,10 @@ def read_status(lock_path_pattern: str = DEFAULT_PATTERN,
     check_total(total_gpus)
     gpus = []
     now = time.time()
-    ends: dict[int, float] = {}
     # Probing takes a lock for an instant; under the queue lock no allocator of ours is
-    # looking at the same moment, so the probe never makes a request fail.
-    with _queue_locked(pattern) as qfd:
+    # looking at the same moment, so the probe never makes a request fail. Reading writes
+    # nothing, so a queue one may only read still shows.
+    with _queue_locked(pattern, write=False) as qfd:
         for gpu in range(total_gpus):
             path = gpu_path(pattern, gpu)
             try:
@@ -944,24 +533,23 @@ def read_status(lock_path_pattern: str = DEFAULT_PATTERN,
                 record = {} if free else _read_record_fd(fd)
             finally:
                 os.close(fd)
-            holder = None if free else _holder_from(record)
-            if holder is not None:
-                ends[gpu] = expected_end(record, now)
-            gpus.append(GpuState(gpu=gpu, path=path, holder=holder))
+            gpus.append(GpuState(gpu=gpu, path=path, holder=None if free else _holder_from(record)))
         tickets, ignored = _queue_entries(pattern)
-        passes = _read_passes(qfd)
-    lent = {g.gpu: g.holder.passed for g in gpus if g.holder is not None}
-    plan = schedule(tickets, [g.gpu for g in gpus if g.holder is None], ends, now, passes,
-                    lent=lent)
+        passes, book = _read_passes(qfd), _read_overruns(qfd)
+    held = {g.gpu: g.holder for g in gpus if g.holder is not None}
+    inputs = _plan_inputs(held, tickets, book, now)
+    plan = schedule(tickets, [g.gpu for g in gpus if g.holder is None], inputs.ends, now, passes,
+                    lent=inputs.lent, distrusted=inputs.distrusted)
     waiters = tuple(
         Waiter(ticket=t.number, pid=_int_or_none(t.record.get("pid")),
-               command=str(t.record.get("command", "")),
-               since=_float_or_none(t.record.get("since")), count=t.count, devices=t.devices,
-               host=str(t.record.get("host", "")), expect=t.expect, backfill=t.backfill,
-               passes=passes.get(t.number, 0))
+               command=_text(t.record.get("command")),
+               since=_time_or_none(t.record.get("since")), count=t.count, devices=t.devices,
+               host=_text(t.record.get("host")), expect=t.expect, backfill=t.backfill,
+               passes=passes.get(t.number, 0), trusted=t.number not in inputs.distrusted)
         for t in tickets)
     return Status(gpus=tuple(gpus), waiters=waiters, ignored=tuple(ignored), head=plan.head,
-                  reservation=plan.reservation, now=now)
+                  reservation=plan.reservation, now=now,
+                  distrusted=tuple(sorted(overruns.distrusted(inputs.book))))
 
 
 def free_now(lock_path_pattern: str = DEFAULT_PATTERN,

@@ -13,13 +13,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from types import FrameType
 
 from ci.args import Parser, env_name, seconds
 from ci.errors import UsageError
-from ci.gpu import allocator
+from ci.gpu import allocator, overruns
+from ci.gpu.holders import clock
 from ci.proc import FORWARDED_SIGNALS, finish, signal_group, start, stop_group, wait_unreaped
 
 DEFAULT_GRACE = 5.0
@@ -187,20 +187,22 @@ def main(argv: Sequence[str]) -> int:
         raise UsageError(f"unexpected {shlex.join(opts.command)!r} before --; "
                          "put options before -- and the command after it")
     pattern = allocator.validate_pattern(opts.lock_path_pattern)
-    total = opts.total_gpus if opts.total_gpus is not None else allocator.detect_total_gpus()
-    allocator.check_total(total)
+    total, assumed = _total_gpus(opts.total_gpus)
     seconds("--timeout", opts.timeout, zero=True, forever=True)
     # inf would overflow the SIGKILL timer, and nan would never fire it: the command would
     # outlive the signal forever.
     seconds("--grace", opts.grace, zero=True, most=MAX_GRACE)
     if opts.expect is not None:
-        seconds("--expect", opts.expect)
+        seconds("--expect", opts.expect, most=allocator.MAX_EXPECT)
     env_name("--target-env-name", opts.target_env_name)
     if opts.print_only:
-        return _print_only(opts, pattern, total)
+        return _print_only(opts, pattern, total, assumed)
     allocator.make_request(count=opts.count, devices=opts.devices, total_gpus=total)
     if not command:
         raise UsageError("no command to run: add -- CMD [ARGS...] after the options")
+    if assumed:
+        allocator.check_files(pattern, total)  # any refusal first, as its one line
+    _say_assumed("lock-gpus", assumed)
 
     sup = _Supervisor(opts.grace)
     previous = {sig: signal.signal(sig, sup.on_signal) for sig in _FORWARDED}
@@ -224,11 +226,30 @@ def main(argv: Sequence[str]) -> int:
             signal.signal(sig, handler)
 
 
-def _print_only(opts: argparse.Namespace, pattern: str, total: int) -> int:
+def _total_gpus(given: int | None) -> tuple[int, bool]:
+    """(`--total-gpus`, else NVML's count, else 8; whether that 8 was assumed)."""
+    if given is not None:
+        return allocator.check_total(given), False
+    found = allocator.nvml_gpu_count()
+    return (found, False) if found is not None else (allocator.DEFAULT_TOTAL_GPUS, True)
+
+
+def _say_assumed(prog: str, assumed: bool) -> None:
+    # Said once the request is valid, just before acting on it: a refusal stays one line.
+    # Without it a machine with no GPU queued for 8 that do not exist, which no one guessed.
+    if assumed:
+        print(f"{prog}: NVML reports no GPU here (no driver, library or device); assuming "
+              f"{allocator.DEFAULT_TOTAL_GPUS}: pass --total-gpus N to say how many",
+              file=sys.stderr, flush=True)
+
+
+def _print_only(opts: argparse.Namespace, pattern: str, total: int, assumed: bool) -> int:
+    req = (allocator.make_request(count=opts.count, devices=opts.devices, total_gpus=total)
+           if opts.count is not None or opts.devices is not None else None)
     free = allocator.free_now(pattern, total)
+    _say_assumed("lock-gpus", assumed)
     print(",".join(map(str, free)))
-    if opts.count is not None or opts.devices is not None:
-        req = allocator.make_request(count=opts.count, devices=opts.devices, total_gpus=total)
+    if req is not None:
         mine, _ = allocator.claim(req.count, req.devices, list(free))
         verdict = (f"could start now on {','.join(map(str, mine))}" if len(mine) >= req.size
                    else "would wait")
@@ -240,7 +261,7 @@ def _print_only(opts: argparse.Namespace, pattern: str, total: int) -> int:
 
 
 def _when(ts: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts is not None else "?"
+    return clock(ts)
 
 
 def _secs(x: float) -> str:
@@ -274,9 +295,11 @@ def format_status(st: allocator.Status) -> str:
     for h, gpus in holders.items():
         note = _expect_note(h.expect, h.since, st.now)
         if h.expect is None and not h.passed:
-            continue
+            continue  # nothing to say beyond its row
         who = f"pid {h.acting_pid}" if h.acting_pid is not None else "?"
         line = f"  GPU {','.join(map(str, gpus))} ({who}): {note}"
+        if h.command and h.command[:overruns.KEY_LIMIT] in st.distrusted:
+            line += "; overran its last expectations: counted as ending any moment"
         if h.passed:
             line += f"; backfilled past #{', #'.join(map(str, h.passed))}"
         lines.append(line)
@@ -289,6 +312,8 @@ def format_status(st: allocator.Status) -> str:
                      else "no expectation"]
             if not w.backfill:
                 notes.append("strict FIFO")
+            elif not w.trusted:
+                notes.append("no backfilling: its command overran its last expectations")
             if w.passes:
                 notes.append(f"passed {w.passes}x by backfilling")
             if w.ticket == st.head:
@@ -321,11 +346,13 @@ def status_as_json(st: allocator.Status) -> str:
                       passed=list(g.holder.passed) if g.holder else []) for g in st.gpus],
         "waiters": [{"ticket": w.ticket, "pid": w.pid, "command": w.command, "since": w.since,
                      "count": w.count, "devices": list(w.devices) if w.devices else None,
-                     "expect": w.expect, "backfill": w.backfill, "passes": w.passes}
+                     "expect": w.expect, "backfill": w.backfill, "passes": w.passes,
+                     "trusted": w.trusted}
                     for w in st.waiters],
         "head": st.head,
         "reservation": st.reservation if st.reservation != float("inf") else None,
         "ignored": list(st.ignored),
+        "distrusted": list(st.distrusted),
     }, indent=2)
 
 
@@ -340,8 +367,8 @@ def status_main(argv: Sequence[str]) -> int:
                    help=f"lock files (default {allocator.DEFAULT_PATTERN})")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     opts = p.parse_args(list(argv))
-    total = opts.total_gpus if opts.total_gpus is not None else allocator.detect_total_gpus()
-    allocator.check_total(total)
+    total, assumed = _total_gpus(opts.total_gpus)
     st = allocator.read_status(opts.lock_path_pattern, total)
+    _say_assumed("gpu-status", assumed)
     print(status_as_json(st) if opts.json else format_status(st))
     return 0

@@ -22,7 +22,11 @@ from pathlib import Path
 
 from ci.errors import UsageError
 
-FILE_MODE = 0o666  # shared by runners of one user in several containers; umask still applies
+# Lock and queue files are shared by every user of the directory that trusts their owner
+# (runners of several users on one host): set on creation, whatever the umask.
+FILE_MODE = 0o666
+# A waiter's ticket: everyone reads it to queue behind it, only its waiter writes it.
+TICKET_MODE = 0o644
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a planted FIFO never blocks
 
 
@@ -91,6 +95,11 @@ def open_lock(path: str, *, create: bool = True) -> int:
                 continue
             except OSError as exc:
                 raise _refuse(path, exc) from None
+            # The mode, not the umask, decides who may use a new lock file: with umask 022
+            # another user who trusts its owner could only open it read-only, and their
+            # first queue write failed with "Bad file descriptor".
+            with suppress(OSError):
+                os.fchmod(fd, FILE_MODE)
         except PermissionError:
             # A trusted user's file without write permission for us: flocks work read-only.
             try:

@@ -24,6 +24,11 @@ MUTATION_EQUIVALENT = "ci/quality/mutation-equivalent.txt"
 
 # Each threshold sits just below the last measured score (docs/test-quality.md), so a test
 # that stops catching a break fails the run; raise it as tests improve.
+# The GPU lock's modules were one file when last measured (96.7 %); each keeps its threshold.
+_ALLOCATOR_TESTS = ("tests/toolkit/gpu/test_allocator.py", "tests/toolkit/gpu/test_allocator_queue.py",
+                    "tests/toolkit/gpu/test_allocator_security.py",
+                    "tests/toolkit/gpu/test_allocator_backfill.py")
+
 MUTATION_TARGETS: tuple[MutationTarget, ...] = (
     MutationTarget(source="ci/select/entries.py", tests=("tests/toolkit/select/test_entries.py",),
                    threshold=0.98),
@@ -32,11 +37,10 @@ MUTATION_TARGETS: tuple[MutationTarget, ...] = (
                           "tests/toolkit/select/test_changed_affected.py",
                           "tests/toolkit/select/test_changed_edges.py"),
                    threshold=0.99),
-    MutationTarget(source="ci/gpu/allocator.py",
-                   tests=("tests/toolkit/gpu/test_allocator.py", "tests/toolkit/gpu/test_allocator_queue.py",
-                          "tests/toolkit/gpu/test_allocator_security.py",
-                          "tests/toolkit/gpu/test_allocator_backfill.py"),
-                   threshold=0.96),
+    MutationTarget(source="ci/gpu/allocator.py", tests=_ALLOCATOR_TESTS, threshold=0.96),
+    MutationTarget(source="ci/gpu/holders.py", tests=_ALLOCATOR_TESTS, threshold=0.96),
+    MutationTarget(source="ci/gpu/tickets.py", tests=_ALLOCATOR_TESTS, threshold=0.96),
+    MutationTarget(source="ci/gpu/backfill.py", tests=_ALLOCATOR_TESTS, threshold=0.96),
     MutationTarget(source="ci/results.py", tests=("tests/toolkit/test_results.py",),
                    threshold=0.98),
     MutationTarget(source="ci/select/discover.py", tests=("tests/toolkit/select/test_discover.py",),

@@ -31,8 +31,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ci.args import seconds
+from ci.args import Parser, seconds
 from ci.errors import EXIT_FAILED, EXIT_NOTHING, EXIT_OK, UsageError
+from ci.gpu.allocator import MAX_TOTAL_GPUS
 from ci.proc import stop_group
 from ci.registry.loader import load_registry
 from ci.registry.repo_suites import PLANTS_CI, PLANTS_DIR
@@ -68,9 +69,7 @@ def read_plant(path: Path, plants_dir: Path) -> Plant:
     """The plant a patch file declares; a missing field is a one-line error naming the file."""
     fields: dict[str, str] = {}
     reasons: list[str] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.startswith(("diff --git", "--- ")):
-            break
+    for line in _header_lines(path):
         m = HEADER.match(line)
         if m:
             fields[m.group(1)] = m.group(2)
@@ -80,8 +79,10 @@ def read_plant(path: Path, plants_dir: Path) -> Plant:
     if missing:
         raise UsageError(f"{path}: header lacks {', '.join(missing)}: (suite:, only:, reason: lines "
                          "before the diff)")
-    if not fields.get("gpus", "8").isdigit():
-        raise UsageError(f"{path}: gpus: {fields['gpus']!r} is not a number")
+    # ASCII digits only: "²".isdigit() is true, and int("²") raises.
+    gpus = fields.get("gpus", "8")
+    if not re.fullmatch(r"[0-9]{1,3}", gpus) or not 1 <= int(gpus) <= MAX_TOTAL_GPUS:
+        raise UsageError(f"{path}: gpus: {gpus!r} is not a GPU count (1 to {MAX_TOTAL_GPUS})")
     timeout = None
     if "timeout" in fields:
         try:
@@ -91,7 +92,25 @@ def read_plant(path: Path, plants_dir: Path) -> Plant:
         timeout = seconds(f"{path}: timeout:", given, most=86400)
     key = f"{path.parent.name}/{path.stem}"
     return Plant(key=key, patch=path, suite=fields["suite"], only=fields["only"],
-                 reasons=tuple(reasons), gpus=int(fields.get("gpus", "8")), timeout=timeout)
+                 reasons=tuple(reasons), gpus=int(gpus), timeout=timeout)
+
+
+def _header_lines(path: Path) -> list[str]:
+    """The lines before the diff, as text; the diff itself is git's to read, in any bytes."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the plant ({exc.strerror})") from None
+    lines = []
+    for raw in data.splitlines():
+        if raw.startswith((b"diff --git", b"--- ")):
+            break
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise UsageError(f"{path}: its header is not UTF-8 text; write the suite:, only: "
+                             "and reason: lines in UTF-8") from None
+    return lines
 
 
 def discover(root: Path) -> list[Plant]:
@@ -220,8 +239,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ci plants", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m ci plants", description=__doc__.splitlines()[0],
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--root", type=Path, default=Path.cwd(), help="the checkout (default: cwd)")
     p.add_argument("--only", metavar="PATTERN", help="plants whose <entry>/<break> matches")
     p.add_argument("--ci", action="store_true", help="only the fast subset `nox -t ci` runs")

@@ -81,11 +81,20 @@ def requirements(pyproject: Mapping[str, Any], profile: str) -> list[str]:
         seen.add(name)
         for req in groups.get(name, extras.get(name, [])):
             if isinstance(req, Mapping):
-                walk(str(req.get("include-group", "")))
+                included = str(req.get("include-group", ""))
+                # uv refuses a missing group when it installs; the check must not pass first.
+                if included not in groups:
+                    raise UsageError(f"pyproject.toml: dependency-groups.{name} includes the group "
+                                     f"{included!r}, which does not exist; known groups: "
+                                     f"{', '.join(groups)}")
+                walk(included)
                 continue
             match = self_ref.match(req.replace(" ", ""))
             if match:
                 for extra in match.group("extras").split(","):
+                    if extra.strip() not in groups and extra.strip() not in extras:
+                        raise UsageError(f"pyproject.toml: {name} names {req!r}, but there is no "
+                                         f"profile {extra.strip()!r}; known: {', '.join(names(pyproject))}")
                     walk(extra.strip())
             elif req not in out:
                 out.append(req)

@@ -9,7 +9,6 @@ through one interface (`ci.history.run_observer`); `registered` is the one list 
 
 from __future__ import annotations
 
-import math
 import os
 import shlex
 import sys
@@ -433,12 +432,13 @@ def _check_writable(work_dir: Path, junit_dir: Path, durations: Path) -> None:
 
 
 def _acquirer(gpus: int, pattern: str, timeout: float) -> Acquire:
-    from ci.gpu.allocator import hold
+    from ci.gpu.allocator import MAX_EXPECT, hold
 
     def acquire(count: int, command: str, stop: Callable[[], bool],
                 expect: float | None) -> AbstractContextManager[Lease]:
         return hold(count=count, total_gpus=gpus, lock_path_pattern=pattern, timeout=timeout,
                     command=command, stop=stop,
-                    expect=expect if expect and 0 < expect < math.inf else None)
+                    # Past a week an estimate plans nothing (the lock refuses it): none.
+                    expect=expect if expect and 0 < expect <= MAX_EXPECT else None)
 
     return acquire

@@ -31,13 +31,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from ci.errors import EXIT_INTERRUPTED, UsageError
 from ci.interrupts import PROCESS
+from ci.proc import finish, process_guard, signal_group, start, terminate, wait_exit, wait_until
 from ci.registry.loader import load_registry
 from ci.registry.model import Smoke
 
@@ -84,51 +84,53 @@ def run_together(cmds: Sequence[SmokeCommand], *, cwd: Path | None = None,
     """Start every command, prefix its lines, wait for all; [(suite, exit status, seconds)].
 
     Each command is the leader of its own process group, so a Ctrl-C reaches this process
-    alone and is passed on once, as SIGTERM, by the loop below.
+    alone and is passed on once, as SIGTERM, by the loop below. Leaders are reaped only at
+    the end (`ci.proc.finish`), so every group id signalled is still one this process made.
     """
     width = max(len(c.suite) for c in cmds)
     lock = threading.Lock()
     started = time.monotonic()
+    guard = process_guard()  # the runs die with this process, even by SIGKILL
     procs: list[subprocess.Popen[str]] = []
     pumps: list[threading.Thread] = []
     ended: dict[int, float] = {}
+
+    def all_ended() -> bool:
+        for i, proc in enumerate(procs):
+            if i not in ended and wait_exit(proc.pid, 0):  # exited, not reaped
+                ended[i] = time.monotonic() - started
+        return len(ended) == len(procs)
+
+    def signal_running(sig: int) -> None:
+        for i, proc in enumerate(procs):
+            if i not in ended:
+                signal_group(proc.pid, sig)
+
     try:
         for c in cmds:
-            proc = subprocess.Popen(c.argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True)
+            proc = start(c.argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, text=True, guard=guard)
             procs.append(proc)
             assert proc.stdout is not None
             pump = threading.Thread(target=_pump, args=(c.suite, width, proc.stdout, out, lock), daemon=True)
             pump.start()
             pumps.append(pump)
-        stopping_since: float | None = None
-        while len(ended) < len(procs):
-            for i, proc in enumerate(procs):
-                if i not in ended and proc.poll() is not None:
-                    ended[i] = time.monotonic() - started
-            if PROCESS.received and stopping_since is None:
-                stopping_since = time.monotonic()
-                _signal_all(procs, ended, signal.SIGTERM)
-            if stopping_since is not None and time.monotonic() - stopping_since > GRACE:
-                _signal_all(procs, ended, signal.SIGKILL)
+        stopped = False
+        while not all_ended():
+            if PROCESS.received and not stopped:
+                stopped = True
+                terminate(signal_running, lambda seconds: wait_until(all_ended, seconds), GRACE)
             time.sleep(POLL)
     finally:
-        # Never leave a run behind: reached only on an error of this process itself.
-        if len(ended) < len(procs):
-            _signal_all(procs, ended, signal.SIGKILL)
-            for proc in procs:
-                proc.wait()
+        # Never leave a run behind: reached with runs left only on an error of this process.
+        if not all_ended():
+            signal_running(signal.SIGKILL)
+        for proc in procs:
+            finish(proc, guard=guard)
     for pump in pumps:
         pump.join(timeout=5)
     return [(c.suite, int(p.returncode), ended.get(i, 0.0))
             for i, (c, p) in enumerate(zip(cmds, procs, strict=True))]
-
-
-def _signal_all(procs: Sequence[subprocess.Popen[str]], ended: dict[int, float], signum: int) -> None:
-    for i, proc in enumerate(procs):
-        if i not in ended and proc.poll() is None:
-            with suppress(ProcessLookupError):
-                os.killpg(proc.pid, signum)  # its own group, which this process started
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from _ci import REPO
+
+from ci.gpu.allocator import gpu_path
 
 # The command run under the lock: records (monotonic clock, system-wide on Linux) when it
 # starts and ends and which GPUs it was given. `-S` keeps its start-up to a few ms.
@@ -123,3 +126,17 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, step: float
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(step)
+
+
+@contextlib.contextmanager
+def held_with(pattern: str, gpu: int, record: bytes) -> Iterator[None]:
+    """GPU `gpu` locked by this process (another open file) with `record` as its holder record."""
+    path = Path(gpu_path(pattern, gpu))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(record)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -1,6 +1,7 @@
 """A Ray cluster across separate test hosts, each a Linux network namespace (root only).
 
-Layout, all of it named with one prefix (`sh<pid>x<n>`) so parallel runs never collide,
+Layout, all of it named with one prefix (`sh<pid>x<n>`, both in base 36, so that every
+interface name fits the kernel's 15 characters whatever the pid) so parallel runs never collide,
 and removed by `stop()` (also on a failed test, and on SIGINT/SIGTERM in the script):
 
     <p>sw            the "switch": a namespace holding bridge br0; nothing else in it
@@ -12,7 +13,8 @@ and removed by `stop()` (also on a failed test, and on SIGINT/SIGTERM in the scr
 
 The root namespace's links and routes are never touched. Each host runs one
 `ray start --block` (leader of its own process group, started through `ip netns exec`);
-`stop()` ends exactly those groups. `cut(host)` downs the host's link (its switch-side
+`stop()` ends exactly those groups, and only while their leader is still our unreaped child
+(so a group id the kernel gave to someone else since is never signalled). `cut(host)` downs the host's link (its switch-side
 end), `shape(host)` makes it slow and lossy (tc netem; where the kernel has no netem, a
 token bucket plus a random drop, and `shaping` says so), `kill_raylet(host)` kills the
 raylet of that host's group, `restart(host)` starts its node again.
@@ -32,6 +34,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ci.proc import group_members, signal_group, terminate, wait_exit, wait_until
 
 IP = shutil.which("ip") or "/usr/sbin/ip"
 TC = shutil.which("tc") or "/usr/sbin/tc"
@@ -57,6 +61,36 @@ RAY_ENV = {
 }
 SHM_DIR = "/dev/shm/slime-ci-hosts"  # the GPU lock files' directory, as each host sees it
 _counter = itertools.count()
+IFNAMSIZ = 15  # the longest interface name Linux takes; `ip` refuses a longer one
+_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def base36(n: int) -> str:
+    """`n` in base 36: a pid (at most 4194304) in 5 characters."""
+    out = ""
+    while True:
+        n, d = divmod(n, 36)
+        out = _DIGITS[d] + out
+        if n == 0:
+            return out
+
+
+def ifname(name: str) -> str:
+    """An interface name, or a RuntimeError: a name too long made `ip` fail, which read as
+    "no namespace hosts here" and skipped every host test without a word."""
+    if len(name) > IFNAMSIZ:
+        raise RuntimeError(f"interface name {name!r} is longer than {IFNAMSIZ} characters")
+    return name
+
+
+def probe_name(pid: int, n: int) -> str:
+    """The namespace `unavailable()` tries (its veth ends add one letter)."""
+    return f"sp{base36(pid)}x{base36(n)}"
+
+
+def cluster_prefix(pid: int, n: int) -> str:
+    """The names of one cluster: its hosts are `<prefix>h<i>`, their switch ports `<prefix>h<i>s`."""
+    return f"sh{base36(pid)}x{base36(n)}"
 
 
 def unavailable() -> str:
@@ -65,13 +99,13 @@ def unavailable() -> str:
         return "network namespaces need root"
     if not Path(IP).exists() or shutil.which("unshare") is None:
         return "`ip` (iproute2) or `unshare` (util-linux) is not installed"
-    probe = f"shprobe{os.getpid()}x{next(_counter)}"
+    probe = probe_name(os.getpid(), next(_counter))
     made = subprocess.run([IP, "netns", "add", probe], capture_output=True, text=True, check=False)
     if made.returncode != 0:
         return f"`ip netns add` failed: {made.stderr.strip()[:200]}"
     try:
-        veth = subprocess.run([IP, "link", "add", f"{probe}a", "netns", probe, "type", "veth", "peer",
-                               "name", f"{probe}b", "netns", probe],
+        veth = subprocess.run([IP, "link", "add", ifname(f"{probe}a"), "netns", probe, "type", "veth",
+                               "peer", "name", ifname(f"{probe}b"), "netns", probe],
                               capture_output=True, text=True, check=False)
         if veth.returncode != 0:
             return f"cannot make a veth pair: {veth.stderr.strip()[:200]}"
@@ -99,11 +133,13 @@ class Host:
     gpus: int = 0
     cpus: int = 0
     proc: subprocess.Popen[bytes] | None = None
-    past_groups: list[int] = field(default_factory=list)
+    past_groups: list[int] = field(default_factory=list)  # every group id it had: for checks
+    # The leaders of its nodes' groups not ended yet, never reaped before their group ends.
+    leaders: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
     def veth_switch_side(self) -> str:
-        return f"{self.ns}s"
+        return ifname(f"{self.ns}s")
 
     def locks(self) -> Path:
         """This host's GPU lock directory, as the root namespace sees it."""
@@ -226,6 +262,7 @@ class NetnsCluster:
             host.proc = subprocess.Popen(self.command(host), stdout=out, stderr=subprocess.STDOUT, env=env,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         host.past_groups.append(host.proc.pid)
+        host.leaders.append(host.proc)
 
     def start(self, workers: int, gpus: int, cpus: int = 2, timeout: float = 240) -> None:
         self.build(workers)
@@ -248,7 +285,7 @@ class NetnsCluster:
                 # `ray start` prints this once its node has registered with the head.
                 if b"Ray runtime started." in host.log.read_bytes()[seen:]:
                     return
-                if host.proc is not None and host.proc.poll() is not None:
+                if host.proc is not None and wait_exit(host.proc.pid, 0):  # not reaped: still ours
                     break
                 time.sleep(0.5)
             if attempt == tries:
@@ -268,7 +305,7 @@ class NetnsCluster:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for h in self.hosts:
-                if h.proc is not None and h.proc.poll() is not None:
+                if h.proc is not None and wait_exit(h.proc.pid, 0):
                     raise RuntimeError(f"{h.hostname} exited: {h.log.read_text()[-2000:]}")
             if len(self.alive_hosts()) >= count:
                 return
@@ -288,22 +325,27 @@ class NetnsCluster:
         os.kill(self.raylet_pid(host), signal.SIGKILL)
 
     def end_host(self, host: Host, grace: float = 10.0) -> None:
-        """End every process group this host's nodes ever had (SIGTERM, then SIGKILL)."""
+        """End the process groups of this host's nodes (SIGTERM, then SIGKILL)."""
         self._end([host], grace)
 
     def _end(self, hosts: list[Host], grace: float) -> None:
-        groups = [g for h in hosts for g in h.past_groups]
-        for g in groups:
-            _killpg(g, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while self.group_members(groups) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for g in groups:
-            _killpg(g, signal.SIGKILL)
+        # Only groups whose leader we started and have not reaped: its pid, so its group id,
+        # cannot have been given to anyone else. A group id kept from an earlier node could
+        # name a stranger's group by now, and this runs as root.
+        leaders = [p for h in hosts for p in h.leaders if _leads_own_group(p)]
+        groups = [p.pid for p in leaders]
+
+        def send(sig: int) -> None:
+            for p in leaders:
+                if _leads_own_group(p):
+                    signal_group(p.pid, sig)
+
+        terminate(send, lambda s: wait_until(lambda: not any(map(group_members, groups)), s), grace)
         for h in hosts:
-            if h.proc is not None:
+            for p in h.leaders:
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    h.proc.wait(5)
+                    p.wait(5)
+            h.leaders = [p for p in h.leaders if p.returncode is None]
 
     def stop(self) -> None:
         """End every node's group (all at once), delete every namespace (their links go with
@@ -356,12 +398,19 @@ class NetnsCluster:
         return [line.split()[0] for line in names.splitlines() if line.startswith(self.prefix)]
 
 
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
+def _leads_own_group(proc: subprocess.Popen[bytes]) -> bool:
+    """`proc` is our child, not yet reaped (a zombie still is), and leads its own group."""
+    if proc.returncode is not None:
+        return False
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_bytes()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return len(fields) > 2 and fields[2] == str(proc.pid).encode()
 
 
 def netns_cluster() -> NetnsCluster:
     """A cluster with a fresh prefix and a short temp root (Ray's socket paths stay under 108 bytes)."""
-    prefix = f"sh{os.getpid() % 100000}x{next(_counter)}"
+    prefix = cluster_prefix(os.getpid(), next(_counter))
     return NetnsCluster(prefix=prefix, root=Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp")))

@@ -238,6 +238,7 @@ TESTED_ELSEWHERE: dict[str, tuple[str, str, str]] = {
     "ci/registry/u_files.py": ("u/test_u_selfcontained.py", "ci.registry.u_files", "U's copies and their sync"),
     "ci/select/import_graph.py": ("select/test_changed_affected.py", "import graph", "changed --affected"),
     "ci/gpu/safe_open.py": ("gpu/test_allocator_security.py", "symlink", "lock files others planted"),
+    "ci/gpu/backfill.py": ("gpu/test_allocator_backfill.py", "schedule", "the decision, on real lock files"),
     "ci/backends/base.py": ("backends/test_backends.py", "ci.backends", "the backend interface, per backend"),
     "ci/backends/local.py": ("backends/test_backends.py", "local", "backend selection and preconditions"),
     "ci/backends/emulated.py": ("run/test_command_gpu.py", "--emulate-gpus", "emulated GPU suites end to end"),
@@ -273,6 +274,7 @@ CROSS_CUTTING: dict[str, str] = {
     "test_packaging.py": "the wheel: the toolkit alone",
     "test_tasks.py": "tasks.py: the invoke tasks",
     "test_docs.py": "README.md and docs/: links, length",
+    "test_netns_hosts.py": "the namespace-host fixture (_netns_hosts.py): names, clean-up",
     "u/test_u_selfcontained.py": "U as a whole: stdlib only, its generated copies in sync",
 }
 U_DIR = REPO / "slime" / "utils" / "external_utils"

@@ -14,10 +14,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from ._dirs import output_dir
 from ._env import REPO_ROOT, _env, _repo_path, get_bool_env_var
+from ._hardware import check_has_nvlink
 from ._shell import _tail, model_args
 from .ray_head import HeadRecord, RayHead, RayPorts, ports_from_env, private_head
 
@@ -223,6 +225,17 @@ def _config_parts(
                     f"got {type(config).__name__}")
 
 
+# Where `execute_train` finds the cluster and the GPU check: the facade (U) registers its own
+# namespace when it is imported, so that replacing `U.submit_and_wait` or `U.check_has_nvlink`
+# (a test, a script) reaches it as it did when U was one module; the facade imports this
+# module, never the reverse. Alone, this module's own.
+_FACADE: list[ModuleType] = []
+
+
+def _register_facade(facade: ModuleType) -> None:
+    _FACADE[:] = [facade]
+
+
 def execute_train(
     train_args: str | Sequence[str],
     num_gpus_per_node: int,
@@ -246,11 +259,9 @@ def execute_train(
     items become `--key value` flags (True alone as `--key`). The head is stopped on every
     exit path; `head_record` (tests) receives the pids it ran.
     """
-    # The cluster and the GPUs are reached through U (command_utils), where a test or a
-    # script replaces them (`monkeypatch.setattr(U, "submit_and_wait", ...)`) as it could
-    # when U was one module.
-    from . import command_utils as u
-
+    # See _register_facade: U's names when U is loaded, else this module's.
+    submit = _FACADE[0].submit_and_wait if _FACADE else submit_and_wait
+    has_nvlink = _FACADE[0].check_has_nvlink if _FACADE else check_has_nvlink
     env = _env(env)
     hook = _hook_caller(before_ray_job_submit)
     flags, config_env, core_dump = _config_parts(config)
@@ -268,20 +279,19 @@ def execute_train(
     master_addr = env.get("MASTER_ADDR", "127.0.0.1")
     external = _external_address(env)
     if external is not None:
-        env_vars = train_env_vars(env=env, nvlink=u.check_has_nvlink(), master_addr=master_addr,
+        env_vars = train_env_vars(env=env, nvlink=has_nvlink(), master_addr=master_addr,
                                   master_port=None, extra=extra, cuda_core_dump=core_dump)
         if hook is not None:
             hook(None)  # a zero-argument hook runs here too; there is no private head to pass
-        return u.submit_and_wait(external, entrypoint=entrypoint, env_vars=env_vars, timeout=timeout)
+        return submit(external, entrypoint=entrypoint, env_vars=env_vars, timeout=timeout)
     ports: RayPorts = ports_from_env(env)
-    env_vars = train_env_vars(env=env, nvlink=u.check_has_nvlink(), master_addr=master_addr,
+    env_vars = train_env_vars(env=env, nvlink=has_nvlink(), master_addr=master_addr,
                               master_port=ports.master, extra=extra, cuda_core_dump=core_dump)
     with private_head(num_gpus=num_gpus_per_node, env=env, ports=ports, record=head_record) as head:
         if hook is not None:
             hook(head)
         try:
-            return u.submit_and_wait(head.address, entrypoint=entrypoint, env_vars=env_vars,
-                                     timeout=timeout)
+            return submit(head.address, entrypoint=entrypoint, env_vars=env_vars, timeout=timeout)
         except TrainJobFailed as exc:
             evidence = worker_crash_lines(head.temp_dir)
             if evidence:

@@ -17,12 +17,15 @@ repository root, on/off flags), _hardware (GPU machines, NVLink), _dirs (device 
 directories), _shell (commands), _train (the Ray job), _convert (checkpoints), _hub
 (downloads), _wandb, _cli (dataclass_cli). Everything here is one of their objects, so
 replacing `U.submit_and_wait` or `U.check_has_nvlink` (the cluster, the GPUs) reaches
-`execute_train`, which looks both up here; any other helper is replaced in the module that
-defines it.
+`execute_train`, which looks both up here (this module registers itself with _train; no
+private module imports it); any other helper is replaced in the module that defines it.
 """
 
 from __future__ import annotations
 
+import sys
+
+from . import _train
 from ._cli import dataclass_cli
 from ._convert import (
     MULTINODE_MASTER_PORT,
@@ -100,3 +103,6 @@ __all__ = [
     "train_env_vars",
     "worker_crash_lines",
 ]
+
+# execute_train looks the cluster and the GPU check up on U, where they are replaced.
+_train._register_facade(sys.modules[__name__])

@@ -99,6 +99,32 @@ def test_a_holder_without_expectation_or_past_it_may_end_any_moment_so_nothing_i
         assert plan.starts == ({} if end == NOW else {2: (0,)})
 
 
+@pytest.mark.parametrize("expect", [0.01, 0.25, allocator.BACKFILL_SLACK])
+def test_a_reservation_of_now_lends_nothing_however_short_the_claim(expect):
+    # GPU 7's holder has no expectation: the head may start any moment. Within the slack of
+    # "now" every short claim used to pass it, one after another, up to MAX_PASSES times.
+    ends = {g: NOW + 50 for g in range(4, 7)} | {7: NOW}
+    plan = schedule([ticket(1, count=5), ticket(2, count=1, expect=expect)], [0, 1, 2, 3],
+                    ends, NOW)
+    assert plan.reservation == NOW and plan.starts == {} and plan.passed == {}
+    # Lent GPUs count as ending now: a head waiting only on its own backfillers lends no more.
+    plan = schedule([ticket(1, count=5), ticket(2, count=1, expect=expect)], [0, 1, 2, 3],
+                    {7: NOW + 1}, NOW, lent={7: (1,)})
+    assert plan.reservation == NOW and plan.starts == {}
+
+
+def test_a_distrusted_ticket_never_backfills_and_starting_now_ends_any_moment():
+    ends = {g: NOW + 10 for g in range(4, 8)}
+    queue = [ticket(1, count=8), ticket(2, count=1, expect=5), ticket(3, count=1, expect=5)]
+    plan = schedule(queue, [0, 1, 2, 3], ends, NOW, distrusted={2})
+    assert plan.starts == {3: (0,)} and plan.passed == {3: (1, 2)}  # #2 waits behind the head
+    # Starting in its turn, its GPU is planned as freeing up any moment, not in 30 s.
+    ends = {g: NOW + g for g in range(1, 8)}
+    plan = schedule([ticket(1, count=1, expect=30), ticket(2, count=4)], [0], ends, NOW,
+                    distrusted={1})
+    assert plan.starts == {1: (0,)} and plan.reservation == NOW + 3
+
+
 def test_the_reservation_is_when_the_head_count_is_free_and_counts_those_starting_now():
     # GPU 0 free now, #1 takes it for 30 s; GPUs 1-7 end at +1..+7: a 4-GPU head is free at
     # +3 (GPUs 1, 2, 3 and... the 4th earliest is GPU 4 at +4).
@@ -390,6 +416,10 @@ def head_start(directory: str, holders: Sequence[Job], waiters: Sequence[Job],
 @example(([Job(4, 4, 4)], [Job(8, None, 1), Job(1, 4.25, 4.25), Job(1, 4.75, 4.75)]))
 @example(([Job(4, None, 3)], [Job(8, None, 1), Job(1, 10, 10)]))
 @example(([Job(4, 2, 6), Job(2, 3, 3)], [Job(8, None, 1), Job(1, 4, 4)]))
+# Holders without expectations, and honest half-second claims: each passed the head within
+# the slack of "now", and together they held it from +5.75 s to +6.75 s.
+@example(([Job(2, None, 5.5), Job(4, None, 5.75), Job(2, None, 5.75)],
+          [Job(8, None, 1), *(Job(1, 0.5, 0.5) for _ in range(30))]))
 def test_the_head_never_starts_later_than_under_strict_fifo(scenario):
     # ... than by the slack a backfiller may overstay its reservation by: times here are in
     # quarter seconds, so backfillers do end inside that slack.

@@ -15,14 +15,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import REPO
+from _lock_helpers import held_with
 
 from ci.errors import UsageError, WaitTimeout
 from ci.gpu import allocator
@@ -34,20 +33,6 @@ NUM_GPUS = 0
 @pytest.fixture
 def pattern(tmp_path: Path) -> str:
     return str(tmp_path / "locks" / "gpu_{gpu_id}.lock")
-
-
-@contextmanager
-def held_with(pattern: str, gpu: int, record: bytes) -> Iterator[None]:
-    """GPU `gpu` locked by this test (another open file) with `record` as its holder record."""
-    path = Path(allocator.gpu_path(pattern, gpu))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(record)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _holder(pattern: str, gpu: int, total: int = 2) -> allocator.Holder:

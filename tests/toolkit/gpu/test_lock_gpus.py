@@ -24,6 +24,7 @@ from _lock_helpers import (
     wait_for,
 )
 
+from ci.errors import UsageError
 from ci.gpu import allocator
 
 NUM_GPUS = 0
@@ -346,6 +347,49 @@ def test_gpu_status_shows_holders_and_the_queue(pattern: str) -> None:
         kill_tree(holder)
         if waiter is not None:
             kill_tree(waiter)
+
+
+# No GPU here, and on a GPU machine NVML's answer is what this checks against: a stand-in
+# module answers for NVML (named so in each test), as no driver can be had here.
+class _NoNvml:
+    def nvmlInit(self) -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+
+class _Nvml:
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return self.count
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("command", [["lock-gpus", "--print-only"], ["gpu-status"]])
+def test_without_a_gpu_the_assumed_8_are_said_on_stderr(pattern: str, command: list[str],
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from ci.gpu import lock_gpus
+
+    run = lock_gpus.main if command[0] == "lock-gpus" else lock_gpus.status_main
+    monkeypatch.setitem(sys.modules, "pynvml", _NoNvml())  # stand-in: a machine without NVML
+    assert run([*command[1:], "--lock-path-pattern", pattern]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == (f"{command[0]}: NVML reports no GPU here (no driver, library "
+                                   "or device); assuming 8: pass --total-gpus N to say how many")
+    if command[0] == "lock-gpus":  # a refusal stays its one line: nothing is said before it
+        with pytest.raises(UsageError, match="--timeout nan"):
+            run(["--count", "1", "--timeout", "nan", "--lock-path-pattern", pattern, "--", "true"])
+        assert capsys.readouterr().err == ""
+    for told in (["--total-gpus", "2"], []):  # told, or NVML answers (a stand-in): silent
+        monkeypatch.setitem(sys.modules, "pynvml", _Nvml(2))
+        assert run([*command[1:], "--lock-path-pattern", pattern, *told]) == 0
+        assert "assuming" not in capsys.readouterr().err
 
 
 if __name__ == "__main__":

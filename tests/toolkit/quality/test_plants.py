@@ -135,6 +135,41 @@ def test_bad_input_is_one_line(toy, tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+@pytest.mark.parametrize(("header", "says"), [
+    # "²".isdigit() is true and int("²") raised; a count no machine has is refused too.
+    (b"gpus: \xc2\xb2\n", "gpus: '\u00b2' is not a GPU count (1 to 256)"),
+    (b"gpus: 0\n", "gpus: '0' is not a GPU count (1 to 256)"),
+    (b"gpus: 100000\n", "gpus: '100000' is not a GPU count (1 to 256)"),
+    (b"reason: caf\xe9 in Latin-1\n", "its header is not UTF-8 text"),
+])
+def test_a_header_no_plant_can_have_is_one_line(tmp_path, header, says):
+    bad = write(tmp_path, {"ci/registry/repo_suites.py": REGISTRY})
+    patch = bad / "tests/e2e/plants/x/y.patch"
+    patch.parent.mkdir(parents=True)
+    patch.write_bytes(b"suite: unit\nonly: t\nreason: r\n" + header + b"\n")
+    proc = run_ci("plants", "--root", str(bad), "--dry-run")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_diff_in_other_bytes_than_utf_8_is_git_s_to_read(tmp_path):
+    bad = write(tmp_path, {"ci/registry/repo_suites.py": REGISTRY})
+    patch = bad / "tests/e2e/plants/x/y.patch"
+    patch.parent.mkdir(parents=True)
+    patch.write_bytes(b"suite: unit\nonly: t\nreason: r\n\ndiff --git a/t b/t\n--- a/t\n+++ b/t\n"
+                      b"@@ -1 +1 @@\n-caf\xe9\n+the\n")
+    proc = run_ci("plants", "--root", str(bad), "--dry-run")
+    assert proc.returncode == 0 and "plants: 1," in proc.stdout, proc.stderr
+    assert "DOES NOT APPLY" in proc.stdout  # there is no file t: git says so, we do not crash
+
+
+def test_a_bad_option_is_one_line_and_exit_2(toy):
+    proc = _plants(toy, "--no-such-option")
+    assert proc.returncode == 2
+    assert proc.stderr == ("error: unrecognized arguments: --no-such-option (see `python -m ci "
+                           "plants --help`)\n")
+
+
 def test_every_plant_of_the_repository_still_applies():
     """A refactor of slime/ leaves a plant's context behind; caught here, not by the nightly run."""
     proc = run_ci("plants", "--dry-run", timeout=300)

@@ -33,6 +33,11 @@ NUM_GPUS = 0
      "project.optional-dependencies.dev must be a list"),
     ('[project.optional-dependencies]\ndev = [{include-group = "cpu"}]\n',
      "project.optional-dependencies.dev holds"),
+    # A group that includes one that does not exist: uv refuses it at install, so must the check.
+    ('[dependency-groups]\ncpu = ["numpy", {include-group = "nosuch"}]\n',
+     "dependency-groups.cpu includes the group 'nosuch', which does not exist; known groups: cpu"),
+    ('[project]\nname = "slime-ci"\n[dependency-groups]\ncpu = ["slime-ci[nosuch]"]\n',
+     "cpu names 'slime-ci[nosuch]', but there is no profile 'nosuch'"),
 ])
 def test_a_broken_pyproject_is_one_line_exit_2_and_nothing_written(tmp_path: Path, text: str | bytes,
                                                                      expect: str) -> None:
