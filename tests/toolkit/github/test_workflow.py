@@ -295,7 +295,8 @@ def test_a_sharded_job_keeps_one_cache_per_shard_and_merges_all_before_it_plans(
                                    "${{ github.run_id }}-${{ github.run_attempt }}")
     assert save["with"]["path"] == (".ci-cache/shards/${{ matrix.shard }}/durations.json\n"
                                     ".ci-cache/shards/${{ matrix.shard }}/history.sqlite\n")
-    assert "hashFiles('.ci-cache/shards/${{ matrix.shard }}/durations.json')" in save["if"]
+    # Formatted by the expression: a `${{ }}` inside `if:` makes the condition a string, always true.
+    assert "hashFiles(format('.ci-cache/shards/{0}/durations.json', matrix.shard))" in save["if"]
 
 
 # --- security properties -----------------------------------------------------------------------
