@@ -101,7 +101,10 @@ def suite_counts(root: Path, suites: Sequence[Suite], *,
     if not source:
         source = next((f for f in BASELINE_FILES if (root / f).is_file()), "no durations")
     if measured is None:
-        return dict(_committed_counts(root, tuple(wanted), source))
+        try:
+            return dict(_committed_counts(root, tuple(wanted), source))
+        except TypeError:  # a registry that lists entries in a list: unhashable, so not cached
+            return _counts(root, wanted, baseline(root), source)
     return _counts(root, wanted, {**baseline(root), **measured}, source)
 
 

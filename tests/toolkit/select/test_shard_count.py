@@ -21,7 +21,7 @@ from ci.errors import EXIT_USAGE, UsageError
 from ci.github.job_plan import main as plan_main
 from ci.github.job_plan import table
 from ci.github.workflow import WORKFLOW_PATH, render
-from ci.registry import Suite
+from ci.registry import Entry, Suite
 from ci.registry.loader import load_registry
 from ci.select.discover import discover
 from ci.select.entries import ResolvedEntry, partition, resolve, shard
@@ -115,6 +115,14 @@ def test_the_committed_durations_size_a_suite_without_history(tmp_path: Path) ->
     faster = suite_counts(root, suites, measured={f"tests/test_{i:02d}.py": 20.0 for i in range(12)},
                           source="history p90")["unit"]
     assert (faster.count, faster.why) == (1, "target 3 min, 12 files by history p90: 1 shard reaches 2.0 min")
+
+
+def test_a_registry_listing_entries_in_a_list_is_sized_too(tmp_path: Path) -> None:
+    root = _checkout(tmp_path, {"tests/test_00.py": 500.0, "tests/test_01.py": 500.0})
+    listed = Suite(name="listed", tier="cpu", purpose="p", profile="cpu", target_minutes=3,
+                   entries=[Entry(path="tests/test_00.py"), Entry(path="tests/test_01.py")])  # type: ignore[arg-type]
+    got = suite_counts(root, [listed])["listed"]
+    assert got.count == 1 and got.why.startswith("target 3 min, 2 files by tests/durations.json: longest file 500 s")
 
 
 def test_no_durations_keeps_the_registrys_count(tmp_path: Path) -> None:
