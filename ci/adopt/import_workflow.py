@@ -444,7 +444,8 @@ def _check_names(matrix: Matrix) -> None:
         names[name] = job.name
 
 
-def _suite_code(job: MatrixJob, entries_code: str, kept: int, *, template: str, profile: str) -> str:
+def _suite_code(job: MatrixJob, entries_code: str, kept: int, *, template: str, profile: str,
+                cpu_target: float | None = None) -> str:
     """One `Suite(...)` of the registry text."""
     purpose = f"{job.name} of {template}: {kept} {'entry' if kept == 1 else 'entries'}"
     if job.extra_pip_deps:
@@ -454,12 +455,14 @@ def _suite_code(job: MatrixJob, entries_code: str, kept: int, *, template: str, 
     if not job.cpu:
         args.append(f"image={(job.image or FRAMEWORK_IMAGE)!r}")
     args += [f"entries={entries_code}", f"timeout={CPU_TIMEOUT if job.cpu else GPU_TIMEOUT!r}"]
+    if job.cpu and cpu_target is not None:  # split by measured durations (ci/select/shard_count.py)
+        args.append(f"target_minutes={cpu_target!r}")
     return "    Suite(\n" + "".join(f"        {a},\n" for a in args) + "    ),"
 
 
 def render_registry(matrix: Matrix, checked: Checked, *, template: str,
                     profile_of: Callable[[MatrixJob], str] = default_profile, tail: Sequence[str] = (),
-                    extra_suites: Sequence[str] = ()) -> tuple[str, int]:
+                    extra_suites: Sequence[str] = (), cpu_target: float | None = None) -> tuple[str, int]:
     """The registry's Python text for a checked matrix, and how many entries it holds (pure)."""
     lines = [
         f'"""Suites of this checkout, imported from {template}. {GENERATED_MARK}.',
@@ -486,19 +489,19 @@ def render_registry(matrix: Matrix, checked: Checked, *, template: str,
         else:
             entries_code = "(\n" + "".join(f"            {b}\n" for b in body) + "        )" if body else "()"
         suites_code.append(_suite_code(job, entries_code, len(kept), template=template,
-                                       profile=profile_of(job)))
+                                       profile=profile_of(job), cpu_target=cpu_target))
     lines += ["SUITES: tuple[Suite, ...] = (", *suites_code, *extra_suites, ")", "", *tail]
     return "\n".join(lines), total
 
 
 def build(matrix: Matrix, root: Path, *, template: str,
           profile_of: Callable[[MatrixJob], str] = default_profile, tail: Sequence[str] = (),
-          extra_suites: Sequence[str] = ()) -> Imported:
+          extra_suites: Sequence[str] = (), cpu_target: float | None = None) -> Imported:
     """The registry text (`.slime-ci/suites.py`) for the checkout at root, and the findings
     against its files: the matrix is checked first, then the text is generated from it."""
     checked = check_matrix(matrix, root)
     text, total = render_registry(matrix, checked, template=template, profile_of=profile_of, tail=tail,
-                                  extra_suites=extra_suites)
+                                  extra_suites=extra_suites, cpu_target=cpu_target)
     return Imported(text=text, findings=checked.findings, suites=len(matrix.jobs), entries=total)
 
 

@@ -27,7 +27,7 @@ from typing import NoReturn
 
 from ci.adopt.import_workflow import GENERATED_MARK, MatrixJob, build, read_matrix, read_template, suite_name
 from ci.errors import EXIT_OK, UsageError
-from ci.github.job_plan import CHECK_SESSION, table
+from ci.github.job_plan import CHECK_SESSION, Job, table
 from ci.github.workflow import render
 from ci.github.yaml_writer import MARKER
 from ci.registry.loader import ADOPTED_REGISTRY, Registry, read_registry
@@ -40,6 +40,9 @@ ADOPT_MARK = "Written by `slime-ci adopt`"
 RETIRED = "{# Retired by `slime-ci adopt`: .slime-ci/suites.py is the matrix now and " \
           "`python -m ci workflows` writes pr-test.yml; this template drives nothing. #}\n"
 CHECK_JOB = "workflows-check"
+# The wall time each adopted CPU suite's job aims for, set-up included: its shard count is
+# computed from the committed durations (ci/select/shard_count.py), as this toolkit's own is.
+CPU_TARGET_MINUTES = 7
 CHANGED_LABEL = "run-ci-changed"
 CHANGED_JOB = "e2e-test-changed"
 # The template's docker mounts a session reproduces through these variables (ci.backends.docker_argv).
@@ -161,7 +164,7 @@ def registry_text(root: Path, template_text: str, body: Body,
         "",
     ]
     imported = build(matrix, root, template=TEMPLATE, profile_of=_profile_name, tail=tail,
-                     extra_suites=extra_suites)
+                     extra_suites=extra_suites, cpu_target=CPU_TARGET_MINUTES)
     text = imported.text.replace(GENERATED_MARK, f"{GENERATED_MARK}; {ADOPT_MARK}", 1).replace(
         "Edit the template and import again; or edit this file and stop importing.",
         "This file is the matrix now: edit it, then run `slime-ci workflows`. Re-running\n"
@@ -224,7 +227,8 @@ def decide(root: Path, spec: str, *, force: bool) -> Adoption:
     files |= {f"{U_DIR}/{name}": content for name, content in packaged().items()}
     # The workflow, from the registry just built (as `python -m ci workflows` will).
     reg = _registry_of(root, registry)
-    files |= render(table(reg.suites, reg.style), reg.style)
+    jobs = table(reg.suites, reg.style, root=root)
+    files |= render(jobs, reg.style)
     if not text.startswith(RETIRED):
         files[TEMPLATE] = RETIRED + text
     for rel in [*files, ".gitignore", GENERATOR]:
@@ -254,7 +258,7 @@ def decide(root: Path, spec: str, *, force: bool) -> Adoption:
         else:
             removes = (GENERATOR,)
     return Adoption(writes=writes, removes=removes, kept=tuple(kept), findings=tuple(findings),
-                    report=tuple(_report(body, job_ids, reg)), unsaved=tuple(unsaved))
+                    report=tuple(_report(body, job_ids, reg, jobs)), unsaved=tuple(unsaved))
 
 
 def _check_inside(root: Path, rel: str) -> None:
@@ -321,7 +325,7 @@ def _registry_of(root: Path, text: str) -> Registry:
     return reg
 
 
-def _report(body: Body, job_ids: dict[str, str], reg: Registry) -> list[str]:
+def _report(body: Body, job_ids: dict[str, str], reg: Registry, jobs: Sequence[Job]) -> list[str]:
     lines = [f"workflow name kept: {body.title!r}; job names kept: {', '.join(job_ids.values())}",
              "required status checks: each GPU/CPU job is one job now (the template made one matrix "
              "job per entry, `<job> (<entry>)`); point required checks at the job names above",
@@ -344,6 +348,10 @@ def _report(body: Body, job_ids: dict[str, str], reg: Registry) -> list[str]:
         "and IPC, seccomp off); give an entry container=\"minimal\" where it needs none of them "
         "(docs/security.md of slime-ci)",
         "concurrency: one group per job and PR instead of one per workflow (see ci/github/workflow.py)",
+        f"new: CPU suites aim for {CPU_TARGET_MINUTES} minutes a job (target_minutes): "
+        + ", ".join(f"{j.session} {j.shards} shard(s)" for j in jobs if j.shards_why)
+        + "; commit tests/durations.json (a run's .ci-cache/durations.json) and run `slime-ci "
+        "workflows` to split them by what they measured",
         f"new job: {CHECK_JOB} (`nox -s {CHECK_SESSION}`: the workflow and U are current with the registry)",
         "new: every suite job records its run (`nox -s history -- record`, also after a failure) and "
         "an hourly `monitor` job reports entries failing 3 runs in a row on main; GPU jobs and the "

@@ -47,6 +47,7 @@ from ci.registry.model import (
 from ci.registry.repo_suites import SESSIONS, SUITES
 from ci.registry.workflow_style import Style
 from ci.select.discover import is_test_file
+from ci.select.shard_count import ShardCount, suite_counts
 
 EventName = Literal["pull_request", "push", "workflow_dispatch", "schedule"]
 # `plan --event issue_comment` answers a PR comment command (ci.github.gateway), not the job table.
@@ -58,6 +59,8 @@ BASE_BRANCH = "main"
 WORKFLOW_NAME = "pr-test"
 HOSTED_RUNNER: tuple[str, ...] = ("ubuntu-latest",)
 GPU_RUNNER: tuple[str, ...] = GPU_RUNNER_LABELS
+# The checkout whose committed durations size this repository's own sharded jobs.
+TOOLKIT_ROOT = Path(__file__).resolve().parents[2]
 # Labels whose prefix marks them as CI switches: an unknown one is a typo, not an unrelated label.
 LABEL_PREFIX = "run-ci-"
 
@@ -73,6 +76,7 @@ class Job:
     runs_on: tuple[str, ...]
     label: str | None = None  # None: every pull request, push and dispatch
     shards: int = 1
+    shards_why: str = ""  # how the count was reached (ci/select/shard_count.py); "": fixed
     full_history: bool = False  # the session diffs against origin/main
     minutes: int = LINT_MINUTES  # timeout-minutes (ci/registry/job_timeouts.py)
     crons: tuple[str, ...] = ()  # the scheduled runs that run it (ci/registry/cadences.py)
@@ -118,8 +122,9 @@ def runs_in_ci(session: Check | Smoke) -> bool:
     return isinstance(session, Smoke) or session.every_event or bool(session.cadences)
 
 
-def job_for(suite: Suite, style: Style | None = None) -> Job:
-    """The CI job of one suite (its id and runners as the repository's Style says)."""
+def job_for(suite: Suite, style: Style | None = None, count: ShardCount | None = None) -> Job:
+    """The CI job of one suite (its id and runners as the repository's Style says); `count`:
+    its computed shard count, for a suite with a target."""
     style = style or Style()
     if suite.needs_gpus and suite.label is None:
         raise UsageError(f"suite {suite.name} is GPU tier but has no label: add "
@@ -133,7 +138,8 @@ def job_for(suite: Suite, style: Style | None = None) -> Job:
         purpose=suite.purpose,
         runs_on=style.gpu_runner if suite.needs_gpus else style.hosted_runner,
         label=suite.label,
-        shards=suite.shards,
+        shards=count.count if count else suite.shards,
+        shards_why=count.why if count else "",
         full_history=suite.dynamic,
         minutes=suite_minutes(suite),
         crons=_crons(style, suite_cadences(suite)),
@@ -190,11 +196,15 @@ def check_job(job_id: str, style: Style) -> Job:
 
 
 def table(suites: Sequence[Suite] = SUITES, style: Style | None = None,
-          sessions: Sequence[Check | Smoke] = SESSIONS) -> tuple[Job, ...]:
+          sessions: Sequence[Check | Smoke] = SESSIONS, *, root: Path = TOOLKIT_ROOT,
+          counts: Mapping[str, ShardCount] | None = None) -> tuple[Job, ...]:
     """Every CI job: one per suite, then this repository's sessions that are not suites (lint,
     the GPU smoke; scheduled checks after the stability job), or an adopting repository's
-    check job."""
+    check job. Suites with a target get the shard count `counts` gives, else the one the
+    committed durations of `root` give."""
     style = style or Style()
+    if counts is None:
+        counts = suite_counts(root, suites)
     own = [session_job(x, style, suites) for x in sessions if runs_in_ci(x)] if style.own_jobs else []
     extra: tuple[Job, ...] = tuple(j for j in own if not j.scheduled_only)
     stability = stability_job(suites, style)
@@ -208,7 +218,7 @@ def table(suites: Sequence[Suite] = SUITES, style: Style | None = None,
     extra = (*extra, *(j for j in own if j.scheduled_only), *([monitor] if monitor else []))
     if style.check_job:
         extra = (*extra, check_job(style.check_job, style))
-    jobs = (*(job_for(s, style) for s in suites), *extra)
+    jobs = (*(job_for(s, style, counts.get(s.name)) for s in suites), *extra)
     ids = [j.id for j in jobs] + [PLAN_JOB, VERDICT_JOB]  # the workflow's own jobs take these ids
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
@@ -309,6 +319,7 @@ SAME_REPO = "github.event.pull_request.head.repo.full_name == github.repository"
 PLAN_JOB = "plan"
 VERDICT_JOB = VERDICT_SESSION  # the PR's merge gate (ci/github/workflow.py renders it)
 PLAN_OUTPUT = "jobs"
+SHARDS_OUTPUT = "shards"
 
 
 def gated_by_plan(job: Job) -> bool:
@@ -446,6 +457,10 @@ def render_plan(event: Event, decisions: Sequence[Decision]) -> str:
               for r in rows]
     running = sum(d.runs for d in decisions)
     lines += ["", f"{running} of {len(decisions)} jobs run"]
+    sized = [d.job for d in decisions if d.job.shards_why]
+    if sized:
+        lines += ["", "shards (ci/select/shard_count.py):"]
+        lines += [f"  {j.id}: {j.shards} shard{'s' * (j.shards > 1)}: {j.shards_why}" for j in sized]
     return "\n".join(lines)
 
 
@@ -470,6 +485,9 @@ def summary_markdown(event: Event, decisions: Sequence[Decision]) -> str:
 def publish(event: Event, decisions: Sequence[Decision], log: Log) -> None:
     """The jobs that run, as the step output the gated jobs read; the reasons in the summary."""
     log.output(PLAN_OUTPUT, json.dumps([d.job.id for d in decisions if d.runs]))
+    # The matrix of each sharded job that runs: the shards the workflow's jobs were rendered with.
+    log.output(SHARDS_OUTPUT, json.dumps({d.job.id: list(range(1, d.job.shards + 1))
+                                          for d in decisions if d.runs and d.job.shards > 1}))
     log.summary(summary_markdown(event, decisions))
 
 
@@ -529,9 +547,25 @@ def _parser() -> argparse.ArgumentParser:
                         help="in GitHub Actions: publish the running job ids as the step output "
                              f"`{PLAN_OUTPUT}` and the table (with each reason) in the step summary")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--history", metavar="URL", default=None,
+                        help="size the suites with a target by this run-history store's p90 "
+                             "durations (default: the committed tests/durations.json)")
     parser.add_argument("--root", type=Path, default=Path.cwd(),
                         help="repository root whose registry is planned (default: .)")
     return parser
+
+
+def _history_counts(root: Path, suites: Sequence[Suite], url: str | None) -> dict[str, ShardCount] | None:
+    """Shard counts from the history's p90 per entry (None: the committed durations decide)."""
+    if url is None:
+        return None
+    from ci.history.stats import estimates
+    from ci.history.store import open_store
+
+    with open_store(url, create=False) as store:
+        p90 = {k: v for s in suites if s.target_minutes is not None
+               for k, v in estimates(store.attempts(suite=s.name)).items()}
+    return suite_counts(root, suites, measured=p90, source="history p90")
 
 
 def main(argv: list[str]) -> int:
@@ -547,7 +581,8 @@ def main(argv: list[str]) -> int:
         from ci.github.comment_reply import resolve_main
 
         return resolve_main(args, root, registry.suites)
-    jobs = table(registry.suites, registry.style, registry.sessions)
+    jobs = table(registry.suites, registry.style, registry.sessions, root=root,
+                 counts=_history_counts(root, registry.suites, args.history))
     given = [f for f, v in (("--paths", args.paths), ("--diff", args.diff),
                             ("--paths-from", args.paths_from)) if v is not None]
     if len(given) > 1:
@@ -568,7 +603,8 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps([
             {"job": d.job.id, "session": d.job.session, "runs_on": list(d.job.runs_on),
-             "runs": d.runs, "why": d.why,
+             "runs": d.runs, "why": d.why, "shards": d.job.shards,
+             **({"shards_why": d.job.shards_why} if d.job.shards_why else {}),
              "commands": [d.job.command(i) for i in range(1, d.job.shards + 1)]
              if d.job.shards > 1 else [d.job.command()]}
             for d in decisions

@@ -177,12 +177,15 @@ def _restore_durations(job: Job) -> list[Node]:
 def _save_durations(job: Job) -> dict[str, Node]:
     sharded = job.shards > 1
     shard = _expr("matrix.shard") + "-" if sharded else ""
-    saved = f"{SHARDS_DIR}/{_expr('matrix.shard')}/{Path(DURATIONS_FILE).name}" if sharded else DURATIONS_FILE
+    # Inside `if:` a `${{ }}` would turn the whole condition into a string, always true:
+    # the shard's folder is formatted by the expression itself.
+    saved = (f"format('{SHARDS_DIR}/{{0}}/{Path(DURATIONS_FILE).name}', matrix.shard)" if sharded
+             else f"'{DURATIONS_FILE}'")
     return {"name": "Save measured durations and history", "if": Folded((
                 "!cancelled()",
                 "&& github.event_name == 'push'",
                 f"&& github.ref == 'refs/heads/{BASE_BRANCH}'",
-                f"&& hashFiles('{saved}') != ''")),
+                f"&& hashFiles({saved}) != ''")),
             "uses": _uses(CACHE_SAVE),
             "with": {"path": _shard_files(_expr("matrix.shard")) if sharded else CACHED_FILES,
                      "key": durations_prefix(job) + shard
@@ -654,7 +657,7 @@ def main(argv: list[str]) -> int:
     root: Path = (find_root(Path.cwd().resolve()) if args.root is None
                   else existing_dir("--root", args.root))
     registry = load_registry(root)
-    jobs = table(registry.suites, registry.style, registry.sessions)
+    jobs = table(registry.suites, registry.style, registry.sessions, root=root)
     changes = drift(root, {**render(jobs, registry.style), **readme(root, jobs, registry.style),
                            **u_generated(root), **adopted_u(root, registry)})
     if args.check or args.dry_run:

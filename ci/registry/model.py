@@ -24,6 +24,9 @@ Profile = Literal["cpu", "agent", "e2e", "dev", "lint"]
 # What a tier means to GitHub Actions: the labels of its runners, a job's time limit.
 GPU_RUNNER_LABELS: tuple[str, ...] = ("self-hosted", "gpu")
 JOB_MINUTES: dict[Tier, int] = {"cpu": 60, "gpu": 720}
+# The cores of a hosted runner of a public repository (actions-selection-isolation-facts.md):
+# what a CPU shard's files share, and so what a suite's shard count is computed for.
+HOSTED_CORES = 4
 
 FRAMEWORK_IMAGE = "slimerl/slime:latest"
 TEST_IMAGE = "slimerl/slime-test:latest"
@@ -113,7 +116,10 @@ class Suite:
     include: tuple[str, ...] = ()  # rule: NUM_GPUS = 0 test files under these directories
     exclude: tuple[str, ...] = ()
     timeout: float = 900.0  # seconds per entry
-    shards: int = 1  # CI matrix width (`--shard I/K`)
+    shards: int = 1  # CI matrix width (`--shard I/K`); above 1 a fixed count, whatever the target
+    # The CI job's wall time to aim for, set-up included: the shard count is computed from the
+    # measured durations (ci/select/shard_count.py) rather than picked by hand. None: `shards`.
+    target_minutes: float | None = None
     dynamic: bool = False  # entries come from the diff (`changed`), not from here
     # CPU suites fork each pytest file from a worker that imported pytest, numpy, torch and
     # these modules once. Only modules no test stubs in sys.modules before importing them.

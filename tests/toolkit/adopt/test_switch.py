@@ -185,6 +185,9 @@ def test_adopt_writes_everything_and_reports(adopted, repo: Path) -> None:
     registry = (repo / ".slime-ci/suites.py").read_text()
     assert "'cpu_unit': ('torch', 'pytest', 'numpy', 'transformers', 'wandb')" in registry
     assert "name='changed'" in registry and "dynamic=True" in registry
+    # The CPU tier aims for a job time: split by durations once the repository commits some.
+    assert registry.count("target_minutes=7") == sum("tier='cpu'" in x for x in registry.split("Suite(")) > 0
+    assert "report: new: CPU suites aim for 7 minutes a job (target_minutes): cpu_unit 1 shard(s)" in out
     assert "'SLIME_CI_DATA_DIR': '/mnt/ci:/data/ci'" in registry
     workflow = (repo / ".github/workflows/pr-test.yml").read_text()
     assert workflow.count("\nname: PR Test\n") == 1 and "python-version: \"3.10\"" in workflow

@@ -256,8 +256,9 @@ def test_github_publishes_the_running_jobs_and_the_reasons(tmp_path: Path, monke
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     assert main(["--labels", "run-ci-megatron", "--paths", "docs/a.md", "--github", "--root", str(REPO)]) == 0
     capsys.readouterr()
-    (line,) = output.read_text(encoding="utf-8").splitlines()
+    line, shards = output.read_text(encoding="utf-8").splitlines()
     assert line == 'jobs=["cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke"]'
+    assert shards == 'shards={"toolkit": [1, 2]}'  # the sharded jobs' matrices
     lines = summary.read_text(encoding="utf-8").splitlines()
     assert lines[:4] == ["### CI plan: pull_request synchronize, from this repository; labels: run-ci-megatron",
                          "", "| job | runs | why |", "|---|---|---|"]

@@ -328,7 +328,8 @@ def test_plan_json_lists_each_job_with_its_commands(capsys: pytest.CaptureFixtur
     assert main(["--event", "push", "--json", "--root", str(REPO)]) == 0
     rows = json.loads(capsys.readouterr().out)
     first = rows[0]
-    assert list(first) == ["job", "session", "runs_on", "runs", "why", "commands"]
+    assert list(first) == ["job", "session", "runs_on", "runs", "why", "shards", "commands"]
+    assert first["shards"] == 1
     assert first["job"] == SUITES[0].name and first["session"] == SUITES[0].name
     assert first["commands"] == [f"nox -s {SUITES[0].name}"]
     assert isinstance(first["runs_on"], list)

@@ -109,11 +109,13 @@ def test_one_job_per_session_each_running_nox() -> None:
     # the hourly failure monitor and, on its cron, the HUD's build and Pages deployment.
     assert list(jobs) == ["plan", *(s.name for s in SUITES), "lint", "gpu_smoke", "megatron_stability",
                           *SCHEDULED_CHECKS, "monitor", "hud", "pages", "verdict"]
+    shards = {j.id: j.shards for j in table()}
     for job_id, job in jobs.items():
         if job_id in ("megatron_stability", "plan", "verdict", *HUD_JOBS):  # their own shape: tested on their own
             continue
         last = _nox_step(job)
-        assert last["run"] == f"nox -s {job_id}"
+        sharded = f' -- --shard "$SHARD/{shards[job_id]}"' if shards[job_id] > 1 else ""
+        assert last["run"] == f"nox -s {job_id}{sharded}"
         assert job["steps"][2]["run"].startswith("python -m pip install nox==")
         gpu = job_id not in {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke", *SCHEDULED_CHECKS,
                              "monitor"}
@@ -191,8 +193,8 @@ def test_sharded_suite_becomes_a_matrix_passing_shard_through_the_environment() 
 
 def _cache_steps(job: dict[str, Any]) -> tuple[int, dict[str, Any], int, dict[str, Any]]:
     steps = job["steps"]
-    (restore,) = [i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache/restore@")
-                  and s["with"]["key"].startswith("slime-ci-durations-")]
+    (restore, *_) = [i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache/restore@")
+                     and s["with"]["key"].startswith("slime-ci-durations-")]
     (save,) = [i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache/save@")]
     return restore, steps[restore], save, steps[save]
 
@@ -214,6 +216,15 @@ def test_suite_jobs_restore_durations_from_main_before_the_run_and_save_after_it
         record_at = job["steps"].index(_record_step(job))
         assert restore_at < nox_at < record_at < save_at  # the record step may add a run
         prefix = f"slime-ci-durations-{job_id}-"
+        keys.add(prefix)
+        if "strategy" in job:  # a matrix: one cache per shard, every shard restores them all
+            count = len(job["strategy"]["matrix"]["shard"])
+            restores = [s for s in job["steps"] if s.get("name", "").startswith("Restore shard ")]
+            assert [s["with"]["restore-keys"] for s in restores] == [f"{prefix}{i}-" for i in range(1, count + 1)]
+            assert save["with"]["key"] == prefix + "${{ matrix.shard }}-${{ github.run_id }}-${{ github.run_attempt }}"
+            assert save["if"].endswith("hashFiles(format('.ci-cache/shards/{0}/durations.json', "
+                                       "matrix.shard)) != ''")
+            continue
         cached = ".ci-cache/durations.json\n.ci-cache/history.sqlite\n"  # and the run history
         assert restore["with"] == {"path": cached, "restore-keys": prefix,
                                    "key": prefix + "${{ github.run_id }}"}
@@ -224,7 +235,6 @@ def test_suite_jobs_restore_durations_from_main_before_the_run_and_save_after_it
         assert save["if"] == ("!cancelled() && github.event_name == 'push' && "
                               "github.ref == 'refs/heads/main' && "
                               "hashFiles('.ci-cache/durations.json') != ''")
-        keys.add(prefix)
     # No job's prefix is a prefix of another's: each job reads only its own durations.
     assert not any(a != b and b.startswith(a) for a in keys for b in keys)
 
@@ -239,6 +249,7 @@ def test_every_suite_job_records_its_run_last_even_when_it_failed() -> None:
         assert step["if"] == "always()"  # after a failure, a timeout or a cancel too
         # GPU jobs export their runs for the ingest workflow; hosted jobs keep the cached file.
         export = " --export .ci-cache/history-export" if job.self_hosted else ""
+        export = ' --keep-in ".ci-cache/shards/$SHARD"' * (job.shards > 1) + export
         assert step["run"] == f'nox -s history -- record --suite {job.session} --status "$STATUS"{export}'
         assert step["env"]["STATUS"] == "${{ job.status }}"
         # No suite job reaches the shared store: neither the record step nor the session.
@@ -284,7 +295,8 @@ def test_a_sharded_job_keeps_one_cache_per_shard_and_merges_all_before_it_plans(
                                    "${{ github.run_id }}-${{ github.run_attempt }}")
     assert save["with"]["path"] == (".ci-cache/shards/${{ matrix.shard }}/durations.json\n"
                                     ".ci-cache/shards/${{ matrix.shard }}/history.sqlite\n")
-    assert "hashFiles('.ci-cache/shards/${{ matrix.shard }}/durations.json')" in save["if"]
+    # Formatted by the expression: a `${{ }}` inside `if:` makes the condition a string, always true.
+    assert "hashFiles(format('.ci-cache/shards/{0}/durations.json', matrix.shard))" in save["if"]
 
 
 # --- security properties -----------------------------------------------------------------------
@@ -339,7 +351,8 @@ def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> No
     # The weekly stability job keeps no durations (its runs repeat until a bound); the plan
     # job checks out and sets up Python; a check with a report uploads it.
     # A GPU suite job restores the ingest job's trusted snapshot and uploads its runs for it.
-    assert len(uses) == sum((2 if j.kind == "check" or j.infinite else 4) + bool(j.report)
+    # A matrix job restores every shard's cache: one restore step per shard.
+    assert len(uses) == sum((2 if j.kind == "check" or j.infinite else 3 + j.shards) + bool(j.report)
                             + 2 * (j.self_hosted and j.kind != "check") for j in table()) + 2 + VERDICT_ACTIONS \
         + HUD_ACTIONS
     for ref, rest in uses:

@@ -1,0 +1,143 @@
+"""What a PR's author waits for: the slowest hosted job of a PR event, next to the sum of them all.
+
+Hosted jobs run side by side on GitHub, so the wait is the slowest of them, set-up included.
+This runs every shard of every hosted job a `pull_request` (synchronize) event runs, as
+`python -m ci plan` lists them, one at a time on this machine, each from a fresh clone of
+HEAD (so its set-up is the job's: a new nox venv, then the suite): with the uv cache this
+machine already has (warm), or an empty one (cold), or both.
+
+    python benchmarks/pr_feedback.py                       # warm cache, every hosted job
+    python benchmarks/pr_feedback.py --cache both --json out.json
+    python benchmarks/pr_feedback.py --only toolkit --narrow tests/toolkit/test_results.py \\
+        tests/toolkit/test_docs.py                         # a small case: two files, split the same way
+
+What is measured is HEAD, committed: a clone holds no uncommitted edit. GPU jobs (self-hosted)
+and the verdict job are not hosted CPU work and are left out. Run it on an idle machine: the
+figures are wall seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ci.github.job_plan import Event, Job, plan, table  # noqa: E402
+from ci.registry.loader import load_registry  # noqa: E402
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """One shard job, run alone from its own clone."""
+
+    job: str
+    shard: int  # 0: the job has no matrix
+    shards: int
+    cache: str  # "warm" or "cold"
+    seconds: float
+    rc: int
+
+
+def hosted_jobs(root: Path) -> list[Job]:
+    """The hosted jobs a PR's new commit runs, with the shard counts the workflow has."""
+    reg = load_registry(root)
+    jobs = table(reg.suites, reg.style, reg.sessions, root=root)
+    return [d.job for d in plan(Event(name="pull_request"), jobs) if d.runs and not d.job.self_hosted]
+
+
+def argv_of(job: Job, shard: int, narrow: list[str]) -> list[str]:
+    """The job's command, as the workflow runs it (`--narrow` paths after the shard)."""
+    args = ["nox", "-s", job.session]
+    rest = (["--shard", f"{shard}/{job.shards}"] if shard else []) + narrow
+    return args + (["--", *rest] if rest else [])
+
+
+def run_one(job: Job, shard: int, narrow: list[str], cache: str, work: Path, log: Path) -> Run:
+    """Clone HEAD, run the job's command in it, time both: what the job's runner spends."""
+    clone = work / f"{job.id}-{shard}-{cache}"
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    if cache == "cold":
+        env["UV_CACHE_DIR"] = str(work / f"uv-cache-{job.id}-{shard}")
+    start = time.monotonic()
+    with log.open("a", encoding="utf-8") as out:
+        out.write(f"\n=== {job.id} shard {shard}/{job.shards} ({cache}) ===\n")
+        out.flush()
+        rc = subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)],
+                            stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+        if rc == 0:
+            rc = subprocess.run(argv_of(job, shard, narrow), cwd=clone, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, check=False).returncode
+    seconds = time.monotonic() - start
+    shutil.rmtree(clone, ignore_errors=True)  # a clone with its venv is a few GB
+    return Run(job=job.id, shard=shard, shards=job.shards, cache=cache, seconds=round(seconds, 1), rc=rc)
+
+
+def summary(runs: list[Run]) -> list[str]:
+    """Per cache: each shard job's wall time, then the slowest next to the sum."""
+    lines = []
+    for cache in sorted({r.cache for r in runs}, reverse=True):
+        mine = [r for r in runs if r.cache == cache]
+        for r in mine:
+            name = f"{r.job} {r.shard}/{r.shards}" if r.shard else r.job
+            lines.append(f"  {cache:<4}  {name:<20} {r.seconds:7.1f} s  exit {r.rc}")
+        slowest = max(mine, key=lambda r: r.seconds)
+        total = sum(r.seconds for r in mine)
+        lines.append(f"{cache}: slowest job {slowest.job}"
+                     + (f" {slowest.shard}/{slowest.shards}" if slowest.shard else "")
+                     + f" {slowest.seconds / 60:.1f} min; sum of {len(mine)} jobs {total / 60:.1f} min")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache", choices=("warm", "cold", "both"), default="warm",
+                        help="the uv cache each clone's venv is built from (default: warm)")
+    parser.add_argument("--only", action="append", default=[], metavar="JOB",
+                        help="run only this hosted job (repeatable)")
+    parser.add_argument("--narrow", nargs="+", default=[], metavar="PATH",
+                        help="pass these test paths to each shard (a small case of the same split)")
+    parser.add_argument("--json", type=Path, help="write the runs to this file")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = parser.parse_args()
+    jobs = hosted_jobs(ROOT)
+    known = [j.id for j in jobs]
+    unknown = [x for x in args.only if x not in known]
+    if unknown:
+        parser.error(f"--only {unknown[0]}: not a hosted job of a PR event; jobs: {', '.join(known)}")
+    jobs = [j for j in jobs if not args.only or j.id in args.only]
+    caches = ["warm", "cold"] if args.cache == "both" else [args.cache]
+    shards = [(j, s) for j in jobs for s in (range(1, j.shards + 1) if j.shards > 1 else [0])]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=False).stdout.strip()
+    print(f"PR event at {head}: {len(shards)} hosted shard job(s) of {len(jobs)} job(s); "
+          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
+    if args.dry_run:
+        for job, shard in shards:
+            print("  " + " ".join(argv_of(job, shard, args.narrow)))
+        return 0
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="pr-feedback-") as tmp:
+        log = Path(tmp).parent / f"pr-feedback-{os.getpid()}.log"
+        print(f"  output of every job: {log}")
+        for cache in caches:
+            for job, shard in shards:
+                runs.append(run_one(job, shard, args.narrow, cache, Path(tmp), log))
+                print(f"  {runs[-1].job} {shard or ''} ({cache}): {runs[-1].seconds:.1f} s, exit {runs[-1].rc}")
+    print("\n".join(summary(runs)))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in runs], indent=1) + "\n", encoding="utf-8")
+    return 0 if all(r.rc == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
