@@ -107,6 +107,7 @@ def prepare(clone: Path, spec: EventSpec) -> Shas:
         if spec.paths is not None:
             head = touch_paths(clone, base, spec.paths)
         _git(clone, "branch", "-f", HEAD_BRANCH, head)
+        _git(clone, "branch", "-f", BASE_BRANCH, base)  # what a job's `ref: main` checks out
         _git(clone, "checkout", "-q", "--detach", base)
         _git(clone, "merge", "-q", "--no-ff", "--no-edit", "-m", f"Merge {head[:12]} into {base[:12]}", head)
         sha = _git(clone, "rev-parse", "HEAD")
@@ -115,6 +116,12 @@ def prepare(clone: Path, spec: EventSpec) -> Shas:
     # Every other event runs on the default branch's tip: the checkout's HEAD stands for it.
     _git(clone, "checkout", "-q", "-B", BASE_BRANCH, head)
     return Shas(base=head, head=head, sha=head)
+
+
+def changed_paths(clone: Path, shas: Shas) -> list[str]:
+    """The files the event's head changes against its base, both sides of a rename."""
+    out = _git(clone, "diff", "--no-renames", "--name-only", shas.base, shas.head)
+    return sorted({x for x in out.splitlines() if x.strip()})
 
 
 def _repository() -> dict[str, Any]:

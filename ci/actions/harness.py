@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -58,6 +59,9 @@ class Outcome:
     github: github_api.GitHubState
     seconds: float
     calls: tuple[ActCall, ...] = ()
+    # `python -m ci plan` for the same event against the jobs act ran (ci/actions/parity.py):
+    # None where the plan does not answer the event; else the lines where they differ.
+    disagreements: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,12 +151,14 @@ def jobs_of(workflow: triggers.Workflow, results: Mapping[str, list[str]],
     return out
 
 
+_ARG_CHARS = 60
+
+
 def _command(record: Mapping[str, Any]) -> str:
-    tool = "python" if record["tool"] == "python" else record["tool"]
-    argv = [str(a) for a in record.get("argv", [])]
-    if tool == "python" and argv[:1] == ["-c"]:
-        argv = ["-c", "…"]
-    return " ".join([tool, *argv])
+    """One recorded call as a shell line; a long argument (a JSON of needs) is cut short."""
+    argv = [" ".join(str(a).split()) for a in record.get("argv", [])]
+    argv = [a if len(a) <= _ARG_CHARS else a[:_ARG_CHARS - 1] + "…" for a in argv]
+    return shlex.join([str(record["tool"]), *argv])
 
 
 def _read_records(path: Path, start: int) -> list[dict[str, Any]]:
@@ -181,6 +187,7 @@ class Session:
             self.github.team_members[team] = set(logins)
         self.workflows = triggers.load(root)
         stand_ins.check_mapped(stand_ins.used_actions({w.file: w.doc for w in self.workflows}))
+        self._event_run = 0
         self.run_id = 100 + len(list((self.state / "runs").glob("*"))) if (self.state / "runs").is_dir() else 100
 
     def close(self) -> None:
@@ -193,18 +200,35 @@ class Session:
         first_request = len(self.github.requests)
         with github_api.serve(self.github) as url:
             jobs, notes, calls = self._event(spec, url)
+        differ = None if self.options.dry_run else self._parity(spec, jobs)
         findings = tuple(f for w in self.workflows for f in triggers.static_findings(w))
         records = _read_records(self.state / "records.jsonl", 0)
         return Outcome(jobs=tuple(jobs), requests=tuple(self.github.requests[first_request:]),
                        notes=tuple(notes), findings=findings, records=tuple(records), github=self.github,
-                       seconds=time.monotonic() - started, calls=tuple(calls))
+                       seconds=time.monotonic() - started, calls=tuple(calls),
+                       disagreements=None if differ is None else tuple(differ))
+
+    def _parity(self, spec: events.EventSpec, jobs: Sequence[JobRun]) -> list[str] | None:
+        from ci.actions import parity
+
+        run_dir = self.state / "runs" / str(self._event_run)
+        changed = run_dir / "changed-paths"
+        argv = parity.plan_argv(self.options.python, spec, run_dir / "repo",
+                                changed if changed.is_file() else None)
+        if argv is None:
+            return None
+        return parity.disagreements(jobs, parity.planned(argv, run_dir / "repo"))
 
     def _event(self, spec: events.EventSpec, url: str) -> tuple[list[JobRun], list[str], list[ActCall]]:
         self.run_id += 1
+        self._event_run = self.run_id
         run_dir = self.state / "runs" / str(self.run_id)
         run_dir.mkdir(parents=True)
         clone = events.make_clone(self.root, run_dir / "repo")
         shas = events.prepare(clone, spec)
+        if spec.name == "pull_request":
+            (run_dir / "changed-paths").write_text("\n".join(events.changed_paths(clone, shas)) + "\n",
+                                                   encoding="utf-8")
         subprocess.run(["git", "-C", str(clone), "remote", "set-url", "origin",
                         f"https://github.com/{events.REPO}.git"], check=True)
         if spec.name in ("pull_request", "issue_comment"):

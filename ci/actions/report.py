@@ -17,6 +17,7 @@ def as_json(outcome: Outcome) -> dict[str, Any]:
         "requests": [{"method": r["method"], "path": r["path"], "body": r["body"]} for r in outcome.requests],
         "notes": list(outcome.notes),
         "findings": list(outcome.findings),
+        "plan_disagrees": None if outcome.disagreements is None else list(outcome.disagreements),
         "seconds": round(outcome.seconds, 1),
     }
 
@@ -43,6 +44,10 @@ def render(outcome: Outcome) -> str:
     lines += ["", "keys act ignores, checked statically: "
               + ("all set" if not outcome.findings else f"{len(outcome.findings)} problem(s)")]
     lines += [f"  {f}" for f in outcome.findings]
+    if outcome.disagreements is not None:
+        lines += ["", "python -m ci plan for this event: "
+                  + ("the same jobs and commands" if not outcome.disagreements else "DISAGREES")]
+        lines += [f"  {d}" for d in outcome.disagreements]
     ran = sum(j.status == "ran" for j in outcome.jobs)
     lines += ["", f"{ran} of {len(outcome.jobs)} jobs ran in {outcome.seconds:.1f} s"]
     return "\n".join(lines)
