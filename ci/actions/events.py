@@ -63,8 +63,11 @@ def _git(clone: Path, *args: str) -> str:
 
 
 def make_clone(root: Path, dest: Path) -> Path:
-    """A clone of the checkout's HEAD with every branch (uncommitted changes stay behind)."""
-    done = subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(root), str(dest)],
+    """A clone of the checkout's HEAD with every branch (uncommitted changes stay behind).
+
+    `--shared` borrows the checkout's objects read-only: the clone writes only its own .git.
+    """
+    done = subprocess.run(["git", "clone", "-q", "--shared", str(root), str(dest)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise UsageError(f"{root}: cannot clone it ({done.stderr.strip()[:200]}); run from a git checkout")

@@ -176,6 +176,11 @@ def checkout() -> int:
     workspace = os.environ["GITHUB_WORKSPACE"]
     git = ["git", "-C", workspace, "-c", "advice.detachedHead=false"]
     subprocess.run([*git, "init", "-q"], check=True)
+    # Borrow the clone's objects (read-only), so the fetch moves none; the depth still holds,
+    # since a shallow fetch records its boundary and git stops there as on GitHub.
+    objects = Path(workspace, ".git", "objects", "info")
+    objects.mkdir(parents=True, exist_ok=True)
+    (objects / "alternates").write_text(os.path.join(os.environ[SOURCE_ENV], ".git", "objects") + "\n")
     subprocess.run([*git, "fetch", "-q", "--no-tags", *([f"--depth={depth}"] if depth > 0 else []),
                     source, ref], check=True)
     subprocess.run([*git, "checkout", "-q", "--detach", "FETCH_HEAD"], check=True)
