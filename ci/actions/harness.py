@@ -188,7 +188,9 @@ class Session:
         self.workflows = triggers.load(root)
         stand_ins.check_mapped(stand_ins.used_actions({w.file: w.doc for w in self.workflows}))
         self._event_run = 0
-        self.run_id = 100 + len(list((self.state / "runs").glob("*"))) if (self.state / "runs").is_dir() else 100
+        runs = self.state / "runs"
+        # Run ids go on across sessions on one state folder, as a repository's run ids do.
+        self.run_id = max([100, *(int(p.name) for p in runs.glob("*") if p.name.isdigit())]) if runs.is_dir() else 100
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -236,12 +238,15 @@ class Session:
         jobs: list[JobRun] = []
         notes: list[str] = [f"the event's commits were made in a clone ({clone}); the checkout is untouched"]
         calls: list[ActCall] = []
-        pending: list[tuple[events.EventSpec, triggers.Trigger, dict[str, Any] | None]] = [
-            (spec, trigger_of(spec), None)]
+        # (event, trigger, the finished run a workflow_run follows, the file a dispatch names)
+        pending: list[tuple[events.EventSpec, triggers.Trigger, dict[str, Any] | None, str | None]] = [
+            (spec, trigger_of(spec), None, None)]
         chained = 0
         while pending:
-            current, trigger, finished = pending.pop(0)
+            current, trigger, finished, only = pending.pop(0)
             for workflow in self.workflows:
+                if only is not None and workflow.file != only:
+                    continue
                 ok, why = triggers.starts(workflow, trigger)
                 if trigger.event in workflow.on and not ok:
                     notes.append(f"{workflow.file}: not started, as on GitHub: {why} (act would run it)")
@@ -251,21 +256,35 @@ class Session:
                 if not ok:
                     continue
                 notes.append(f"{workflow.file}: started ({why}); `on:` filters applied by the harness")
-                run_id = self.run_id if finished is None else int(finished["id"]) + 1
+                run_id = self.run_id if finished is None and only is None else self._next_run()
+                dispatched = len(self.github.dispatches)
                 ran, call = self._workflow(workflow, current, shas, run_id, url, run_dir, finished)
                 jobs += ran
                 calls.append(call)
-                if self.options.follow and not self.options.dry_run and chained < MAX_CHAIN:
-                    failed = any(j.result == "failure" for j in ran)
-                    done = events.finished_run(workflow.name, trigger.event, run_id,
-                                               "failure" if failed else "success", current, shas)
-                    follow = triggers.Trigger(event="workflow_run", workflow=workflow.name)
-                    if any(triggers.starts(w, follow)[0] for w in self.workflows):
-                        notes.append(f"workflow_run of {workflow.name} (run {run_id}, "
-                                     f"{done['conclusion']}) triggered by the harness")
-                        chained += 1
-                        pending.append((replace(current, name="workflow_run"), follow, done))
+                if not self.options.follow or self.options.dry_run or chained >= MAX_CHAIN:
+                    continue
+                failed = any(j.result == "failure" for j in ran)
+                done = events.finished_run(workflow.name, trigger.event, run_id,
+                                           "failure" if failed else "success", current, shas)
+                follow = triggers.Trigger(event="workflow_run", workflow=workflow.name)
+                if any(triggers.starts(w, follow)[0] for w in self.workflows):
+                    notes.append(f"workflow_run of {workflow.name} (run {run_id}, "
+                                 f"{done['conclusion']}) triggered by the harness")
+                    chained += 1
+                    pending.append((replace(current, name="workflow_run"), follow, done, None))
+                for d in self.github.dispatches[dispatched:]:
+                    notes.append(f"workflow_dispatch of {d['workflow']} (inputs {d.get('inputs')}), "
+                                 "sent to the REST stand-in, run by the harness")
+                    chained += 1
+                    inputs = {str(k): str(v) for k, v in (d.get("inputs") or {}).items()}
+                    pending.append((replace(current, name="workflow_dispatch", inputs=inputs),
+                                    triggers.Trigger(event="workflow_dispatch"), None, str(d["workflow"])))
         return jobs, notes, calls
+
+    def _next_run(self) -> int:
+        self.run_id += 1
+        (self.state / "runs" / str(self.run_id)).mkdir(parents=True, exist_ok=True)
+        return self.run_id
 
     def _workflow(self, workflow: triggers.Workflow, spec: events.EventSpec, shas: events.Shas,
                   run_id: int, url: str, run_dir: Path,
