@@ -188,6 +188,7 @@ class Session:
         self.workflows = triggers.load(root)
         stand_ins.check_mapped(stand_ins.used_actions({w.file: w.doc for w in self.workflows}))
         self._event_run = 0
+        self._fail: dict[str, int] = dict(options.fail)
         runs = self.state / "runs"
         # Run ids go on across sessions on one state folder, as a repository's run ids do.
         self.run_id = max([100, *(int(p.name) for p in runs.glob("*") if p.name.isdigit())]) if runs.is_dir() else 100
@@ -196,8 +197,10 @@ class Session:
         if self._tmp is not None:
             self._tmp.cleanup()
 
-    def run(self, spec: events.EventSpec) -> Outcome:
-        """Run one event (and the workflow_run workflows it chains) through act."""
+    def run(self, spec: events.EventSpec, fail: Mapping[str, int] | None = None) -> Outcome:
+        """Run one event (and the workflows it chains) through act; `fail`: sessions the
+        recording nox fails this time (default: the options')."""
+        self._fail = dict(self.options.fail if fail is None else fail)
         started = time.monotonic()
         first_request = len(self.github.requests)
         with github_api.serve(self.github) as url:
@@ -307,7 +310,7 @@ class Session:
             ("SLIME_CI_ACTIONS_PYTHON", self.options.python),
             ("SLIME_CI_ACTIONS_REAL", json.dumps({k: [list(c) for c in v]
                                                   for k, v in self.options.real_sessions.items()})),
-            ("SLIME_CI_ACTIONS_FAIL", json.dumps(dict(self.options.fail))))}
+            ("SLIME_CI_ACTIONS_FAIL", json.dumps(self._fail)))}
         if self.options.real:
             extra["SLIME_CI_ACTIONS_NOX"] = shutil.which("nox", path=self.options.host_env.get("PATH")) or "nox"
         call = ActCall(workflow=workflow.file, argv=tuple(argv),
