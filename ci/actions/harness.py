@@ -30,6 +30,7 @@ TOKEN = "ghs_" + "standin" * 5  # the job token the REST stand-in accepts
 # Secrets the workflows read, with values no real store has: a test finds them by value.
 SECRETS = {"SLIME_CI_HISTORY_URL": "sqlite:///stand-in-secret-history.sqlite",
            "SLIME_CI_TEAMS_TOKEN": "ghp_stand-in-secret-teams-token"}
+DISPATCHED = "pr-test.yml"  # the workflow `python -m ci actions workflow_dispatch` dispatches
 MAX_CHAIN = 3  # workflow_run chains GitHub follows from one event (it stops at 3 too)
 
 
@@ -242,8 +243,10 @@ class Session:
         notes: list[str] = [f"the event's commits were made in a clone ({clone}); the checkout is untouched"]
         calls: list[ActCall] = []
         # (event, trigger, the finished run a workflow_run follows, the file a dispatch names)
+        # A dispatch starts the one workflow it names (act would start every workflow that
+        # lists workflow_dispatch): from the command line, pr-test.yml.
         pending: list[tuple[events.EventSpec, triggers.Trigger, dict[str, Any] | None, str | None]] = [
-            (spec, trigger_of(spec), None, None)]
+            (spec, trigger_of(spec), None, DISPATCHED if spec.name == "workflow_dispatch" else None)]
         chained = 0
         while pending:
             current, trigger, finished, only = pending.pop(0)
@@ -259,7 +262,8 @@ class Session:
                 if not ok:
                     continue
                 notes.append(f"{workflow.file}: started ({why}); `on:` filters applied by the harness")
-                run_id = self.run_id if finished is None and only is None else self._next_run()
+                first = finished is None and (only is None or current is spec)
+                run_id = self.run_id if first else self._next_run()
                 dispatched = len(self.github.dispatches)
                 ran, call = self._workflow(workflow, current, shas, run_id, url, run_dir, finished)
                 jobs += ran
