@@ -84,7 +84,8 @@ def _base(clone: Path) -> str:
                               capture_output=True, text=True, check=False)
         if done.returncode == 0:
             return _git(clone, "merge-base", "HEAD", ref)
-    raise UsageError(f"the checkout has no {BASE_BRANCH} branch to be the PR's base; create it or pass --paths")
+    raise UsageError(f"the checkout has no {BASE_BRANCH} branch to be the PR's base; "
+                     "create it or pass --paths")
 
 
 def touch_paths(clone: Path, base: str, paths: Sequence[str]) -> str:

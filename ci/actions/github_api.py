@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ class GitHubState:
     dispatches: list[dict[str, Any]] = field(default_factory=list)
     team_members: dict[str, set[str]] = field(default_factory=dict)  # "org/team" -> logins
     requests: list[dict[str, Any]] = field(default_factory=list)
+    refuse_writes: bool = False  # a fork's read-only token: every write is a 403
     _next: int = 1000
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -88,26 +90,30 @@ def _route(state: GitHubState, method: str, parts: list[str], query: dict[str, s
         return 200, out[(page - 1) * per:page * per]
     if parts == ["issues"] and method == "POST":
         issue = {"number": len(state.issues) + 1, "title": body["title"], "body": body.get("body", ""),
-                 "labels": list(body.get("labels", [])), "state": "open", "state_reason": None,
-                 "closed_at": None}
+                 "labels": list(body.get("labels", [])), "assignees": list(body.get("assignees", [])),
+                 "state": "open", "state_reason": None, "closed_at": None}
         state.issues.append(issue)
         return 201, issue
     if parts[:1] == ["issues"] and n == 2 and method == "PATCH":
-        issue = next((i for i in state.issues if i["number"] == int(parts[1])), None)
-        if issue is None:
+        found = [i for i in state.issues if i["number"] == int(parts[1])]
+        if not found:
             return 404, {"message": "Not Found"}
+        issue = found[0]
         issue.update({k: v for k, v in body.items() if k in ("title", "body", "state", "state_reason")})
+        if "state" in body:
+            issue["closed_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) \
+                if body["state"] == "closed" else None
         return 200, issue
     if parts == ["check-runs"] and method == "POST":
         run = {"id": state.new_id(), **body}
         state.check_runs.append(run)
         return 201, run
     if parts[:1] == ["check-runs"] and n == 2 and method == "PATCH":
-        run = next((r for r in state.check_runs if r["id"] == int(parts[1])), None)
-        if run is None:
+        runs = [r for r in state.check_runs if r["id"] == int(parts[1])]
+        if not runs:
             return 404, {"message": "Not Found"}
-        run.update(body)
-        return 200, run
+        runs[0].update(body)
+        return 200, runs[0]
     if parts[:2] == ["actions", "workflows"] and n == 4 and parts[3] == "dispatches":
         state.dispatches.append({"workflow": parts[2], **body})
         return 204, None
@@ -138,6 +144,8 @@ def _app(state: GitHubState) -> Any:
             state.requests.append({"method": request.method, "path": request.path_qs, "body": body})
             if request.headers.get("Authorization") != f"Bearer {state.token}":
                 return web.json_response({"message": "Bad credentials"}, status=401)
+            if request.method != "GET" and state.refuse_writes:
+                return web.json_response({"message": "Resource not accessible by integration"}, status=403)
             path = request.path
             if path.startswith("/orgs/") and "/memberships/" in path:
                 _, _, org, _, team, _, user = path.split("/")[:7]

@@ -19,33 +19,19 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from ci.actions import events, github_api, stand_ins, triggers
+from ci.actions import events, github_api, parity, stand_ins, triggers
 from ci.actions.act_argv import ActCall, act_argv, act_env
+from ci.actions.job_runs import JobRun
 from ci.errors import UsageError
 
-JobStatus = Literal["ran", "skipped"]
 TOKEN = "ghs_" + "standin" * 5  # the job token the REST stand-in accepts
 # Secrets the workflows read, with values no real store has: a test finds them by value.
 SECRETS = {"SLIME_CI_HISTORY_URL": "sqlite:///stand-in-secret-history.sqlite",
            "SLIME_CI_TEAMS_TOKEN": "ghp_stand-in-secret-teams-token"}
 DISPATCHED = "pr-test.yml"  # the workflow `python -m ci actions workflow_dispatch` dispatches
 MAX_CHAIN = 3  # workflow_run chains GitHub follows from one event (it stops at 3 too)
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobRun:
-    """One job of one workflow, as act ran (or skipped) it."""
-
-    workflow: str
-    job: str
-    status: JobStatus
-    result: str  # success, failure, skipped (its `if:` was false), not started (GitHub's filters)
-    why: str = ""  # the `if:` that skipped it, or what the harness did
-    commands: tuple[str, ...] = ()
-    env: tuple[Mapping[str, str], ...] = ()  # the environment each recorded command saw
-    seconds: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,8 +82,8 @@ def find_act(env: Mapping[str, str]) -> str:
 def trigger_of(spec: events.EventSpec) -> triggers.Trigger:
     """The event as `on:` filters read it (pure)."""
     if spec.name == "pull_request":
-        return triggers.Trigger(event=spec.name, action=spec.action or ("labeled" if spec.added else "synchronize"),
-                                branch=events.BASE_BRANCH)
+        action = spec.action or ("labeled" if spec.added else "synchronize")
+        return triggers.Trigger(event=spec.name, action=action, branch=events.BASE_BRANCH)
     if spec.name == "push":
         return triggers.Trigger(event="push", branch=events.BASE_BRANCH)
     if spec.name == "schedule":
@@ -183,7 +169,8 @@ class Session:
             self.state = options.state
             self.state.mkdir(parents=True, exist_ok=True)
         self.shims = stand_ins.write(self.state / "stand-ins", options.python)
-        self.github = github_api.GitHubState(repo=events.REPO, token=TOKEN, artifacts=self.state / "artifacts")
+        self.github = github_api.GitHubState(repo=events.REPO, token=TOKEN,
+                                             artifacts=self.state / "artifacts")
         for team, logins in options.team_members.items():
             self.github.team_members[team] = set(logins)
         self.workflows = triggers.load(root)
@@ -192,7 +179,8 @@ class Session:
         self._fail: dict[str, int] = dict(options.fail)
         runs = self.state / "runs"
         # Run ids go on across sessions on one state folder, as a repository's run ids do.
-        self.run_id = max([100, *(int(p.name) for p in runs.glob("*") if p.name.isdigit())]) if runs.is_dir() else 100
+        numbers = [int(p.name) for p in runs.glob("*") if p.name.isdigit()] if runs.is_dir() else []
+        self.run_id = max([100, *numbers])
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -215,8 +203,6 @@ class Session:
                        disagreements=None if differ is None else tuple(differ))
 
     def _parity(self, spec: events.EventSpec, jobs: Sequence[JobRun]) -> list[str] | None:
-        from ci.actions import parity
-
         run_dir = self.state / "runs" / str(self._event_run)
         changed = run_dir / "changed-paths"
         argv = parity.plan_argv(self.options.python, spec, run_dir / "repo",
@@ -302,7 +288,8 @@ class Session:
         workflow_file = run_dir / stem
         workflow_file.write_text(yaml.safe_dump(triggers.for_act(workflow), sort_keys=False, width=10_000),
                                  encoding="utf-8")
-        event_file = events.write_payload(run_dir / f"{stem}.event.json", events.payload(spec, shas, finished))
+        event_file = events.write_payload(run_dir / f"{stem}.event.json",
+                                          events.payload(spec, shas, finished))
         act_event = "workflow_run" if finished is not None else spec.name
         argv = act_argv(act=self.options.act, event=act_event, workflow_file=workflow_file,
                         event_file=event_file, clone=run_dir / "repo", stand_ins=self.state / "stand-ins",
@@ -316,7 +303,8 @@ class Session:
                                                   for k, v in self.options.real_sessions.items()})),
             ("SLIME_CI_ACTIONS_FAIL", json.dumps(self._fail)))}
         if self.options.real:
-            extra["SLIME_CI_ACTIONS_NOX"] = shutil.which("nox", path=self.options.host_env.get("PATH")) or "nox"
+            nox = shutil.which("nox", path=self.options.host_env.get("PATH"))
+            extra["SLIME_CI_ACTIONS_NOX"] = nox or "nox"
         call = ActCall(workflow=workflow.file, argv=tuple(argv),
                        env=act_env(self.options.host_env, shims=self.shims, extra=extra))
         if self.options.dry_run:

@@ -12,14 +12,11 @@ import json
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ci.actions.events import EventSpec
+from ci.actions.job_runs import JobRun
 from ci.errors import UsageError
 from ci.github.job_plan import WORKFLOW_NAME
-
-if TYPE_CHECKING:
-    from ci.actions.harness import JobRun
 
 WORKFLOW_FILE = f"{WORKFLOW_NAME}.yml"
 # Jobs of pr-test.yml that are not rows of the job table: the plan itself and the verdict.

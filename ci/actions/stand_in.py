@@ -42,8 +42,9 @@ def _state() -> Path:
 
 
 def _record(tool: str, argv: list[str], **extra: object) -> None:
-    row = {"tool": tool, "job": os.environ.get("GITHUB_JOB", ""), "workflow": os.environ.get("GITHUB_WORKFLOW", ""),
-           "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "time": time.time(), **extra}
+    row = {"tool": tool, "job": os.environ.get("GITHUB_JOB", ""),
+           "workflow": os.environ.get("GITHUB_WORKFLOW", ""), "argv": argv, "cwd": os.getcwd(),
+           "env": dict(os.environ), "time": time.time(), **extra}
     with (_state() / "records.jsonl").open("a", encoding="utf-8") as out:
         out.write(json.dumps(row) + "\n")
 
@@ -74,7 +75,8 @@ def nox(argv: list[str]) -> int:
         commands = real[session]
         for i, command in enumerate(commands):
             extra = posargs if i == len(commands) - 1 else []
-            argv_run = [os.environ[PYTHON_ENV] if command[0] == "python" else command[0], *command[1:], *extra]
+            program = os.environ[PYTHON_ENV] if command[0] == "python" else command[0]
+            argv_run = [program, *command[1:], *extra]
             code = subprocess.call(argv_run)
             if code:
                 return code
@@ -93,7 +95,8 @@ def nox(argv: list[str]) -> int:
 
 
 def _api(method: str, path: str, body: object | None) -> bytes:
-    url = path if path.startswith("http") else os.environ["GITHUB_API_URL"].rstrip("/") + "/" + path.lstrip("/")
+    base = os.environ["GITHUB_API_URL"].rstrip("/")
+    url = path if path.startswith("http") else f"{base}/{path.lstrip('/')}"
     data = json.dumps(body).encode() if body is not None else None
     token = os.environ.get("GH_TOKEN") or os.environ.get("GITHUB_TOKEN") or ""
     request = urllib.request.Request(url, data=data, method=method, headers={
@@ -128,7 +131,8 @@ def gh(argv: list[str]) -> int:
         print(f"stand-in gh: only `gh api` and `gh workflow run` are answered here, not gh {argv[:2]}",
               file=sys.stderr)
         return 1
-    method, jq, path, body = "", "", "", {}
+    method, jq, path = "", "", ""
+    body: dict[str, object] = {}
     rest, i = argv[1:], 0
     while i < len(rest):
         a = rest[i]
@@ -142,7 +146,9 @@ def gh(argv: list[str]) -> int:
         elif a in ("-f", "-F", "--field", "--raw-field"):
             key, _, value = rest[i + 1].partition("=")
             if key.endswith("[]"):
-                body.setdefault(key[:-2], []).append(value)
+                listed = body.setdefault(key[:-2], [])
+                assert isinstance(listed, list)
+                listed.append(value)
             else:
                 body[key] = value
         else:
@@ -158,14 +164,13 @@ def gh(argv: list[str]) -> int:
     return 0
 
 
-def python(argv: list[str]) -> int:
+def python(argv: list[str]) -> int:  # replaces this process, or returns 0
     if argv[:3] == ["-m", "pip", "install"] and all(a.startswith("nox") for a in argv[3:]):
         _record("python", argv, skipped=True)
         print("stand-in: nox is already here (the recording nox, or the host's under --real)")
         return 0
     _record("python", argv)
     os.execv(os.environ[PYTHON_ENV], [os.environ[PYTHON_ENV], *argv])
-    return 0  # not reached
 
 
 def checkout() -> int:

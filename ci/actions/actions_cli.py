@@ -24,7 +24,7 @@ from typing import get_args
 
 from ci.actions import events, harness
 from ci.actions.act_argv import quoted
-from ci.actions.report import as_json, render
+from ci.actions.outcome_table import as_json, render
 from ci.args import Parser, existing_dir
 from ci.errors import EXIT_FAILED, EXIT_OK, UsageError
 from ci.github.job_plan import read_paths
