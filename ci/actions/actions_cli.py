@@ -44,6 +44,13 @@ def real_sessions(root: Path) -> dict[str, list[list[str]]]:
             if isinstance(s, Check) and s.name in WIRING_SESSIONS}
 
 
+def gpu_sessions(root: Path) -> list[str]:
+    """The suites that need GPUs: `--real` runs them on emulated GPUs."""
+    from ci.registry.loader import load_registry
+
+    return [s.name for s in load_registry(root) if s.needs_gpus]
+
+
 def _split(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
@@ -100,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", action="append", default=[], metavar="NAME=VALUE",
                         help="workflow_dispatch input (repeatable)")
     parser.add_argument("--real", action="store_true",
-                        help="run the real nox sessions (GPU jobs need --emulate-gpus or GPUs)")
+                        help="run the real nox sessions (GPU suites on emulated GPUs): minutes, not seconds")
     parser.add_argument("--fail", action="append", default=[], metavar="SESSION",
                         help="the recording nox exits 1 for SESSION (repeatable): a red job's path")
     parser.add_argument("--state", type=Path, default=None, metavar="DIR",
@@ -118,6 +125,7 @@ def main(argv: Sequence[str]) -> int:
     spec = parse_spec(args)
     options = harness.Options(act=harness.find_act(os.environ), real=args.real, dry_run=args.dry_run,
                               fail={s: 1 for s in args.fail}, real_sessions=real_sessions(root),
+                              gpu_sessions=gpu_sessions(root) if args.real else (),
                               state=args.state.resolve() if args.state else None)
     session = harness.Session(root, options)
     try:

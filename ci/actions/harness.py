@@ -60,6 +60,7 @@ class Options:
     real: bool = False
     fail: Mapping[str, int] = field(default_factory=dict)
     real_sessions: Mapping[str, Sequence[Sequence[str]]] = field(default_factory=dict)
+    gpu_sessions: Sequence[str] = ()  # --real: these run with --emulate-gpus
     state: Path | None = None  # kept across events (a push's caches, then a PR): tests pass one
     dry_run: bool = False
     follow: bool = True  # start the workflow_run workflows a finished run triggers
@@ -305,6 +306,7 @@ class Session:
         if self.options.real:
             nox = shutil.which("nox", path=self.options.host_env.get("PATH"))
             extra["SLIME_CI_ACTIONS_NOX"] = nox or "nox"
+            extra["SLIME_CI_ACTIONS_EMULATE"] = json.dumps(list(self.options.gpu_sessions))
         call = ActCall(workflow=workflow.file, argv=tuple(argv),
                        env=act_env(self.options.host_env, shims=self.shims, extra=extra))
         if self.options.dry_run:

@@ -35,6 +35,7 @@ REAL_ENV = "SLIME_CI_ACTIONS_REAL"  # JSON {session: [[argv], ...]}: sessions ru
 FAIL_ENV = "SLIME_CI_ACTIONS_FAIL"  # JSON {session: exit status} for the recording nox
 NOX_REAL_ENV = "SLIME_CI_ACTIONS_NOX"  # --real: the real nox executable
 PYTHON_ENV = "SLIME_CI_ACTIONS_PYTHON"  # the host's interpreter
+EMULATE_ENV = "SLIME_CI_ACTIONS_EMULATE"  # --real: JSON list of GPU sessions to run --emulate-gpus
 
 
 def _state() -> Path:
@@ -68,6 +69,10 @@ def nox(argv: list[str]) -> int:
     posargs = argv[argv.index("--") + 1:] if "--" in argv else []
     real = json.loads(os.environ.get(REAL_ENV) or "{}")
     if os.environ.get(NOX_REAL_ENV):
+        # --real: the real session; a GPU suite on this host's emulated GPUs, as `nox -s
+        # gpu_smoke` runs them, since a GPU job here has no GPU.
+        if session in json.loads(os.environ.get(EMULATE_ENV) or "[]"):
+            argv = [*argv, "--emulate-gpus"] if "--" in argv else [*argv, "--", "--emulate-gpus"]
         _record("nox", argv, real=True)
         return subprocess.call([os.environ[NOX_REAL_ENV], *argv])
     if session in real:
