@@ -78,12 +78,18 @@ def make_clone(root: Path, dest: Path) -> Path:
     return dest
 
 
-def _base(clone: Path) -> str:
+def _base(root: Path, clone: Path) -> str:
+    """The PR's base: where HEAD left `main` (the checkout's origin/main, else its main).
+
+    Read in the checkout, not the clone: a clone of a clone lists the checkout's own branches
+    only, and a fresh clone on a feature branch has `main` as origin/main alone. The objects
+    are shared, so the clone finds the commit.
+    """
     for ref in (f"origin/{BASE_BRANCH}", BASE_BRANCH):
-        done = subprocess.run(["git", "-C", str(clone), "rev-parse", "--verify", "-q", ref],
+        done = subprocess.run(["git", "-C", str(root), "rev-parse", "--verify", "-q", ref + "^{commit}"],
                               capture_output=True, text=True, check=False)
         if done.returncode == 0:
-            return _git(clone, "merge-base", "HEAD", ref)
+            return _git(clone, "merge-base", "HEAD", done.stdout.strip())
     raise UsageError(f"the checkout has no {BASE_BRANCH} branch to be the PR's base; "
                      "create it or pass --paths")
 
@@ -103,11 +109,11 @@ def touch_paths(clone: Path, base: str, paths: Sequence[str]) -> str:
     return _git(clone, "rev-parse", "HEAD")
 
 
-def prepare(clone: Path, spec: EventSpec) -> Shas:
+def prepare(root: Path, clone: Path, spec: EventSpec) -> Shas:
     """Make the event's commits in the clone and leave HEAD (and its branch) where act reads them."""
     head = _git(clone, "rev-parse", "HEAD")
     if spec.name == "pull_request":
-        base = _base(clone)
+        base = _base(root, clone)
         if spec.paths is not None:
             head = touch_paths(clone, base, spec.paths)
         _git(clone, "branch", "-f", HEAD_BRANCH, head)

@@ -216,7 +216,7 @@ class Session:
         run_dir = self.state / "runs" / str(self.run_id)
         run_dir.mkdir(parents=True)
         clone = events.make_clone(self.root, run_dir / "repo")
-        shas = events.prepare(clone, spec)
+        shas = events.prepare(self.root, clone, spec)
         if spec.name == "pull_request":
             (run_dir / "changed-paths").write_text("\n".join(events.changed_paths(clone, shas)) + "\n",
                                                    encoding="utf-8")
