@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import shutil
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
@@ -70,6 +73,14 @@ def existing_dir(flag: str, path: Path) -> Path:
     except OSError as exc:  # a name too long, a loop of links: is_dir() raises those
         what = f"cannot be used ({exc.strerror})"
     raise UsageError(f"{flag} {one_line(str(path))}: {what}; pass the repository root")
+
+
+def installed(name: str, env: Mapping[str, str]) -> str | None:
+    """A tool a wheel installs (uv, act): beside this interpreter, else on PATH; None if neither."""
+    here = Path(sys.executable).with_name(name)
+    if here.is_file():
+        return str(here)
+    return shutil.which(name, path=env.get("PATH"))
 
 
 def one_line(text: str) -> str:

@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
-import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ci.args import installed
 from ci.errors import EXIT_FAILED, EXIT_OK, CIError, UsageError
 
 CONSTRAINTS_DIR = "constraints"
@@ -72,10 +71,7 @@ def compile_argv(uv: str, source: Path, python: str, out: Path) -> list[str]:
 
 def find_uv(env: Mapping[str, str]) -> str:
     """The uv executable: next to this interpreter, or on PATH."""
-    here = Path(sys.executable).with_name("uv")
-    if here.is_file():
-        return str(here)
-    found = shutil.which("uv", path=env.get("PATH"))
+    found = installed("uv", env)
     if found is None:
         raise UsageError("uv is not installed: pip install uv (the dev profile has it), then rerun")
     return found

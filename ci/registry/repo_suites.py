@@ -252,6 +252,10 @@ SESSIONS: tuple[Check | Smoke, ...] = (
           commands=(ISSUES_COMMAND, MONITOR_COMMAND)),
     Check(name=VERDICT_SESSION, profiles=("history",), tags=(), posargs=True, purpose=VERDICT_PURPOSE,
           commands=(VERDICT_COMMAND,)),
+    Check(name="actions", profiles=("actions",), tags=(), posargs=True,
+          purpose="The generated workflows for one event, run by act on this host "
+                  "(`-- pull_request --labels run-ci-megatron`): jobs, commands, GitHub requests",
+          commands=(("python", "-m", "ci", "actions"),)),
     Check(name="mutation", profiles=("mutation",), tags=("nightly",), cadences=("nightly",),
           posargs=True, minutes=240,
           purpose="Mutation score per core module (ci.suites.MUTATION_TARGETS); nightly and on demand, "

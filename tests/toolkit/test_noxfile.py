@@ -17,7 +17,7 @@ nox = pytest.importorskip("nox", reason="the dev profile brings nox")
 # Sessions that are not suites: registry data too (SESSIONS in ci/registry/repo_suites.py).
 NOT_SUITES = {s.name for s in load_registry(REPO).sessions}
 # Sessions no workflow runs (on demand only): not in README's table of CI jobs.
-NO_JOB = {"history"}
+NO_JOB = {"history", "actions"}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,8 @@ def test_sessions_that_are_not_suites_come_from_the_registry(sessions):
 
     found, module = sessions
     registry = load_registry(REPO)
-    assert {"lint", "gpu_smoke", "gpu_smoke_nightly", "history", "hud", "monitor", "verdict", "mutation",
+    assert {"lint", "gpu_smoke", "gpu_smoke_nightly", "history", "hud", "monitor", "verdict", "actions",
+            "mutation",
             "plants", "lock_check"} == NOT_SUITES
     assert not hasattr(module, "SMOKE") and not hasattr(module, "BEFORE")  # no logic left there
     suites = set(registry.names())

@@ -1,0 +1,1 @@
+"""Running the generated workflows under act (`python -m ci actions`)."""

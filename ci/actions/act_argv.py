@@ -1,0 +1,63 @@
+"""act's command line and environment for one workflow of one event (pure builders).
+
+Host mode: every runner label the workflows use maps to `-self-hosted`, so jobs run as
+processes on this machine with no image to pull. act copies its own environment into every
+job, so it gets a small one built here (never the user's, which may hold real tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ci.actions.stand_ins import local_repository_args
+
+RUNNER_LABELS = ("ubuntu-latest", "self-hosted", "gpu")
+# What a job may read of the host's environment: enough to run git, Python and jq.
+KEPT_ENV = ("HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActCall:
+    """One act invocation: its argv and the environment it runs with."""
+
+    workflow: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+
+
+def act_argv(*, act: str, event: str, workflow_file: Path, event_file: Path, clone: Path,
+             stand_ins: Path, action_cache: Path, run_id: int, api_url: str,
+             secrets: Mapping[str, str], inputs: Mapping[str, str] = {}) -> list[str]:
+    """The argv of `act` for one workflow file and one event (pure)."""
+    argv = [act, event, "--workflows", str(workflow_file), "--eventpath", str(event_file),
+            "--directory", str(clone), "--json"]
+    for label in RUNNER_LABELS:
+        argv += ["--platform", f"{label}=-self-hosted"]
+    argv += local_repository_args(stand_ins)
+    # The checkout stand-in clones the event's commit into the job's own empty workspace;
+    # act's own cache server is off: the cache stand-in keeps caches across act runs.
+    argv += ["--no-skip-checkout", "--no-cache-server", "--action-offline-mode",
+             "--action-cache-path", str(action_cache), "--concurrent-jobs", "1",
+             "--env", f"GITHUB_RUN_ID={run_id}", "--env", f"GITHUB_API_URL={api_url}"]
+    for name, value in secrets.items():
+        argv += ["--secret", f"{name}={value}"]
+    for name, value in inputs.items():
+        argv += ["--input", f"{name}={value}"]
+    return argv
+
+
+def act_env(host: Mapping[str, str], *, shims: Path, extra: Mapping[str, str]) -> dict[str, str]:
+    """The environment act (and so every job) runs with: the shims first on PATH (pure)."""
+    env = {k: host[k] for k in KEPT_ENV if k in host}
+    env["PATH"] = f"{shims}:{host.get('PATH', '/usr/bin:/bin')}"
+    env.update(extra)
+    return env
+
+
+def quoted(argv: Sequence[str]) -> str:
+    """The argv as one shell line (for --dry-run)."""
+    import shlex
+
+    return " ".join(shlex.quote(a) for a in argv)

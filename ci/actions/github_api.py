@@ -1,0 +1,224 @@
+"""A loopback stand-in for the GitHub REST endpoints the generated workflows call (aiohttp).
+
+This machine cannot reach GitHub. Jobs under act talk to this server through `GITHUB_API_URL`
+(the toolkit's REST client, and the `gh` stand-in): a PR's comments (list, create, edit: the
+sticky verdict), reactions, labels, issues (the monitor's), check runs, a PR's head, a team
+membership, workflow dispatches, and a run's artifacts (listed from the state folder the
+upload stand-in writes). It keeps everything in memory and records every request, so what CI
+asked GitHub for is part of the answer of `python -m ci actions`. It binds 127.0.0.1 only.
+As GitHub does, it signs what the token writes with the token's bot user (`login`), refuses a
+body over 65,536 characters with HTTP 422, and answers 410 to a change of a deleted issue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REQUEST_FIELDS = ("method", "path", "body")
+BOT = "github-actions[bot]"  # who GitHub says wrote what a job's token posts
+BODY_LIMIT = 65_536  # characters of an issue or comment body; GitHub answers 422 past it
+
+
+@dataclass
+class GitHubState:
+    """What the stand-in holds; tests and the harness read it after a run."""
+
+    repo: str
+    token: str
+    artifacts: Path | None = None  # <state>/artifacts/<run id>/<name>.zip
+    pulls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    comments: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    issues: list[dict[str, Any]] = field(default_factory=list)
+    labels: dict[int, list[str]] = field(default_factory=dict)
+    check_runs: list[dict[str, Any]] = field(default_factory=list)
+    dispatches: list[dict[str, Any]] = field(default_factory=list)
+    team_members: dict[str, set[str]] = field(default_factory=dict)  # "org/team" -> logins
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    refuse_writes: bool = False  # a fork's read-only token: every write is a 403
+    login: str = BOT
+    gone: set[int] = field(default_factory=set)  # issues an admin deleted: every change is a 410
+    _next: int = 1000
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def new_id(self) -> int:
+        self._next += 1
+        return self._next
+
+    @property
+    def calls(self) -> list[tuple[str, str]]:
+        """(method, path with query) of every request, in order."""
+        return [(r["method"], r["path"]) for r in self.requests]
+
+    def author(self) -> dict[str, str]:
+        return {"login": self.login, "type": "Bot"}
+
+    def artifact_files(self) -> list[tuple[int, str, Path]]:
+        """(id, run id, zip) of every uploaded artifact; ids are stable for one folder."""
+        if self.artifacts is None or not self.artifacts.is_dir():
+            return []
+        found = sorted(self.artifacts.glob("*/*.zip"))
+        return [(i + 1, z.parent.name, z) for i, z in enumerate(found)]
+
+
+def _edit(items: list[dict[str, Any]], key: str, value: int, changes: dict[str, Any]) -> tuple[int, Any]:
+    found = [i for i in items if i[key] == value]
+    if not found:
+        return 404, {"message": "Not Found"}
+    found[0].update(changes)
+    return 200, found[0]
+
+
+def _route(state: GitHubState, method: str, parts: list[str], query: dict[str, str],
+           body: Any) -> tuple[int, Any]:
+    """One request under /repos/OWNER/NAME, already split on `/` (pure over the state)."""
+    page, per = int(query.get("page", 1)), int(query.get("per_page", 30))
+    n = len(parts)
+    if isinstance(body, dict) and len(str(body.get("body", ""))) > BODY_LIMIT:
+        return 422, {"message": "Validation Failed",
+                     "errors": [{"field": "body", "code": "custom",
+                                 "message": f"body is too long (maximum is {BODY_LIMIT} characters)"}]}
+    if method != "GET" and parts[:1] == ["issues"] and n >= 2 and parts[1].isdigit() \
+            and int(parts[1]) in state.gone:
+        return 410, {"message": "This issue was deleted"}
+    if parts[:1] == ["pulls"] and n == 2 and method == "GET":
+        pull = state.pulls.get(int(parts[1]))
+        return (200, pull) if pull is not None else (404, {"message": "Not Found"})
+    if parts[:1] == ["issues"] and n == 3 and parts[2] == "comments":
+        number = int(parts[1])
+        if method == "GET":
+            return 200, state.comments.get(number, [])[(page - 1) * per:page * per]
+        comment = {"id": state.new_id(), "body": body.get("body", ""), "user": state.author()}
+        state.comments.setdefault(number, []).append(comment)
+        return 201, comment
+    if parts[:2] == ["issues", "comments"] and n == 3 and method == "PATCH":
+        for items in state.comments.values():
+            for c in items:
+                if c["id"] == int(parts[2]):
+                    c["body"] = body.get("body", "")
+                    return 200, c
+        return 404, {"message": "Not Found"}
+    if parts[:2] == ["issues", "comments"] and n == 4 and parts[3] == "reactions":
+        return 201, {"id": state.new_id(), "content": body.get("content")}
+    if parts[:1] == ["issues"] and n == 3 and parts[2] == "labels" and method == "POST":
+        names = state.labels.setdefault(int(parts[1]), [])
+        names += [x for x in body.get("labels", []) if x not in names]
+        return 200, [{"name": x} for x in names]
+    if parts == ["issues"] and method == "GET":
+        label, wanted = query.get("labels"), query.get("state", "open")
+        items = [i for i in state.issues if (label is None or label in i["labels"])
+                 and (wanted == "all" or i["state"] == wanted)]
+        out = [{**i, "labels": [{"name": x} for x in i["labels"]]} for i in items]
+        return 200, out[(page - 1) * per:page * per]
+    if parts == ["issues"] and method == "POST":
+        issue = {"number": len(state.issues) + 1, "title": body["title"], "body": body.get("body", ""),
+                 "labels": list(body.get("labels", [])), "assignees": list(body.get("assignees", [])),
+                 "state": "open", "state_reason": None, "closed_at": None, "user": state.author()}
+        state.issues.append(issue)
+        return 201, issue
+    if parts[:1] == ["issues"] and n == 2 and method == "PATCH":
+        kept = {k: v for k, v in body.items() if k in ("title", "body", "state", "state_reason")}
+        if "state" in body:
+            kept["closed_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) \
+                if body["state"] == "closed" else None
+        return _edit(state.issues, "number", int(parts[1]), kept)
+    if parts == ["check-runs"] and method == "POST":
+        run = {"id": state.new_id(), **body}
+        state.check_runs.append(run)
+        return 201, run
+    if parts[:1] == ["check-runs"] and n == 2 and method == "PATCH":
+        return _edit(state.check_runs, "id", int(parts[1]), body)
+    if parts[:2] == ["actions", "workflows"] and n == 4 and parts[3] == "dispatches":
+        state.dispatches.append({"workflow": parts[2], **body})
+        return 204, None
+    if parts[:2] == ["actions", "runs"] and n == 4 and parts[3] == "artifacts":
+        listed = [{"id": i, "name": z.stem, "expired": False, "size_in_bytes": z.stat().st_size}
+                  for i, run, z in state.artifact_files() if run == parts[2]]
+        return 200, {"total_count": len(listed), "artifacts": listed}
+    if parts[:2] == ["actions", "artifacts"] and n == 4 and parts[3] == "zip":
+        for i, _, z in state.artifact_files():
+            if i == int(parts[2]):
+                return 200, z.read_bytes()
+        return 404, {"message": "Not Found"}
+    return 404, {"message": "Not Found"}
+
+
+def _app(state: GitHubState) -> Any:
+    from aiohttp import web
+
+    prefix = f"/repos/{state.repo}/"
+
+    async def serve(request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = {"_raw": raw.decode(errors="replace")}
+        with state.lock:
+            state.requests.append({"method": request.method, "path": request.path_qs, "body": body})
+            if request.headers.get("Authorization") != f"Bearer {state.token}":
+                return web.json_response({"message": "Bad credentials"}, status=401)
+            if request.method != "GET" and state.refuse_writes:
+                return web.json_response({"message": "Resource not accessible by integration"}, status=403)
+            path = request.path
+            if path.startswith("/orgs/") and "/memberships/" in path:
+                _, _, org, _, team, _, user = path.split("/")[:7]
+                if user in state.team_members.get(f"{org}/{team}", set()):
+                    return web.json_response({"state": "active", "role": "member"})
+                return web.json_response({"message": "Not Found"}, status=404)
+            if not path.startswith(prefix):
+                return web.json_response({"message": "Not Found"}, status=404)
+            code, answer = _route(state, request.method, path[len(prefix):].strip("/").split("/"),
+                                  dict(request.query), body)
+        if isinstance(answer, bytes):
+            return web.Response(body=answer, status=code, content_type="application/zip")
+        if answer is None:
+            return web.Response(status=code)
+        return web.json_response(answer, status=code)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", serve)
+    return app
+
+
+@contextlib.contextmanager
+def serve(state: GitHubState) -> Iterator[str]:
+    """Run the stand-in on a free loopback port in a thread; its base URL (GITHUB_API_URL)."""
+    from aiohttp import web
+
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    async def start() -> None:
+        runner = web.AppRunner(_app(state), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        holder["runner"] = runner
+        holder["port"] = runner.addresses[0][1]
+        ready.set()
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(start())
+        loop.run_forever()
+
+    thread = threading.Thread(target=main, name="github-stand-in", daemon=True)
+    thread.start()
+    if not ready.wait(10):
+        raise RuntimeError("the GitHub stand-in did not start in 10 s")
+    try:
+        yield f"http://127.0.0.1:{holder['port']}"
+    finally:
+        asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
