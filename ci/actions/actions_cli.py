@@ -28,10 +28,12 @@ from ci.actions.outcome_table import as_json, render
 from ci.args import Parser, existing_dir
 from ci.errors import EXIT_FAILED, EXIT_OK, UsageError
 from ci.github.job_plan import read_paths
+from ci.github.pages_workflow import HUD_SESSION
 from ci.registry.model import MONITOR_SESSION, VERDICT_SESSION
 
-# The sessions whose work is CI's own wiring: run for real even by the recording nox.
-WIRING_SESSIONS = ("history", VERDICT_SESSION, MONITOR_SESSION)
+# The sessions whose work is CI's own wiring: run for real even by the recording nox (the
+# HUD's build too: the Pages job deploys the folder it writes).
+WIRING_SESSIONS = ("history", VERDICT_SESSION, MONITOR_SESSION, HUD_SESSION)
 
 
 def real_sessions(root: Path) -> dict[str, list[list[str]]]:

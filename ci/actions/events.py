@@ -116,6 +116,9 @@ def prepare(root: Path, clone: Path, spec: EventSpec) -> Shas:
         base = _base(root, clone)
         if spec.paths is not None:
             head = touch_paths(clone, base, spec.paths)
+        # A clone of a checkout on `main` has `main` checked out, and git moves no checked-out
+        # branch: detach first (a fresh clone of main is exactly that case).
+        _git(clone, "checkout", "-q", "--detach", head)
         _git(clone, "branch", "-f", HEAD_BRANCH, head)
         _git(clone, "branch", "-f", BASE_BRANCH, base)  # what a job's `ref: main` checks out
         _git(clone, "checkout", "-q", "--detach", base)

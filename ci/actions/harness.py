@@ -31,6 +31,7 @@ TOKEN = "ghs_" + "standin" * 5  # the job token the REST stand-in accepts
 # Secrets the workflows read, with values no real store has: a test finds them by value.
 SECRETS = {"SLIME_CI_HISTORY_URL": "sqlite:///stand-in-secret-history.sqlite",
            "SLIME_CI_TEAMS_TOKEN": "ghp_stand-in-secret-teams-token"}
+SHARED_STORE = "stand-in-secret-history.sqlite"  # in the state folder: the jobs' shared store
 DISPATCHED = "pr-test.yml"  # the workflow `python -m ci actions workflow_dispatch` dispatches
 MAX_CHAIN = 3  # workflow_run chains GitHub follows from one event (it stops at 3 too)
 
@@ -168,6 +169,13 @@ class Session:
             self.state = options.state
             self.state.mkdir(parents=True, exist_ok=True)
         self.shims = stand_ins.write(self.state / "stand-ins", options.python)
+        # The shared store every job that holds the secret reads and writes, made before the first
+        # event as a repository's store exists before its first scheduled job (the HUD's build
+        # opens it read-only, and a store that is not there is an error, never an empty page).
+        self.secrets = {**SECRETS, "SLIME_CI_HISTORY_URL": f"sqlite:///{self.state / SHARED_STORE}"}
+        from ci.history.store import open_store
+        with open_store(self.secrets["SLIME_CI_HISTORY_URL"]):
+            pass
         self.github = github_api.GitHubState(repo=events.REPO, token=TOKEN,
                                              artifacts=self.state / "artifacts")
         for team, logins in options.team_members.items():
@@ -293,7 +301,7 @@ class Session:
         argv = act_argv(act=self.options.act, event=act_event, workflow_file=workflow_file,
                         event_file=event_file, clone=run_dir / "repo", stand_ins=self.state / "stand-ins",
                         action_cache=self.state / "act-cache", run_id=run_id, api_url=url,
-                        secrets={"GITHUB_TOKEN": TOKEN, **SECRETS},
+                        secrets={"GITHUB_TOKEN": TOKEN, **self.secrets},
                         inputs=spec.inputs if spec.name == "workflow_dispatch" else {})
         extra = {stand_ins_env: value for stand_ins_env, value in (
             ("SLIME_CI_ACTIONS_STATE", str(self.state)), ("SLIME_CI_ACTIONS_SOURCE", str(run_dir / "repo")),

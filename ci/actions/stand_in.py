@@ -18,11 +18,13 @@ tool, its argv and the environment the job gave it (the harness asserts on both)
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.error
 import urllib.request
@@ -266,8 +268,43 @@ def upload_artifact() -> int:
     return 0
 
 
+def upload_pages_artifact() -> int:
+    """The site folder as one tar in a zip named `github-pages`, the artifact deploy-pages reads."""
+    name, site = _input("name") or "github-pages", Path(_input("path"))
+    if not site.is_dir():
+        print(f"stand-in upload-pages-artifact: {site} is not a folder")
+        return 1
+    files = sorted(f for f in site.rglob("*") if f.is_file())
+    _record("upload-pages-artifact", [name, str(site)], files=len(files))
+    dest = _state() / "artifacts" / os.environ.get("GITHUB_RUN_ID", "1") / f"{name}.zip"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w") as tar:
+        for f in files:
+            tar.add(f, arcname=str(f.relative_to(site)))
+    with zipfile.ZipFile(dest, "w") as z:
+        z.writestr("artifact.tar", packed.getvalue())
+    print(f"stand-in upload-pages-artifact: {name}: {len(files)} file(s)")
+    return 0
+
+
+def deploy_pages() -> int:
+    """Record the deployment of the run's `github-pages` artifact; it must exist, as on GitHub."""
+    name = _input("artifact_name") or "github-pages"
+    found = _state() / "artifacts" / os.environ.get("GITHUB_RUN_ID", "1") / f"{name}.zip"
+    _record("deploy-pages", [name], found=found.is_file())
+    if not found.is_file():
+        print(f"stand-in deploy-pages: no artifact {name} in this run")
+        return 1
+    owner, _, repo = os.environ.get("GITHUB_REPOSITORY", "owner/repo").partition("/")
+    _output(page_url=f"https://{owner}.github.io/{repo}/")
+    print(f"stand-in deploy-pages: {name} recorded, not published")
+    return 0
+
+
 ACTIONS = {"checkout": checkout, "setup-python": setup_python, "cache-restore": cache_restore,
-           "cache-save": cache_save, "upload-artifact": upload_artifact}
+           "cache-save": cache_save, "upload-artifact": upload_artifact,
+           "upload-pages-artifact": upload_pages_artifact, "deploy-pages": deploy_pages}
 TOOLS = {"nox": nox, "gh": gh, "python": python}
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ci.errors import UsageError
+from ci.github.pages_workflow import DEPLOY_PAGES, UPLOAD_PAGES
 from ci.github.yaml_writer import CACHE_RESTORE, CACHE_SAVE, CHECKOUT, SETUP_PYTHON, UPLOAD_ARTIFACT
 
 
@@ -51,6 +52,12 @@ STAND_INS: tuple[StandIn, ...] = (
     StandIn(uses=CACHE_SAVE[0], ref=CACHE_SAVE[1], verb="cache-save", inputs=("path", "key")),
     StandIn(uses=UPLOAD_ARTIFACT[0], ref=UPLOAD_ARTIFACT[1], verb="upload-artifact",
             inputs=("name", "path", "if-no-files-found", "retention-days")),
+    # The HUD's Pages jobs: the site as the `github-pages` artifact (a tar, as GitHub's is), and
+    # a deployment that is recorded, never published.
+    StandIn(uses=UPLOAD_PAGES[0], ref=UPLOAD_PAGES[1], verb="upload-pages-artifact",
+            inputs=("name", "path", "retention-days")),
+    StandIn(uses=DEPLOY_PAGES[0], ref=DEPLOY_PAGES[1], verb="deploy-pages",
+            inputs=("token", "artifact_name", "timeout"), outputs=("page_url",)),
 )
 TOOLS = ("nox", "gh", "python", "python3")
 _USES = re.compile(r"^([\w.-]+/[\w.-]+(?:/[\w./-]+)?)@([\w.-]+)$")

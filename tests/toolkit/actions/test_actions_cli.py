@@ -32,7 +32,8 @@ pytestmark = pytest.mark.slow  # one act run of ci-comment.yml: ~10-25 s on 2 co
 def checkout(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkout") / "repo"
     subprocess.run(["git", "clone", "-q", "--shared", str(REPO), str(root)], check=True)
-    subprocess.run(["git", "-C", str(root), "branch", "-f", "main", "HEAD"], check=True)
+    # `main` at HEAD, whether the checkout's branch is main (a fresh clone) or another.
+    subprocess.run(["git", "-C", str(root), "checkout", "-q", "-B", "main"], check=True)
     return root
 
 

@@ -15,7 +15,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _act import commands, ran, requests, session
 
 from ci.actions.events import EventSpec
-from ci.actions.harness import SECRETS
 from ci.github.pr_verdicts import MARKER
 
 NUM_GPUS = 0
@@ -81,7 +80,7 @@ def test_a_fork_pr_with_the_label_runs_no_gpu_job_and_sees_no_secret(act):
     assert out.disagreements == ()
     seen = [env for j in out.jobs if j.workflow == "pr-test.yml" for env in j.env]
     assert len(seen) > 10  # every recorded command of every job that ran
-    leaked = [(k, v) for env in seen for k, v in env.items() for s in SECRETS.values() if s in v]
+    leaked = [(k, v) for env in seen for k, v in env.items() for s in act.secrets.values() if s in v]
     assert leaked == []
 
 

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import REPO
 
-from ci.actions import act_argv, harness, stand_ins, triggers
+from ci.actions import act_argv, harness, parity, stand_ins, triggers
 from ci.errors import UsageError
 
 NUM_GPUS = 0
@@ -83,7 +83,7 @@ def test_act_argv_maps_every_label_to_the_host_and_every_pin_to_a_folder(tmp_pat
     assert pairs == ["ubuntu-latest=-self-hosted", "self-hosted=-self-hosted", "gpu=-self-hosted"]
     local = [argv[i + 1] for i, a in enumerate(argv) if a == "--local-repository"]
     assert f"actions/cache@{stand_ins.STAND_INS[2].ref}={tmp_path}/s/actions/cache/{stand_ins.STAND_INS[2].ref}" \
-        in local and len(local) == 4  # restore and save share one repository and ref
+        in local and len(local) == len(stand_ins.STAND_INS) - 1  # cache restore and save share one
     assert argv[argv.index("GITHUB_RUN_ID=7") - 1:argv.index("GITHUB_RUN_ID=7") + 1] == ["--env", "GITHUB_RUN_ID=7"]
     env = act_argv.act_env({"PATH": "/usr/bin", "GITHUB_TOKEN": "real", "HOME": "/root"},
                            shims=tmp_path / "bin", extra={"X": "1"})
@@ -101,6 +101,15 @@ def test_an_empty_matrix_is_no_job_and_a_job_without_result_skipped():
     assert [(r.job, r.status, r.result) for r in rows] == [
         ("m", "skipped", "skipped"), ("n", "ran", "failure"), ("o", "skipped", "skipped")]
     assert rows[0].why.startswith("empty matrix") and rows[2].why == "if: false"
+
+
+def test_the_hud_jobs_are_expected_exactly_when_the_monitor_runs():
+    monitor = parity.with_derived({"monitor": ["nox -s monitor"]})
+    assert monitor == {"monitor": ["nox -s monitor"], "hud": ["nox -s hud -- --out site"], "pages": []}
+    assert parity.with_derived({"cpu_unit": ["nox -s cpu_unit"]}) == {"cpu_unit": ["nox -s cpu_unit"]}
+    ran = [harness.JobRun(workflow="pr-test.yml", job="hud", status="ran", result="success",
+                          commands=("nox -s hud -- --out site",), why="")]
+    assert parity.disagreements(ran, {}) == ["hud: act ran it, the plan does not"]
 
 
 if __name__ == "__main__":
