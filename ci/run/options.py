@@ -46,6 +46,7 @@ class RunArgs:
     keep_outputs: bool = False
     no_prefork: bool = False
     ray_address: str | None = None  # --ray-address, else ADDRESS_ENV
+    record_executed: bool = False  # --record-executed
     root: Path = Path(".")
 
     @classmethod
