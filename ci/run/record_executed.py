@@ -19,7 +19,6 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 from ci.errors import UsageError
@@ -102,7 +101,8 @@ class ExecutedRecorder(RunObserver):
         _check_coverage()
         self.on, self.root, self.log = True, start.root.resolve(), start.log
         self.commit = head_commit(self.root)
-        self.data_dir = self.root / ".ci-cache" / "executed" / f"data-{time.strftime('%Y%m%d-%H%M%S')}-{id(self)}"
+        stamp = f"data-{time.strftime('%Y%m%d-%H%M%S')}-{id(self)}"
+        self.data_dir = self.root / ".ci-cache" / "executed" / stamp
         shutil.rmtree(self.data_dir, ignore_errors=True)
         self.data_dir.mkdir(parents=True)
         rc = self.data_dir / RCFILE

@@ -9,6 +9,7 @@ the entry did not run; selection is then made from those records (tests/toolkit/
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -87,6 +88,21 @@ def checkout_with_slime(tmp_path: Path) -> Path:
                         "tests/e2e/test_ranks.py": RANKS, "tests/e2e/_rank.py": RANK})
 
 
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def committed(root: Path) -> Path:
+    """The checkout as a git repository on `main`, everything committed."""
+    git(root, "init", "-q", "-b", "main")
+    (root / ".gitignore").write_text(".ci-cache/\n__pycache__/\n")
+    (root / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
+    git(root, "add", "-A")
+    git(root, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-m", "base")
+    return root
+
+
 def recorded(root: Path) -> dict:
     """Run the suite with --record-executed; the records it stored, by entry."""
     proc = run_ci("run", "--suite", "train", "--root", str(root), "--emulate-gpus", "--gpus", "2",
@@ -97,8 +113,82 @@ def recorded(root: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory):
-    return recorded(checkout_with_slime(tmp_path_factory.mktemp("record")))
+def repo(tmp_path_factory):
+    root = committed(checkout_with_slime(tmp_path_factory.mktemp("record")))
+    recorded(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def records(repo):
+    return json.loads((repo / RECORDS).read_text())["entries"]
+
+
+def plan_for(repo: Path, branch: str, edit) -> dict[str, tuple[bool, str]]:
+    """Commit `edit` on a new branch off main; what `plan --diff main` picks, per entry."""
+    git(repo, "checkout", "-q", "-b", branch, "main")
+    try:
+        edit(repo)
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-am", branch)
+        proc = run_ci("plan", "--event", "pull_request", "--labels", "run-ci-train", "--diff", "main",
+                      "--json", "--root", str(repo))
+        assert proc.returncode == 0, proc.stderr
+        job = next(j for j in json.loads(proc.stdout) if j["job"] == "train")
+        return {e["entry"]: (e["runs"], e["reason"]) for e in job["entries"]}
+    finally:
+        git(repo, "checkout", "-q", "main")
+
+
+def replace_in(rel: str, old: str, new: str):
+    def edit(root: Path) -> None:
+        path = root / rel
+        text = path.read_text()
+        assert old in text
+        path.write_text(text.replace(old, new, 1))
+    return edit
+
+
+CK = "slime/backends/fsdp/checkpoint.py"
+LOADS_ID, RANKS_ID = "tests/e2e/test_loads.py", "tests/e2e/test_ranks.py"
+
+
+@pytest.mark.slow
+def test_a_change_inside_the_loader_selects_only_the_entry_that_loads(repo):
+    picked = plan_for(repo, "in-load", replace_in(
+        CK, "    found = resolve_step(root, step)\n",
+        "    found = resolve_step(root, step)  # changed\n    assert found != -1\n"))
+    assert picked[LOADS_ID] == (True, f"executes {CK}:load")
+    assert picked[RANKS_ID] == (False, "executes none of the changed code")
+
+
+@pytest.mark.slow
+def test_a_module_level_change_selects_both(repo):
+    picked = plan_for(repo, "module-level", replace_in(CK, "\nclass CheckpointError", "\nLIMIT = 3\n\n\nclass CheckpointError"))
+    assert picked == {LOADS_ID: (True, f"executes {CK} (module level changed)"),
+                      RANKS_ID: (True, f"executes {CK} (module level changed)")}
+
+
+@pytest.mark.slow
+def test_a_pyproject_change_selects_all(repo):
+    picked = plan_for(repo, "leak", replace_in("pyproject.toml", "scratch", "scratch2"))
+    assert picked == {LOADS_ID: (True, "leak path pyproject.toml"),
+                      RANKS_ID: (True, "leak path pyproject.toml")}
+
+
+@pytest.mark.slow
+def test_a_file_neither_executes_selects_none_and_says_so(repo, records):
+    unrun = "slime/rollout/filter.py"
+    assert all(unrun not in r["files"] for r in records.values())
+    picked = plan_for(repo, "unrun", replace_in(unrun, "def ", "def _added():\n    return 1\n\n\ndef "))
+    assert picked == {LOADS_ID: (False, "executes none of the changed code"),
+                      RANKS_ID: (False, "executes none of the changed code")}
+
+
+@pytest.mark.slow
+def test_changing_the_rank_only_function_selects_the_entry_that_started_torchrun(repo):
+    picked = plan_for(repo, "rank", replace_in("tests/e2e/_rank.py", "* 2", "* 2 + 0"))
+    assert picked == {LOADS_ID: (False, "executes none of the changed code"),
+                      RANKS_ID: (True, "executes tests/e2e/_rank.py:only_in_rank")}
 
 
 @pytest.mark.slow

@@ -1,0 +1,78 @@
+"""The entries a pull request's labelled GPU job runs: by what they executed (`by_execution`).
+
+The edge of that pure rule: the suite's entries resolved, the records read from the
+checkout's store, and a branch's hunks read from git (`plan --diff BASE`); with only
+changed paths (`plan --paths`) every changed file counts as a whole.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ci.errors import UsageError
+from ci.registry.model import SelectionPolicy, Suite
+from ci.select import executed
+from ci.select.by_execution import Change, Pick, changes, parse_diff, pick
+from ci.select.discover import discover
+from ci.select.entries import resolve
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobEntries:
+    """One job's entries for one event: each picked or not, and why."""
+
+    picks: tuple[Pick, ...]
+
+    @property
+    def chosen(self) -> tuple[str, ...]:
+        return tuple(p.entry for p in self.picks if p.runs)
+
+    def summary(self) -> str:
+        """"3 of 10 entries", as the plan's table shows it."""
+        return f"{len(self.chosen)} of {len(self.picks)} entries"
+
+
+def everything(entries: Iterable[str], reason: str) -> JobEntries:
+    """Every entry, for one reason (a push, the nightly, dispatch, the all-entries label)."""
+    return JobEntries(picks=tuple(Pick(entry=e, runs=True, reason=reason) for e in entries))
+
+
+def suite_entries(root: Path, suite: Suite, registry: str) -> tuple[tuple[str, str], ...]:
+    """The suite's entries as (id, file)."""
+    return tuple((e.id, e.path) for e in resolve(suite, discover(root), registry=registry))
+
+
+def for_diff(root: Path, entries: Sequence[tuple[str, str]], diff: Sequence[Change],
+             policy: SelectionPolicy, *, records: Path | None = None) -> JobEntries:
+    """The entries the diff can reach, from the checkout's records."""
+    stored = executed.load(records or root / executed.RECORDS_FILE)
+    return JobEntries(picks=pick(entries, diff, stored, policy))
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                              timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"git {args[0]} failed in {root} ({exc.__class__.__name__}); "
+                         "is git installed and the checkout readable?") from None
+
+
+def branch_changes(root: Path, merge_base: str) -> tuple[Change, ...]:
+    """What HEAD changed against `merge_base`, function by function (`git diff -U0`)."""
+    diff = _git(root, "diff", "-U0", "-M", "--no-color", "--no-ext-diff", merge_base, "HEAD")
+    if diff.returncode != 0:
+        raise UsageError(f"git diff {merge_base} HEAD failed: {diff.stderr.strip()[:200]}")
+
+    def read_old(path: str) -> str | None:
+        shown = _git(root, "show", f"{merge_base}:{path}")
+        return shown.stdout if shown.returncode == 0 else None
+
+    def read_new(path: str) -> str | None:
+        shown = _git(root, "show", f"HEAD:{path}")
+        return shown.stdout if shown.returncode == 0 else None
+
+    return changes(parse_diff(diff.stdout), read_old, read_new)
