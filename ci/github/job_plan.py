@@ -567,13 +567,14 @@ def main(argv: list[str]) -> int:
     args.more_labels = (registry.selection.all_entries_label,)
     event = parse_event(args, jobs, registry.style.schedules, registry.style.gpu_irrelevant)
     decisions = plan(event, jobs)
-    from ci.github.entry_plan import entries_by_job, json_fields
     from ci.select.by_execution import whole_files
-    from ci.select.job_entries import branch_changes
+    from ci.select.job_entries import branch_changes, entries_by_job, json_fields
 
     diff = (branch_changes(root, merge_base) if args.diff is not None
             else whole_files(args.changed_paths) if args.changed_paths is not None else None)
-    chosen = entries_by_job(root, registry, event, decisions, diff)
+    gpu_jobs = [(d.job.id, d.job.session) for d in decisions
+                if d.runs and d.job.kind == "suite" and d.job.self_hosted]
+    chosen = entries_by_job(root, registry, gpu_jobs, event.name, event.labels, diff)
     if args.github:
         publish(event, decisions, Log.from_env())
     if args.json:

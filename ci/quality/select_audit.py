@@ -91,7 +91,8 @@ def report(cases: Sequence[Case], recall_goal: float, unrecorded: int, entries: 
     recall = caught / len(cases) if cases else 1.0
     picked, total = sum(c.gpu_seconds for c in cases), sum(c.gpu_seconds_all for c in cases)
     ratio = f"{picked / total:.2f}" if total else "n/a"
-    lines += ["", f"recall {recall:.2f} ({caught} of {len(cases)} plants; the registry asks {recall_goal:.2f})",
+    lines += ["", f"recall {recall:.2f} ({caught} of {len(cases)} plants; "
+                  f"the registry asks {recall_goal:.2f})",
               f"GPU-seconds selected / all entries of their suites: {picked:.0f} / {total:.0f} = {ratio}"]
     if unrecorded:
         lines.append(f"{unrecorded} of {entries} GPU entries have no record and always run: record "

@@ -11,8 +11,10 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ci.errors import UsageError
+from ci.errors import CIError, UsageError
+from ci.registry.loader import Registry
 from ci.registry.model import SelectionPolicy, Suite
 from ci.select import executed
 from ci.select.by_execution import Change, Pick, changes, parse_diff, pick
@@ -50,6 +52,43 @@ def for_diff(root: Path, entries: Sequence[tuple[str, str]], diff: Sequence[Chan
     """The entries the diff can reach, from the checkout's records."""
     stored = executed.load(records or root / executed.RECORDS_FILE)
     return JobEntries(picks=pick(entries, diff, stored, policy))
+
+
+def entries_by_job(root: Path, registry: Registry, jobs: Sequence[tuple[str, str]], event: str,
+                   labels: Iterable[str], diff: Sequence[Change] | None) -> dict[str, JobEntries]:
+    """Job id -> its entries, for running self-hosted jobs given as (job id, suite name).
+
+    A pull request's job is narrowed by its diff; the all-entries label, a push, the schedule
+    and dispatch run every entry, and so does a pull request whose diff is not known."""
+    policy = registry.selection
+    label = policy.all_entries_label
+    out: dict[str, JobEntries] = {}
+    for job, name in jobs:
+        suite = registry.get(name)
+        if suite is None or suite.dynamic:
+            continue
+        try:
+            entries = suite_entries(root, suite, registry.name)
+        except CIError:  # nothing registered, a missing file: the run says so; the plan is of jobs
+            continue
+        ids = [e for e, _ in entries]
+        if event != "pull_request":
+            out[job] = everything(ids, f"every entry on {event}")
+        elif any(x.casefold() == label.casefold() for x in labels):
+            out[job] = everything(ids, f"label {label}")
+        elif diff is None:
+            out[job] = everything(ids, "the diff is unknown (pass --diff BASE or --paths)")
+        else:
+            out[job] = for_diff(root, entries, diff, policy)
+    return out
+
+
+def json_fields(chosen: JobEntries | None) -> dict[str, Any]:
+    """What `plan --json` adds to a job: its entries and each one's reason."""
+    if chosen is None:
+        return {}
+    return {"selected": chosen.summary(),
+            "entries": [{"entry": p.entry, "runs": p.runs, "reason": p.reason} for p in chosen.picks]}
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -4,13 +4,27 @@ The records here are written by hand to pin each rule; the records of a real emu
 and `plan --diff` on them, are in tests/toolkit/run/test_record_executed.py.
 """
 
+import json
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from ci.registry.model import SelectionPolicy
 from ci.select.by_execution import Change, changes, leak, parse_diff, pick, whole_files
-from ci.select.executed import MODULE, Record, changed_functions, executed_functions, scopes
+from ci.select.executed import (
+    MODULE,
+    RECORDS_FILE,
+    Record,
+    changed_functions,
+    executed_functions,
+    save,
+    scopes,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
+from _ci import run_ci, write
 
 NUM_GPUS = 0
 
@@ -123,6 +137,57 @@ def test_a_leak_runs_everything_and_an_own_file_runs_its_entry():
     got = reasons(whole_files(["tests/test_b.py"]))
     assert got["b"] == (True, "own file tests/test_b.py changed")
     assert got["a"] == (False, "executes none of the changed code")
+
+
+PLAN_REGISTRY = """
+    from ci.registry import Entry, Suite
+
+    SUITES = (
+        Suite(name="train", tier="gpu", purpose="p", profile="e2e", label="run-ci-train",
+              image="example/train:1", entries=(Entry(path="tests/e2e/test_a.py"),
+                                                Entry(path="tests/e2e/test_b.py"))),
+    )
+"""
+SCRIPT = """
+    NUM_GPUS = 1
+
+    def execute():
+        pass
+
+    if __name__ == "__main__":
+        execute()
+"""
+
+
+@pytest.fixture
+def planned(tmp_path):
+    root = write(tmp_path, {"ci/registry/repo_suites.py": PLAN_REGISTRY, "tests/e2e/test_a.py": SCRIPT,
+                            "tests/e2e/test_b.py": SCRIPT, "pkg/io.py": SOURCE})
+    save(root / RECORDS_FILE, [
+        Record(entry="tests/e2e/test_a.py", commit="c", recorded_at=0.0, files={"pkg/io.py": (MODULE,)}),
+        Record(entry="tests/e2e/test_b.py", commit="c", recorded_at=0.0, files={"tests/e2e/test_b.py": ("execute",)}),
+    ])
+    return root
+
+
+def plan(root, *args):
+    proc = run_ci("plan", "--root", str(root), *args)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_the_plan_table_says_how_many_entries_a_job_runs(planned):
+    out = plan(planned, "--event", "pull_request", "--labels", "run-ci-train", "--paths", "pkg/io.py")
+    assert "the PR has label run-ci-train; 1 of 2 entries" in out
+
+
+def test_the_all_entries_label_and_dispatch_run_every_entry(planned):
+    for args, reason in ((("--event", "pull_request", "--labels", "run-ci-train,run-ci-all-entries",
+                           "--paths", "pkg/io.py"), "label run-ci-all-entries"),
+                         (("--event", "workflow_dispatch"), "every entry on workflow_dispatch")):
+        job = next(j for j in json.loads(plan(planned, *args, "--json")) if j["job"] == "train")
+        assert job["selected"] == "2 of 2 entries"
+        assert {e["reason"] for e in job["entries"]} == {reason}
 
 
 if __name__ == "__main__":
