@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record-executed", action="store_true",
                    help="record the repository functions each entry executes, in all its "
                         f"processes (coverage.py), into {RECORDS_FILE}")
+    p.add_argument("--by-executed", metavar="BASE",
+                   help="only the entries whose recorded code the diff against BASE reaches "
+                        "(docs/selection.md); entries with no record run")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: .)")
     return p
 

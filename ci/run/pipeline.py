@@ -107,6 +107,11 @@ def select(opts: Options, hints: Hints, *, measured: Mapping[str, float]) -> Sel
         entries = selection.select_paths(entries, args.paths, suite=suite.name)
     if args.only:
         entries = selection.select_only(entries, args.only)
+    if args.by_executed:
+        from ci.select.job_entries import narrow
+
+        entries = narrow(opts.root, entries, args.by_executed, opts.registry.selection,
+                         note=lambda m: print(m, file=sys.stderr))
     if args.shard:
         index, count = selection.parse_shard(args.shard)
         entries = selection.shard(entries, index, count, durations)

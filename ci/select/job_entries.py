@@ -8,8 +8,8 @@ changed paths (`plan --paths`) every changed file counts as a whole.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from ci.registry.model import SelectionPolicy, Suite
 from ci.select import executed
 from ci.select.by_execution import Change, Pick, changes, parse_diff, pick
 from ci.select.discover import discover
-from ci.select.entries import resolve
+from ci.select.entries import ResolvedEntry, resolve
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +89,21 @@ def json_fields(chosen: JobEntries | None) -> dict[str, Any]:
         return {}
     return {"selected": chosen.summary(),
             "entries": [{"entry": p.entry, "runs": p.runs, "reason": p.reason} for p in chosen.picks]}
+
+
+def narrow(root: Path, entries: Sequence[ResolvedEntry], base: str, policy: SelectionPolicy,
+           note: Callable[[str], None]) -> list[ResolvedEntry]:
+    """`run --by-executed BASE`: the entries HEAD's diff against BASE reaches, each with its reason."""
+    from ci.select.changed import diff_vs_base
+
+    merge_base, _, _ = diff_vs_base(root, base)
+    chosen = for_diff(root, [(e.id, e.path) for e in entries], branch_changes(root, merge_base), policy)
+    why = {p.entry: p.reason for p in chosen.picks}
+    note(f"selection by executed code: {chosen.summary()} (against {base})")
+    for p in chosen.picks:
+        if not p.runs:
+            note(f"  left out {p.entry}: {p.reason}")
+    return [replace(e, why=why[e.id]) for e in entries if e.id in chosen.chosen]
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:

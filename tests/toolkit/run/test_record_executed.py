@@ -162,6 +162,24 @@ def test_a_change_inside_the_loader_selects_only_the_entry_that_loads(repo):
 
 
 @pytest.mark.slow
+def test_run_by_executed_runs_only_the_entries_the_branch_reaches(repo):
+    git(repo, "checkout", "-q", "-b", "run-in-load", "main")
+    try:
+        replace_in(CK, "    found = resolve_step(root, step)\n",
+                   "    found = resolve_step(root, step)\n    assert found != -2\n")(repo)
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-am", "x")
+        proc = run_ci("run", "--suite", "train", "--root", str(repo), "--emulate-gpus", "--gpus", "2",
+                      "--by-executed", "main", "--dry-run")
+    finally:
+        git(repo, "checkout", "-q", "main")
+    assert proc.returncode == 0, proc.stderr
+    assert "selection by executed code: 1 of 2 entries (against main)" in proc.stderr
+    assert f"left out {RANKS_ID}: executes none of the changed code" in proc.stderr
+    assert f"{LOADS_ID}  gpus=1" in proc.stdout and f"[executes {CK}:load]" in proc.stdout
+    assert f"{RANKS_ID}  gpus" not in proc.stdout
+
+
+@pytest.mark.slow
 def test_a_module_level_change_selects_both(repo):
     picked = plan_for(repo, "module-level", replace_in(CK, "\nclass CheckpointError", "\nLIMIT = 3\n\n\nclass CheckpointError"))
     assert picked == {LOADS_ID: (True, f"executes {CK} (module level changed)"),
