@@ -240,6 +240,7 @@ QUICK = """
 """
 
 
+@pytest.mark.slow
 def test_without_the_flag_nothing_is_recorded(tmp_path):
     root = write(tmp_path, {"ci/registry/repo_suites.py": REGISTRY, "tests/e2e/test_loads.py": QUICK,
                             "tests/e2e/test_ranks.py": QUICK})
