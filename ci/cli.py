@@ -65,6 +65,9 @@ SUBCOMMANDS: dict[str, Command] = {
     "bisect": Command(target="ci.bisect.bisect_cli:main",
                       help="find the commit that broke an entry (or raised its flake rate), in parallel "
                            "on free GPUs", records_signals=True),
+    "select-audit": Command(target="ci.quality.select_audit:main",
+                            help="replay the planted breaks against selection by executed code: "
+                                 "recall and GPU-seconds saved"),
     "plants": Command(target="ci.quality.plants:main",
                       help="apply each planted break to a scratch copy; its entry must fail for its reason"),
 }

@@ -403,7 +403,7 @@ def parse_event(args: argparse.Namespace, jobs: Sequence[Job],
     if stray or getattr(args, "not_pr", False):
         raise UsageError(f"{', '.join(stray) or '--not-pr'} only apply to --event {COMMENT_EVENT}")
     labels = _split(args.labels)
-    known = gating_labels(jobs)
+    known = [*gating_labels(jobs), *getattr(args, "more_labels", ())]
     for label in labels + ([args.added] if args.added else []):
         if label.startswith(LABEL_PREFIX) and not _has(known, label):
             raise UsageError(f"unknown CI label {label!r}; known: {', '.join(known)}")
@@ -444,13 +444,16 @@ def _describe(event: Event) -> str:
     return f"pull_request {event.action}{added}, {origin}; labels: {labels}"
 
 
-def render_plan(event: Event, decisions: Sequence[Decision]) -> str:
-    """The table `plan` prints."""
+def render_plan(event: Event, decisions: Sequence[Decision],
+                entries: Mapping[str, str] | None = None) -> str:
+    """The table `plan` prints; `entries`: job id -> "3 of 10 entries" where selection applied."""
     rows = [("job", "runner", "runs", "command", "why")]
     for d in decisions:
         shards = range(1, d.job.shards + 1) if d.job.shards > 1 else [None]
         command = "; ".join(d.job.command(i) for i in shards) if d.runs else "-"
-        rows.append((d.job.id, ",".join(d.job.runs_on), "yes" if d.runs else "no", command, d.why))
+        some = (entries or {}).get(d.job.id)
+        rows.append((d.job.id, ",".join(d.job.runs_on), "yes" if d.runs else "no", command,
+                     d.why + (f"; {some}" if some else "")))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = [f"event: {_describe(event)}", ""]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
@@ -593,11 +596,20 @@ def main(argv: list[str]) -> int:
     if args.diff is not None:
         from ci.select.changed import diff_vs_base
 
-        _, _, changes = diff_vs_base(root, args.diff)
+        merge_base, _, changes = diff_vs_base(root, args.diff)
         # A rename counts from both sides: moving code into docs/ still changes the code.
         args.changed_paths = sorted({p for c in changes for p in (c.path, c.old_path) if p})
+    args.more_labels = (registry.selection.all_entries_label,)
     event = parse_event(args, jobs, registry.style.schedules, registry.style.gpu_irrelevant)
     decisions = plan(event, jobs)
+    from ci.select.by_execution import whole_files
+    from ci.select.job_entries import branch_changes, entries_by_job, json_fields
+
+    diff = (branch_changes(root, merge_base) if args.diff is not None
+            else whole_files(args.changed_paths) if args.changed_paths is not None else None)
+    gpu_jobs = [(d.job.id, d.job.session) for d in decisions
+                if d.runs and d.job.kind == "suite" and d.job.self_hosted]
+    chosen = entries_by_job(root, registry, gpu_jobs, event.name, event.labels, diff)
     if args.github:
         publish(event, decisions, Log.from_env())
     if args.json:
@@ -606,11 +618,11 @@ def main(argv: list[str]) -> int:
              "runs": d.runs, "why": d.why, "shards": d.job.shards,
              **({"shards_why": d.job.shards_why} if d.job.shards_why else {}),
              "commands": [d.job.command(i) for i in range(1, d.job.shards + 1)]
-             if d.job.shards > 1 else [d.job.command()]}
+             if d.job.shards > 1 else [d.job.command()], **json_fields(chosen.get(d.job.id))}
             for d in decisions
         ], indent=2))
     else:
-        print(render_plan(event, decisions))
+        print(render_plan(event, decisions, {j: c.summary() for j, c in chosen.items()}))
     return 0
 
 

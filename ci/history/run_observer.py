@@ -38,6 +38,7 @@ class RunStart:
     include_quarantined: bool  # quarantined entries gate again
     measured: Mapping[str, float]  # what the durations store held before this run
     log: Log
+    record_executed: bool = False  # --record-executed: what each entry ran is recorded
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,11 +55,13 @@ class Hints:
 
     estimates: Mapping[str, float] = field(default_factory=dict)  # expected seconds per entry id
     first: FirstOrder | None = None  # None: longest first
+    env: Mapping[str, str] = field(default_factory=dict)  # added to every entry's environment
 
     def merged(self, later: Hints) -> Hints:
         """Both observers' hints; where both name the same thing, `later`'s."""
         return Hints(estimates={**self.estimates, **later.estimates},
-                     first=later.first if later.first is not None else self.first)
+                     first=later.first if later.first is not None else self.first,
+                     env={**self.env, **later.env})
 
 
 @dataclass(frozen=True, kw_only=True)

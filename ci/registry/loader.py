@@ -20,7 +20,7 @@ from typing import Any
 
 import ci.registry.repo_suites as suites_module
 from ci.errors import UsageError
-from ci.registry.model import Check, Smoke, Suite
+from ci.registry.model import Check, SelectionPolicy, Smoke, Suite
 from ci.registry.repo_suites import SUITES
 from ci.registry.workflow_style import Style, style_from
 
@@ -49,6 +49,7 @@ class Registry:
     workflow: Mapping[str, Any] = field(default_factory=dict)
     profiles: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     host_env: Mapping[str, str] = field(default_factory=dict)
+    selection: SelectionPolicy = field(default_factory=SelectionPolicy)  # SELECTION, when set
 
     @property
     def style(self) -> Style:
@@ -112,7 +113,8 @@ def read_registry(path: Path) -> Registry | None:
                     workflow=dict(getattr(module, "WORKFLOW", {}) or {}),
                     profiles={k: tuple(v) for k, v in profiles.items()},
                     host_env=dict(getattr(module, "HOST_ENV", {}) or {}),
-                    sessions=tuple(getattr(module, "SESSIONS", ()) or ()))
+                    sessions=tuple(getattr(module, "SESSIONS", ()) or ()),
+                    selection=getattr(module, "SELECTION", None) or SelectionPolicy())
 
 
 def registry_name(path: Path) -> str:

@@ -212,6 +212,26 @@ class Smoke:
     minutes: int = JOB_MINUTES["cpu"]
 
 
+
+# Files that change what entries do without being executed as code (vLLM's CI calls such a
+# miss a selection leak): a diff touching one runs every entry of every labelled suite.
+DEFAULT_LEAK_PATHS = (
+    "pyproject.toml", "constraints/*", "noxfile.py", "conftest.py", "*/conftest.py",
+    "ci/registry/repo_suites.py", ".slime-ci/*", "Dockerfile*", "*/Dockerfile*", "*.dockerfile",
+)
+ALL_ENTRIES_LABEL = "run-ci-all-entries"  # a PR label: its labelled suites run every entry
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelectionPolicy:
+    """How a PR's labelled GPU suites choose entries by what each executed (ci/select/by_execution.py)."""
+
+    leak_paths: tuple[str, ...] = DEFAULT_LEAK_PATHS  # fnmatch globs; `*` crosses `/`
+    # Every file under these directories that is not Python is a leak too (configs, templates).
+    non_python_leaks_under: tuple[str, ...] = ("slime",)
+    all_entries_label: str = ALL_ENTRIES_LABEL
+    recall: float = 1.0  # python -m ci select-audit fails below this share of the plants
+
 # The failure monitor's session: entries failing 3 consecutive runs on main. Its CI job is
 # the scheduled `monitor` (ci/github/job_plan.py, any repository whose schedules map a cron to the
 # monitor cadence). Exit 1 (entries failing) fails that job: the alert. A store it cannot

@@ -31,6 +31,7 @@ from ci.registry.loader import load_registry
 from ci.registry.repo_suites import SUITES
 from ci.run import pipeline
 from ci.run.options import Options, RunArgs
+from ci.select.executed import RECORDS_FILE
 
 MAX_JOBS = 256
 # As `U.get_bool_env_var` reads the same variables inside an entry: only "1" and "true"
@@ -103,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", metavar="ADDR",
                    help="GPU suites: run each entry as a task on this Ray cluster, its GPUs on one "
                         f"node (default: {ADDRESS_ENV}; unset: this machine)")
+    p.add_argument("--record-executed", action="store_true",
+                   help="record the repository functions each entry executes, in all its "
+                        f"processes (coverage.py), into {RECORDS_FILE}")
+    p.add_argument("--by-executed", metavar="BASE",
+                   help="only the entries whose recorded code the diff against BASE reaches "
+                        "(docs/selection.md); entries with no record run")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: .)")
     return p
 
@@ -178,12 +185,13 @@ def main(argv: Sequence[str], *, observers: Sequence[RunObserver] | None = None)
     log = Log.from_env()
     watch = Observers(pipeline.registered() if observers is None else observers)
     start = pipeline.start(opts, log, os.environ)
-    chosen = pipeline.select(opts, watch.begin(start), measured=start.measured)
+    hints = watch.begin(start)
+    chosen = pipeline.select(opts, hints, measured=start.measured)
     interrupts.check()
     if not chosen.entries:
         log.line(f"{opts.suite.name}: nothing selected; nothing to run")
         return EXIT_OK
-    env = {**TEST_FLAGS, **os.environ}
+    env = {**TEST_FLAGS, **os.environ, **hints.env}
     ready = pipeline.setup(chosen, log=log, env=env, infinite=_bool_env(env, INFINITE_RUN_ENV))
     if opts.args.dry_run:
         pipeline.show(ready, log)

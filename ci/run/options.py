@@ -46,6 +46,8 @@ class RunArgs:
     keep_outputs: bool = False
     no_prefork: bool = False
     ray_address: str | None = None  # --ray-address, else ADDRESS_ENV
+    record_executed: bool = False  # --record-executed
+    by_executed: str | None = None  # --by-executed BASE: only entries the branch's diff reaches
     root: Path = Path(".")
 
     @classmethod

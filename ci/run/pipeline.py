@@ -32,6 +32,7 @@ from ci.interrupts import Interrupts
 from ci.log import Log
 from ci.results import UNMEASURED, Result, closing, no_test_ran, run_exit_code
 from ci.run.options import Options
+from ci.run.record_executed import ExecutedRecorder
 from ci.run.report import markdown, merge_junit, table
 from ci.run.runner import Acquire, RunConfig, Runner
 from ci.run.timeline import TimelinePage
@@ -53,6 +54,7 @@ def registered() -> tuple[RunObserver, ...]:
         MetricGates(history),  # a gated e2e entry fails when a metric strays from its history
         Quarantine(history),  # held entries shown as such, failing nothing
         TimelinePage(),  # a GPU run's timeline page and chart
+        ExecutedRecorder(),  # --record-executed: the repository functions each entry ran
     )
 
 
@@ -62,7 +64,8 @@ def start(opts: Options, log: Log, env: Mapping[str, str]) -> RunStart:
     return RunStart(suite=opts.suite, root=opts.root, env=env, history_url=args.history_url,
                     emulated=args.emulate_gpus, order=args.order, base=args.base,
                     include_quarantined=args.include_quarantined,
-                    measured=DurationStore(_durations_path(opts)).load(), log=log)
+                    measured=DurationStore(_durations_path(opts)).load(), log=log,
+                    record_executed=args.record_executed)
 
 
 # --- select ---------------------------------------------------------------------------
@@ -103,6 +106,11 @@ def select(opts: Options, hints: Hints, *, measured: Mapping[str, float]) -> Sel
         entries = selection.select_paths(entries, args.paths, suite=suite.name)
     if args.only:
         entries = selection.select_only(entries, args.only)
+    if args.by_executed:
+        from ci.select.job_entries import narrow
+
+        entries = narrow(opts.root, entries, args.by_executed, opts.registry.selection,
+                         note=lambda m: print(m, file=sys.stderr))
     if args.shard:
         index, count = selection.parse_shard(args.shard)
         entries = selection.shard(entries, index, count, durations)

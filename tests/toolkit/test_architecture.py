@@ -237,6 +237,8 @@ TESTED_ELSEWHERE: dict[str, tuple[str, str, str]] = {
     "ci/registry/workflow_style.py": ("github/test_job_plan_rules.py", "Style", "the job table renders with it"),
     "ci/registry/u_files.py": ("u/test_u_selfcontained.py", "ci.registry.u_files", "U's copies and their sync"),
     "ci/select/import_graph.py": ("select/test_changed_affected.py", "import graph", "changed --affected"),
+    "ci/select/executed.py": ("select/test_by_execution.py", "executed_functions", "records' scopes and lines"),
+    "ci/select/job_entries.py": ("run/test_record_executed.py", "--diff", "plan --diff on a recorded run"),
     "ci/gpu/safe_open.py": ("gpu/test_allocator_security.py", "symlink", "lock files others planted"),
     "ci/gpu/backfill.py": ("gpu/test_allocator_backfill.py", "schedule", "the decision, on real lock files"),
     "ci/backends/base.py": ("backends/test_backends.py", "ci.backends", "the backend interface, per backend"),

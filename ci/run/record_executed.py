@@ -1,0 +1,139 @@
+"""`python -m ci run --record-executed`: the repository functions each entry executed.
+
+Every Python process an entry starts runs under coverage.py: the entry's own process
+finds `COVERAGE_PROCESS_START` in its environment and coverage's `a1_coverage.pth` (shipped
+since coverage 7.13) starts measuring before any of its code runs; its children (torchrun
+ranks, Ray's raylet and workers, engine servers) inherit the variable and do the same,
+and `patch = subprocess, fork, execv, _exit` keeps what a rank that leaves through
+`os._exit` or a forked worker measured. Each process writes its own data file
+(`parallel`), labelled with the entry's id as a static context (`context =
+${SLIME_CI_ENTRY}`): unlike dynamic contexts, a static context works under every core,
+sysmon included. When the run ends the files are combined and, per entry that passed,
+reduced to {file: functions} (`ci.select.executed`) and stored with the commit. A failed
+entry keeps its earlier record: it stopped early and executed less than it would.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from ci.errors import UsageError
+from ci.history.run_observer import Hints, RunEnd, RunObserver, RunStart
+from ci.log import Log
+from ci.select import executed
+
+RCFILE = "coveragerc"
+MIN_COVERAGE = (7, 13)  # the first release that installs its own startup .pth
+
+
+def rcfile_text(data_dir: Path, root: Path) -> str:
+    """The coverage settings every process of every entry reads (pure)."""
+    return "\n".join((
+        "[run]",
+        f"data_file = {data_dir / 'cov'}",
+        "parallel = true",
+        "context = ${SLIME_CI_ENTRY}",
+        f"source = {root}",
+        "patch = subprocess, fork, execv, _exit",
+        "sigterm = true",
+        "disable_warnings = no-data-collected, module-not-measured, no-ctracer",
+        "",
+    ))
+
+
+def _check_coverage() -> None:
+    try:
+        import coverage
+    except ImportError:
+        raise UsageError("--record-executed needs coverage.py (>= 7.13) where entries run: "
+                         "pip install coverage, or install the dev profile") from None
+    version = tuple(int(p) for p in re.findall(r"\d+", coverage.__version__)[:2])
+    if version < MIN_COVERAGE:
+        raise UsageError(f"--record-executed needs coverage >= 7.13 (its startup .pth), found "
+                         f"{coverage.__version__}: pip install -U coverage")
+
+
+def head_commit(root: Path) -> str:
+    """The checkout's commit, or "unknown" outside git."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def measured_by_entry(data_dir: Path, rcfile: Path) -> dict[str, dict[str, list[int]]]:
+    """Every process's data file combined, then lines per file for each entry's context."""
+    import coverage
+
+    cov = coverage.Coverage(data_file=str(data_dir / "cov"), config_file=str(rcfile))
+    cov.combine([str(data_dir)], keep=False, strict=False)
+    data = cov.get_data()
+    out: dict[str, dict[str, list[int]]] = {}
+    for context in sorted(data.measured_contexts()):
+        if not context:
+            continue  # a process started outside any entry
+        data.set_query_contexts([f"^{re.escape(context)}$"])
+        files = {f: sorted(data.lines(f) or ()) for f in data.measured_files()}
+        out[context] = {f: lines for f, lines in files.items() if lines}
+    data.set_query_contexts(None)
+    return out
+
+
+class ExecutedRecorder(RunObserver):
+    """Records, per passing entry, what it executed; off unless the run asks for it."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.root = Path(".")
+        self.data_dir = Path(".")
+        self.commit = "unknown"
+        self.log: Log | None = None
+
+    def begin(self, start: RunStart) -> Hints:
+        if not start.record_executed:
+            return Hints()
+        _check_coverage()
+        self.on, self.root, self.log = True, start.root.resolve(), start.log
+        self.commit = head_commit(self.root)
+        stamp = f"data-{time.strftime('%Y%m%d-%H%M%S')}-{id(self)}"
+        self.data_dir = self.root / ".ci-cache" / "executed" / stamp
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.data_dir.mkdir(parents=True)
+        rc = self.data_dir / RCFILE
+        rc.write_text(rcfile_text(self.data_dir, self.root), encoding="utf-8")
+        return Hints(env={"COVERAGE_PROCESS_START": str(rc)})
+
+    def run_ended(self, end: RunEnd) -> None:
+        if not self.on:
+            return
+        try:
+            self._store(end)
+        finally:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _store(self, end: RunEnd) -> None:
+        note = self.log.line if self.log is not None else print
+        measured = measured_by_entry(self.data_dir, self.data_dir / RCFILE)
+        records, skipped = [], []
+        now = time.time()
+        for r in end.judgement.results:
+            if not r.ok:
+                skipped.append(f"{r.entry.id} ({r.outcome})")
+                continue
+            files = executed.reduce(self.root, measured.get(r.entry.id, {}))
+            records.append(executed.Record(entry=r.entry.id, commit=self.commit, recorded_at=now,
+                                           files=files))
+        store = self.root / executed.RECORDS_FILE
+        executed.save(store, records)
+        note(f"executed code: {len(records)} entr{'y' if len(records) == 1 else 'ies'} recorded "
+             f"at {self.commit[:12]} in {store}")
+        if skipped:
+            note(f"executed code: not recorded (did not pass): {', '.join(skipped)}")
+
+

@@ -1,0 +1,138 @@
+"""`python -m ci select-audit`: each plant's patch replayed against the records, recall and GPU-seconds.
+
+A scratch checkout with a GPU suite of two entries, a CPU suite, three plants and a records
+file. The records are written through the store's own `save` (what a recording run writes;
+the recording itself is proven in tests/toolkit/run/test_record_executed.py).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
+from _ci import run_ci, write
+
+from ci.select.executed import MODULE, RECORDS_FILE, Record, save
+
+NUM_GPUS = 0
+
+REGISTRY = """
+    from ci.registry import Entry, Suite
+
+    SUITES = (
+        Suite(name="unit", tier="cpu", purpose="p", profile="cpu", include=("tests",),
+              exclude=("tests/e2e",)),
+        Suite(name="train", tier="gpu", purpose="p", profile="e2e", label="run-ci-train",
+              image="example/train:1", entries=(
+            Entry(path="tests/e2e/test_loads.py"),
+            Entry(path="tests/e2e/test_trains.py"),
+        )),
+    )
+"""
+
+SCRIPT = """
+    NUM_GPUS = 2
+
+    def execute():
+        pass
+
+    if __name__ == "__main__":
+        execute()
+"""
+
+UNIT = """
+    import pytest
+    NUM_GPUS = 0
+
+    def test_it():
+        assert True
+"""
+
+LIB = """
+    import os
+
+
+    def load(path):
+        return path
+
+
+    def train(steps):
+        return steps
+"""
+
+
+def plant(suite: str, only: str, body: str) -> str:
+    return f"suite: {suite}\nonly: {only}\nreason: broken\n\n" + body
+
+
+IN_LOAD = """diff --git a/pkg/lib.py b/pkg/lib.py
+--- a/pkg/lib.py
++++ b/pkg/lib.py
+@@ -5 +5 @@ def load(path):
+-    return path
++    return None
+"""
+IN_TRAIN = IN_LOAD.replace("@@ -5 +5 @@ def load(path):\n-    return path\n+    return None",
+                           "@@ -9 +9 @@ def train(steps):\n-    return steps\n+    return 0")
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    root = write(tmp_path, {
+        "ci/registry/repo_suites.py": REGISTRY, "tests/e2e/test_loads.py": SCRIPT,
+        "tests/e2e/test_trains.py": SCRIPT, "tests/test_unit.py": UNIT, "pkg/lib.py": LIB,
+        "tests/durations.json": json.dumps({"tests/e2e/test_loads.py": 100.0,
+                                            "tests/e2e/test_trains.py": 300.0}),
+    })
+    plants = root / "tests/e2e/plants"
+    (plants / "test_loads").mkdir(parents=True)
+    (plants / "test_trains").mkdir(parents=True)
+    (plants / "test_unit").mkdir(parents=True)
+    (plants / "test_loads/load-broken.patch").write_text(plant("train", "tests/e2e/test_loads.py", IN_LOAD))
+    (plants / "test_trains/train-broken.patch").write_text(plant("train", "tests/e2e/test_trains.py", IN_TRAIN))
+    (plants / "test_unit/unit-broken.patch").write_text(plant("unit", "tests/test_unit.py", IN_LOAD))
+    return root
+
+
+def recording(root: Path, trains_runs: tuple[str, ...]) -> None:
+    save(root / RECORDS_FILE, [
+        Record(entry="tests/e2e/test_loads.py", commit="c", recorded_at=1.0,
+               files={"pkg/lib.py": (MODULE, "load")}),
+        Record(entry="tests/e2e/test_trains.py", commit="c", recorded_at=1.0,
+               files={"pkg/lib.py": trains_runs}),
+    ])
+
+
+def test_every_plant_selected_passes_with_the_gpu_seconds_saved(checkout):
+    recording(checkout, (MODULE, "train"))
+    proc = run_ci("select-audit", "--root", str(checkout))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "recall 1.00 (3 of 3 plants" in out
+    # load broken: 2 GPUs x 100 s of 2 x (100 + 300); train broken: 2 x 300 of the same.
+    assert "GPU-seconds selected / all entries of their suites: 800 / 1600 = 0.50" in out
+    row = next(line for line in out.splitlines() if line.startswith("test_loads/load-broken"))
+    assert "1 of 2" in row and "executes pkg/lib.py:load" in row
+    assert "a CPU suite runs every entry" in out
+
+
+def test_a_plant_the_selection_would_miss_fails_the_audit(checkout):
+    recording(checkout, (MODULE, "load"))  # its record claims it never trains
+    proc = run_ci("select-audit", "--root", str(checkout))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("test_trains/train-broken"))
+    assert "MISSED" in row and "executes none of the changed code" in row
+    assert "recall 0.67 (2 of 3 plants" in proc.stdout
+
+
+def test_entries_without_records_always_run_and_are_counted(checkout):
+    proc = run_ci("select-audit", "--root", str(checkout))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 of 2 GPU entries have no record and always run" in proc.stdout
+    assert "1600 / 1600 = 1.00" in proc.stdout
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q"]))
