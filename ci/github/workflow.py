@@ -375,16 +375,19 @@ def plan_job(style: Style) -> dict[str, Node]:
 #
 # After every job of a PR's run (`always()`: it runs when they fail, that is its point), it
 # asks `python -m ci why` for the verdict of each entry that did not pass (ci/history/verdicts.py),
-# edits the PR's one verdict comment, and fails only when a verdict its suite blocks on is
+# creates one check run per suite (`slime-ci / SUITE`, annotated at the failed tests, on the
+# PR's head commit), edits the PR's one verdict comment that links them, and fails only when
+# a verdict its suite blocks on is
 # there (new and unknown, by default). Branch protection requires this check rather than the
 # suite jobs (docs/verdicts.md). It holds no secret, as no job of a PR's workflow does: its
 # baseline is the trusted snapshot the ingest job keeps (main's runs), and the PR's runs are
 # the ones this workflow run's jobs exported, recorded into that local file as untrusted runs
-# of this PR. It checks out the base commit; its token may read this run's artifacts and
-# write PR comments.
+# of this PR. It checks out the base commit; its token may read this run's artifacts, write
+# PR comments and create check runs.
 VERDICT_MINUTES = 15
 _VERDICT_INGEST = f'nox -s {HISTORY_SESSION} -- ingest "{DOWNLOADED}" --pr "$PR"'
-_VERDICT_RUN = 'nox -s verdict -- --pr "$PR" --base "$BASE" --needs "$NEEDS" --comment --gate'
+_VERDICT_RUN = ('nox -s verdict -- --pr "$PR" --base "$BASE" --needs "$NEEDS" --comment '
+                '--checks --head "$HEAD" --gate')
 
 
 def verdict_job(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
@@ -398,7 +401,8 @@ def verdict_job(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
         "runs-on": style.hosted_runner[0] if len(style.hosted_runner) == 1 else Flow(style.hosted_runner),
         "permissions": {"contents": Note("read", "actions/checkout reads the repository"),
                         "actions": Note("read", "this run's exported runs (artifacts)"),
-                        "pull-requests": Note("write", "the PR's one verdict comment, edited in place")},
+                        "pull-requests": Note("write", "the PR's one verdict comment, edited in place"),
+                        "checks": Note("write", "one check run per suite, `slime-ci / SUITE`")},
         "concurrency": {"group": f"{WORKFLOW_NAME}-pr{_expr('github.event.pull_request.number')}"
                                  f"-{VERDICT_JOB}", "cancel-in-progress": True},
         "timeout-minutes": VERDICT_MINUTES,
@@ -416,7 +420,8 @@ def verdict_job(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
              # Values reach the shell through the environment, never through ${{ }} in `run:`.
              "env": {"GITHUB_TOKEN": _expr("github.token"),
                      "PR": _expr("github.event.pull_request.number"),
-                     "BASE": _expr("github.event.pull_request.base.sha"), "NEEDS": _expr("toJSON(needs)")},
+                     "BASE": _expr("github.event.pull_request.base.sha"),
+                     "HEAD": _expr("github.event.pull_request.head.sha"), "NEEDS": _expr("toJSON(needs)")},
              "run": _VERDICT_RUN},
             # `always()` runs this job after a cancel too; whether its steps then run or are
             # skipped, this one fails it: a cancelled run tested nothing, so it never passes.

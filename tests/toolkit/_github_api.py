@@ -1,6 +1,8 @@
 """A loopback stand-in for the parts of GitHub's REST API the verdict comment and the issue
-tracker use: a PR's comments (list, post, edit) and a repository's issues (list, create,
-edit, comment). This machine has no GitHub; the stand-in keeps its state in memory, checks the
+tracker use: a PR's comments (list, post, edit), a repository's issues (list, create,
+edit, comment) and check runs (create, update: the Checks API's caps of 50 annotations a
+request and 65,535 characters a summary answer 422, as GitHub's do; an update's annotations
+are appended). This machine has no GitHub; the stand-in keeps its state in memory, checks the
 token on every call and records each call, so a test sees what the toolkit asked for. What the
 token writes is signed, as on GitHub, by its bot user (`login`); a body over GitHub's 65,536
 characters is refused with HTTP 422, as GitHub refuses it.
@@ -24,6 +26,8 @@ TOKEN = "ghs_" + "V3rd1ct" * 5  # a fake job token
 REPO = "acme/slime"
 BOT = "github-actions[bot]"  # who GitHub says wrote what the job's token posts
 BODY_LIMIT = 65_536
+SUMMARY_LIMIT = 65_535  # a check run's output.summary
+ANNOTATIONS_PER_REQUEST = 50
 
 
 @dataclass
@@ -32,6 +36,7 @@ class FakeGitHub:
 
     comments: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     issues: list[dict[str, Any]] = field(default_factory=list)
+    check_runs: list[dict[str, Any]] = field(default_factory=list)
     calls: list[tuple[str, str]] = field(default_factory=list)
     refuse_writes: bool = False  # a fork's read-only token: every write is a 403
     login: str = BOT
@@ -86,6 +91,8 @@ def _handler(state: FakeGitHub) -> type[BaseHTTPRequestHandler]:
         def _route(self, method: str, parts: list[str], query: dict[str, str],
                    body: dict[str, Any]) -> tuple[int, Any]:
             page, per = int(query.get("page", 1)), int(query.get("per_page", 30))
+            if parts[0] == "check-runs":
+                return self._check_run(method, parts, body)
             if parts[0] != "issues":
                 return 404, {"message": "Not Found"}
             if len(parts) == 3 and parts[2] == "comments" and method == "GET":
@@ -122,6 +129,35 @@ def _handler(state: FakeGitHub) -> type[BaseHTTPRequestHandler]:
                     closed = body["state"] == "closed"
                     issue["closed_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) if closed else None
                 return 200, issue
+            return 404, {"message": "Not Found"}
+
+        def _check_run(self, method: str, parts: list[str], body: dict[str, Any]) -> tuple[int, Any]:
+            output = body.get("output", {})
+            notes = list(output.get("annotations", []))
+            if len(notes) > ANNOTATIONS_PER_REQUEST or len(str(output.get("summary", ""))) > SUMMARY_LIMIT:
+                return 422, {"message": "Validation Failed: at most 50 annotations a request; "
+                                        "Only 65535 characters are allowed in the summary"}
+            if any(not {"path", "start_line", "end_line", "annotation_level", "message"} <= set(a)
+                   for a in notes):
+                return 422, {"message": "Validation Failed: an annotation lacks a required field"}
+            if len(parts) == 1 and method == "POST":
+                if not body.get("name") or not body.get("head_sha"):
+                    return 422, {"message": "Validation Failed: name and head_sha are required"}
+                ident = state.new_id()
+                run = {"id": ident, "name": body["name"], "head_sha": body["head_sha"],
+                       "status": body.get("status"), "conclusion": body.get("conclusion"),
+                       "title": output.get("title"), "summary": output.get("summary", ""),
+                       "annotations": notes, "requests": 1,
+                       "html_url": f"https://github.test/{REPO}/runs/{ident}"}
+                state.check_runs.append(run)
+                return 201, {k: v for k, v in run.items() if k != "annotations"}
+            if len(parts) == 2 and parts[1].isdigit() and method == "PATCH":
+                run = next((r for r in state.check_runs if r["id"] == int(parts[1])), None)
+                if run is None:
+                    return 404, {"message": "Not Found"}
+                run["annotations"] += notes
+                run["requests"] += 1
+                return 200, {k: v for k, v in run.items() if k != "annotations"}
             return 404, {"message": "Not Found"}
 
         def do_GET(self) -> None:

@@ -126,7 +126,8 @@ def test_the_verdict_job_judges_every_pr_job_from_the_base_code_with_a_comment_t
     assert checkout["uses"].startswith("actions/checkout@")
     assert checkout["with"] == {"persist-credentials": False, "ref": "${{ github.event.pull_request.base.sha }}"}, \
         "it judges with the base's code, never the PR's"
-    assert verdict["permissions"] == {"contents": "read", "actions": "read", "pull-requests": "write"}
+    assert verdict["permissions"] == {"contents": "read", "actions": "read", "pull-requests": "write",
+                                      "checks": "write"}
     # No secret: the trusted snapshot, then this run's exports as this PR's untrusted runs.
     assert "secrets." not in json.dumps(verdict) and "environment" not in verdict
     names = [s["name"] for s in verdict["steps"]]
@@ -138,6 +139,7 @@ def test_the_verdict_job_judges_every_pr_job_from_the_base_code_with_a_comment_t
     assert fetch["env"]["RUN"] == "${{ github.run_id }}", "this run's own artifacts"
     why = verdict["steps"][-2]  # the last one fails the job after a cancel
     assert why["run"].startswith("nox -s verdict -- --pr \"$PR\" --base \"$BASE\"") and "--gate" in why["run"]
+    assert '--checks --head "$HEAD"' in why["run"] and why["env"]["HEAD"] == "${{ github.event.pull_request.head.sha }}"
     assert "${{" not in why["run"], "values reach the shell through the environment"
     assert why["env"]["GITHUB_TOKEN"] == "${{ github.token }}" and why["env"]["NEEDS"] == "${{ toJSON(needs) }}"
     monitor = jobs["monitor"]
@@ -301,9 +303,9 @@ def test_least_privilege_and_no_credentials_left_on_disk() -> None:
         # The monitor alone may dispatch (bisect.yml, one run per streak), from a step that
         # holds the token and no secret; the step holding the store's secret holds no token.
         # Beyond reading: the monitor keeps its issues; the verdict job reads this run's
-        # exported runs (actions) and edits its PR comment.
+        # exported runs (actions), edits its PR comment and creates its check runs.
         extra = {"monitor": {"actions": "write", "issues": "write"},
-                 "verdict": {"actions": "read", "pull-requests": "write"}}.get(job_id, {})
+                 "verdict": {"actions": "read", "pull-requests": "write", "checks": "write"}}.get(job_id, {})
         assert job["permissions"] == {"contents": "read", **extra}, job_id
         for step in job["steps"]:
             env = json.dumps(step.get("env", {}))
