@@ -29,8 +29,9 @@ from typing import NoReturn
 from ci.errors import EXIT_FAILED, EXIT_OK, StoreError, UsageError
 from ci.github.check_runs import CheckRun, build, links_line, publish, read_junit
 from ci.github.inert_text import code, fit
-from ci.github.job_verdicts import judge_jobs, parse_needs
+from ci.github.job_verdicts import endings, judge_jobs, parse_needs
 from ci.github.rest_client import GitHub, GitHubError, pr_number
+from ci.github.why_last import baseline_url, local_url, read_last
 from ci.history.store import HISTORY_ENV, HISTORY_FILE, AttemptRow, open_store, resolve_url
 from ci.history.verdicts import (
     KINDS,
@@ -71,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--pr", type=pr_number, metavar="N",
                        help="judge pull request N (the newest commit of it the history holds)")
     which.add_argument("--run", metavar="ID", help="one recorded run (its uid, or a unique prefix)")
+    which.add_argument("--last", action="store_true",
+                       help="the last local run (in --history, else .ci-cache/history.sqlite), against "
+                            f"main's trusted runs: from {HISTORY_ENV} (read only), else the snapshot "
+                            "`python -m ci history pull` saved")
     p.add_argument("--base", metavar="SHA",
                    help="the PR's merge base: `new` needs a pass on main at or after it (default: "
                         "judged against main's latest runs, and the table says so)")
@@ -256,6 +261,21 @@ def _read(url: str, args: argparse.Namespace, *, default_store: bool) -> tuple[l
     return judged, history, ""
 
 
+def _endings(gh: GitHub, env: Mapping[str, str], needs: Mapping[str, object]) -> dict[str, str]:
+    """How each job of this workflow run that did not succeed ended, from the Actions API (the
+    job token's `actions: read`); {} outside a workflow run or when GitHub does not answer."""
+    run_id, attempt = env.get("GITHUB_RUN_ID", ""), env.get("GITHUB_RUN_ATTEMPT", "1") or "1"
+    if not (run_id.isdigit() and attempt.isdigit()):
+        return {}
+    try:
+        answer = gh.call("GET", f"/actions/runs/{run_id}/attempts/{attempt}/jobs?per_page=100")
+    except GitHubError as exc:
+        print(f"warning: how the jobs ended was not read ({exc})", file=sys.stderr)
+        return {}
+    items = answer.get("jobs") if isinstance(answer, dict) else None
+    return endings(items, set(needs)) if isinstance(items, list) else {}
+
+
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     if args.comment and args.pr is None:
@@ -276,7 +296,17 @@ def main(argv: Sequence[str]) -> int:
     if (args.comment or args.checks) and not args.dry_run:
         gh = GitHub.from_env(os.environ, args.repo)  # before the store: a bad setup says so first
     default_store = args.history is None and not os.environ.get(HISTORY_ENV, "").strip()
-    judged, history, missing = _read(url, args, default_store=default_store)
+    source = ""
+    if args.last:
+        found = baseline_url(os.environ, root)
+        if found is None:
+            print(f"why --last: no baseline of {args.branch} here: set {HISTORY_ENV} (read only), or run "
+                  "`python -m ci history pull` for its trusted snapshot; nothing judged")
+            return EXIT_OK
+        judged, history = read_last(local_url(args.history, root), found[0])
+        missing, source = "", f" in {found[1]}"
+    else:
+        judged, history, missing = _read(url, args, default_store=default_store)
     base: Base | None = None
     if args.base:
         base = base_of(args.base, history, _git_time(root, args.base))
@@ -287,19 +317,22 @@ def main(argv: Sequence[str]) -> int:
 
         jobs = table(registry.suites, registry.style, registry.sessions)
         # A job's own verdict blocks whatever its suite accepts: nothing judged it.
+        ended = _endings(gh, os.environ, needs) if gh is not None else {}
         of_jobs = judge_jobs(needs, verdicts, {j.id: j.session for j in jobs}, plan_job=PLAN_JOB,
-                             plan_output=PLAN_OUTPUT, plan_gated={j.id for j in jobs if gated_by_plan(j)})
+                             plan_output=PLAN_OUTPUT, plan_gated={j.id for j in jobs if gated_by_plan(j)},
+                             ended=ended)
         verdicts += of_jobs
         blocked += of_jobs
     commit = judged[-1].commit[:10] if judged else ""
-    title = f"PR #{args.pr}" if args.pr is not None else f"run {args.run}"
+    title = (f"PR #{args.pr}" if args.pr is not None else f"run {args.run}" if args.run is not None
+             else f"the last local run ({judged[-1].run_uid[:8]})")
     title += f" at {code(commit, 10, table=False)}" if commit else ""
     note = missing
     if not judged and not missing:
         note = (f"Nothing of PR #{args.pr} is recorded in the history yet: no verdict to give."
                 if args.pr is not None else "")
     elif judged and base is None:
-        note = f"No merge base given: judged against `{args.branch}`'s latest trusted runs."
+        note = f"No merge base given: judged against `{args.branch}`'s latest trusted runs{source}."
     local = f"`python -m ci why --pr {args.pr}` prints it all." if args.pr is not None else ""
     runs: list[CheckRun] = []
     links: dict[str, str] = {}

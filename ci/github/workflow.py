@@ -135,11 +135,12 @@ def concurrency_group(job: Job) -> Folded:
 #
 # The shared store (SLIME_CI_HISTORY_URL, a secret of the `ci-history` environment) is held by
 # no job that runs a pull request's code, and by no job on a self-hosted runner (a PR's job there
-# is root on the host, docs/security.md). GPU jobs record in their own SQLite file and export
-# their runs (`record --export`) as an artifact, `history-<job>`; the ingest workflow
+# is root on the host, docs/security.md). Suite and smoke jobs, GPU and CPU alike, record in
+# their own SQLite file and export their runs (`record --export`) as an artifact,
+# `history-<job>`; the ingest workflow
 # (ci/github/ingest_workflow.py: `workflow_run`, the default branch's code only) validates it and
 # records it in the shared store, trusted only for a push, schedule or manual run of the default
-# branch. After such a run it saves the store's trusted runs in the Actions cache, and GPU jobs
+# branch. After such a run it saves the store's trusted runs in the Actions cache, and suite jobs
 # restore that snapshot as their history file (their baselines, no credential). The only job in
 # this file that names the environment is the scheduled monitor (a check with `history_store`,
 # on a hosted runner, never on a PR), and only its session step gets the secret.
@@ -205,12 +206,13 @@ def uses_shared_history(job: Job) -> bool:
 
 
 def exports_history(job: Job) -> bool:
-    """Jobs that hand their runs to the ingest job as an artifact: suite jobs on GPU runners."""
-    return job.self_hosted and job.kind != "check"
+    """Jobs that hand their runs to the ingest job as an artifact: every suite and smoke job, on
+    GPU runners and hosted ones alike, so a red CPU job gets a verdict per failed entry."""
+    return job.kind != "check"
 
 
 def history_artifact(job: Job) -> str:
-    """The artifact a GPU job exports its runs in (one per shard); the ingest job reads `history-*`."""
+    """The artifact a suite job exports its runs in (one per shard); the ingest job reads `history-*`."""
     return f"{ARTIFACT_PREFIX}{job.id}" + ("-" + _expr("matrix.shard") if job.shards > 1 else "")
 
 

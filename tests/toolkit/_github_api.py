@@ -1,6 +1,6 @@
 """A loopback stand-in for the parts of GitHub's REST API the verdict comment and the issue
 tracker use: a PR's comments (list, post, edit), a repository's issues (list, create,
-edit, comment) and check runs (create, update: the Checks API's caps of 50 annotations a
+edit, comment), a workflow run's jobs (list) and check runs (create, update: the Checks API's caps of 50 annotations a
 request and 65,535 characters a summary answer 422, as GitHub's do; an update's annotations
 are appended). This machine has no GitHub; the stand-in keeps its state in memory, checks the
 token on every call and records each call, so a test sees what the toolkit asked for. What the
@@ -37,6 +37,7 @@ class FakeGitHub:
     comments: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     issues: list[dict[str, Any]] = field(default_factory=list)
     check_runs: list[dict[str, Any]] = field(default_factory=list)
+    jobs: dict[tuple[int, int], list[dict[str, Any]]] = field(default_factory=dict)  # (run id, attempt)
     calls: list[tuple[str, str]] = field(default_factory=list)
     refuse_writes: bool = False  # a fork's read-only token: every write is a 403
     login: str = BOT
@@ -91,6 +92,9 @@ def _handler(state: FakeGitHub) -> type[BaseHTTPRequestHandler]:
         def _route(self, method: str, parts: list[str], query: dict[str, str],
                    body: dict[str, Any]) -> tuple[int, Any]:
             page, per = int(query.get("page", 1)), int(query.get("per_page", 30))
+            if parts[:2] == ["actions", "runs"] and len(parts) == 6 and parts[3] == "attempts" and method == "GET":
+                listed = state.jobs.get((int(parts[2]), int(parts[4])), [])
+                return 200, {"total_count": len(listed), "jobs": listed[(page - 1) * per:page * per]}
             if parts[0] == "check-runs":
                 return self._check_run(method, parts, body)
             if parts[0] != "issues":

@@ -230,8 +230,8 @@ def test_every_suite_job_records_its_run_last_even_when_it_failed() -> None:
             continue
         step = _record_step(jobs[job.id])
         assert step["if"] == "always()"  # after a failure, a timeout or a cancel too
-        # GPU jobs export their runs for the ingest workflow; hosted jobs keep the cached file.
-        export = " --export .ci-cache/history-export" if job.self_hosted else ""
+        # Every suite and smoke job, GPU and CPU alike, exports its runs for the ingest workflow.
+        export = " --export .ci-cache/history-export"
         assert step["run"] == f'nox -s history -- record --suite {job.session} --status "$STATUS"{export}'
         assert step["env"]["STATUS"] == "${{ job.status }}"
         # No suite job reaches the shared store: neither the record step nor the session.
@@ -241,20 +241,18 @@ def test_every_suite_job_records_its_run_last_even_when_it_failed() -> None:
         steps = jobs[job.id]["steps"]
         uploads = [s for s in steps if s.get("name") == "Upload this job's runs for the history ingest"]
         snapshot = [s for s in steps if s.get("name") == "Restore the trusted history (the ingest job's snapshot)"]
-        if job.self_hosted:  # right after the record step, also after a failure
-            (upload,) = uploads
-            # Before the session, over the job's own cache: the trusted baseline it reads.
-            (restore,) = snapshot
-            assert steps.index(restore) < steps.index(session) and all(
-                steps.index(s) < steps.index(restore) for s in steps if s.get("name", "").startswith("Restore measured"))
-            assert restore["with"] == {"path": ".ci-cache/history.sqlite",
-                                       "key": "slime-ci-history-trusted-${{ github.run_id }}",
-                                       "restore-keys": "slime-ci-history-trusted-"}
-            assert steps.index(upload) == steps.index(step) + 1 and upload["if"] == "always()"
-            assert upload["with"]["name"] == f"history-{job.id}"
-            assert upload["with"]["path"] == ".ci-cache/history-export"
-        else:
-            assert not uploads and not snapshot, job.id
+        # Right after the record step, also after a failure.
+        (upload,) = uploads
+        # Before the session, over the job's own cache: the trusted baseline it reads.
+        (restore,) = snapshot
+        assert steps.index(restore) < steps.index(session) and all(
+            steps.index(s) < steps.index(restore) for s in steps if s.get("name", "").startswith("Restore measured"))
+        assert restore["with"] == {"path": ".ci-cache/history.sqlite",
+                                   "key": "slime-ci-history-trusted-${{ github.run_id }}",
+                                   "restore-keys": "slime-ci-history-trusted-"}
+        assert steps.index(upload) == steps.index(step) + 1 and upload["if"] == "always()"
+        assert upload["with"]["name"] == f"history-{job.id}"
+        assert upload["with"]["path"] == ".ci-cache/history-export"
 
 
 def test_a_sharded_job_keeps_one_cache_per_shard_and_merges_all_before_it_plans() -> None:
@@ -262,7 +260,8 @@ def test_a_sharded_job_keeps_one_cache_per_shard_and_merges_all_before_it_plans(
                          shards=4 if s.name == "cpu_unit" else 1) for s in SUITES)
     job = yaml.safe_load(render(table(suites))[WORKFLOW_PATH])["jobs"]["cpu_unit"]
     steps = job["steps"]
-    restores = [s for s in steps if s.get("uses", "").startswith("actions/cache/restore@")]
+    restores = [s for s in steps if s.get("uses", "").startswith("actions/cache/restore@")
+                and s["with"]["restore-keys"].startswith("slime-ci-durations-")]
     assert [r["with"]["restore-keys"] for r in restores] == [
         f"slime-ci-durations-cpu_unit-{i}-" for i in (1, 2, 3, 4)]
     for i, r in enumerate(restores, 1):  # each shard's files in a folder of its own
@@ -271,7 +270,9 @@ def test_a_sharded_job_keeps_one_cache_per_shard_and_merges_all_before_it_plans(
     merge = next(s for s in steps if s.get("run", "").startswith("nox -s history -- merge"))
     assert steps.index(restores[-1]) < steps.index(merge) < steps.index(_nox_step(job))
     record = _record_step(job)
-    assert record["run"].endswith('--keep-in ".ci-cache/shards/$SHARD"')
+    assert record["run"].endswith('--keep-in ".ci-cache/shards/$SHARD" --export .ci-cache/history-export')
+    upload = next(s for s in steps if s.get("name") == "Upload this job's runs for the history ingest")
+    assert upload["with"]["name"] == "history-cpu_unit-${{ matrix.shard }}", "one artifact per shard"
     (save,) = [s for s in steps if s.get("uses", "").startswith("actions/cache/save@")]
     assert save["with"]["key"] == ("slime-ci-durations-cpu_unit-${{ matrix.shard }}-"
                                    "${{ github.run_id }}-${{ github.run_attempt }}")
@@ -329,9 +330,9 @@ def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> No
     # checkout and setup-python everywhere; cache restore and save in every job but lint.
     # The weekly stability job keeps no durations (its runs repeat until a bound); the plan
     # job checks out and sets up Python; a check with a report uploads it.
-    # A GPU suite job restores the ingest job's trusted snapshot and uploads its runs for it.
+    # A suite or smoke job restores the ingest job's trusted snapshot and uploads its runs for it.
     assert len(uses) == sum((2 if j.kind == "check" or j.infinite else 4) + bool(j.report)
-                            + 2 * (j.self_hosted and j.kind != "check") for j in table()) + 2 + VERDICT_ACTIONS
+                            + 2 * (j.kind != "check") for j in table()) + 2 + VERDICT_ACTIONS
     for ref, rest in uses:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40}", ref), ref
         assert re.fullmatch(r"  # v\d+\.\d+\.\d+", rest), rest
