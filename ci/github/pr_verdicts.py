@@ -303,7 +303,7 @@ def main(argv: Sequence[str]) -> int:
             print(f"why --last: no baseline of {args.branch} here: set {HISTORY_ENV} (read only), or run "
                   "`python -m ci history pull` for its trusted snapshot; nothing judged")
             return EXIT_OK
-        judged, history = read_last(local_url(args.history, root), found[0])
+        judged, history = read_last(local_url(args.history, root), found[0], last_runs=HISTORY_RUNS)
         missing, source = "", f" in {found[1]}"
     else:
         judged, history, missing = _read(url, args, default_store=default_store)

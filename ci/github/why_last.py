@@ -17,7 +17,6 @@ from ci.errors import StoreError, UsageError
 from ci.history.store import HISTORY_ENV, HISTORY_FILE, AttemptRow, open_store
 
 SNAPSHOT_FILE = ".ci-cache/history-trusted.sqlite"  # where `history pull` puts main's snapshot
-HISTORY_RUNS = 400
 
 
 def local_url(cli: str | None, root: Path) -> str:
@@ -38,8 +37,8 @@ def baseline_url(env: Mapping[str, str], root: Path) -> tuple[str, str] | None:
     return None
 
 
-def read_last(local: str, baseline: str) -> tuple[list[AttemptRow], list[AttemptRow]]:
-    """(the last local run's rows, their suites' trusted history from the baseline)."""
+def read_last(local: str, baseline: str, *, last_runs: int) -> tuple[list[AttemptRow], list[AttemptRow]]:
+    """(the last local run's rows, their suites' newest `last_runs` trusted runs in the baseline)."""
     try:
         store = open_store(local, create=False)
     except StoreError:
@@ -51,5 +50,5 @@ def read_last(local: str, baseline: str) -> tuple[list[AttemptRow], list[Attempt
         raise UsageError("no local run recorded here yet; run a suite first, e.g. `nox -s cpu_unit`")
     names = sorted({r.suite for r in judged})
     with open_store(baseline, create=False) as base:
-        history = [r for s in names for r in base.attempts(suite=s, trusted_only=True, last_runs=HISTORY_RUNS)]
+        history = [r for s in names for r in base.attempts(suite=s, trusted_only=True, last_runs=last_runs)]
     return judged, history
