@@ -25,6 +25,9 @@ from typing import Any
 REQUEST_FIELDS = ("method", "path", "body")
 BOT = "github-actions[bot]"  # who GitHub says wrote what a job's token posts
 BODY_LIMIT = 65_536  # characters of an issue or comment body; GitHub answers 422 past it
+SUMMARY_LIMIT = 65_535  # characters of a check run's output.summary
+ANNOTATIONS_PER_REQUEST = 50  # the Checks API's cap; an update's annotations are appended
+_ANNOTATION_KEYS = {"path", "start_line", "end_line", "annotation_level", "message"}
 
 
 @dataclass
@@ -39,6 +42,7 @@ class GitHubState:
     issues: list[dict[str, Any]] = field(default_factory=list)
     labels: dict[int, list[str]] = field(default_factory=dict)
     check_runs: list[dict[str, Any]] = field(default_factory=list)
+    jobs: dict[tuple[int, int], list[dict[str, Any]]] = field(default_factory=dict)  # (run id, attempt)
     dispatches: list[dict[str, Any]] = field(default_factory=list)
     team_members: dict[str, set[str]] = field(default_factory=dict)  # "org/team" -> logins
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -129,12 +133,11 @@ def _route(state: GitHubState, method: str, parts: list[str], query: dict[str, s
             kept["closed_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) \
                 if body["state"] == "closed" else None
         return _edit(state.issues, "number", int(parts[1]), kept)
-    if parts == ["check-runs"] and method == "POST":
-        run = {"id": state.new_id(), **body}
-        state.check_runs.append(run)
-        return 201, run
-    if parts[:1] == ["check-runs"] and n == 2 and method == "PATCH":
-        return _edit(state.check_runs, "id", int(parts[1]), body)
+    if parts[:1] == ["check-runs"]:
+        return _check_run(state, method, parts, body)
+    if parts[:2] == ["actions", "runs"] and n == 6 and parts[3] == "attempts" and parts[5] == "jobs":
+        listed = state.jobs.get((int(parts[2]), int(parts[4])), [])
+        return 200, {"total_count": len(listed), "jobs": listed[(page - 1) * per:page * per]}
     if parts[:2] == ["actions", "workflows"] and n == 4 and parts[3] == "dispatches":
         state.dispatches.append({"workflow": parts[2], **body})
         return 204, None
@@ -147,6 +150,37 @@ def _route(state: GitHubState, method: str, parts: list[str], query: dict[str, s
             if i == int(parts[2]):
                 return 200, z.read_bytes()
         return 404, {"message": "Not Found"}
+    return 404, {"message": "Not Found"}
+
+
+def _check_run(state: GitHubState, method: str, parts: list[str], body: Any) -> tuple[int, Any]:
+    """Create or update a check run, with the Checks API's limits (422 past them, as GitHub)."""
+    output = body.get("output", {}) if isinstance(body, dict) else {}
+    notes = list(output.get("annotations", []))
+    if len(notes) > ANNOTATIONS_PER_REQUEST or len(str(output.get("summary", ""))) > SUMMARY_LIMIT:
+        return 422, {"message": f"Validation Failed: at most {ANNOTATIONS_PER_REQUEST} annotations a "
+                                f"request; Only {SUMMARY_LIMIT} characters are allowed in the summary"}
+    if any(not _ANNOTATION_KEYS <= set(a) for a in notes):
+        return 422, {"message": "Validation Failed: an annotation lacks a required field"}
+    shown = ("id", "name", "head_sha", "status", "conclusion", "title", "summary", "requests", "html_url")
+    if parts == ["check-runs"] and method == "POST":
+        if not body.get("name") or not body.get("head_sha"):
+            return 422, {"message": "Validation Failed: name and head_sha are required"}
+        ident = state.new_id()
+        run = {"id": ident, "name": body["name"], "head_sha": body["head_sha"], "status": body.get("status"),
+               "conclusion": body.get("conclusion"), "title": output.get("title"),
+               "summary": output.get("summary", ""), "annotations": notes, "requests": 1,
+               "html_url": f"https://github.test/{state.repo}/runs/{ident}"}
+        state.check_runs.append(run)
+        return 201, {k: run[k] for k in shown}
+    if len(parts) == 2 and parts[1].isdigit() and method == "PATCH":
+        found = next((r for r in state.check_runs if r["id"] == int(parts[1])), None)
+        if found is None:
+            return 404, {"message": "Not Found"}
+        found["annotations"] += notes
+        found["requests"] += 1
+        found.update({k: body[k] for k in ("status", "conclusion") if k in body})
+        return 200, {k: found[k] for k in shown}
     return 404, {"message": "Not Found"}
 
 

@@ -121,12 +121,46 @@ def _verdict(job_id: str, suite: str, rule: str, result: str, detail: str = "") 
                    outcome=result or "no result", reason="", run_uid="", commit="")
 
 
+def how_it_ended(item: Mapping[str, object]) -> str:
+    """How a job of the Actions API's job list ended, from its conclusion and its steps'."""
+    conclusion = item.get("conclusion")
+    listed = item.get("steps")
+    steps = [s for s in listed if isinstance(s, dict)] if isinstance(listed, list) else []
+    failed = next((s for s in steps if s.get("conclusion") == "failure"), None)
+    if conclusion == "timed_out":
+        return "it timed out (ran past its timeout-minutes)"
+    if conclusion == "cancelled":
+        return "it was cancelled (by hand or by a newer push)"
+    if failed is not None:
+        return f"its step {str(failed.get('name', '?'))[:80]!r} failed"
+    if conclusion == "failure" and any(s.get("status") != "completed" for s in steps):
+        return "its runner was lost: steps never completed and none failed"
+    return f"its conclusion is {str(conclusion)[:40]!r}"
+
+
+def endings(items: Sequence[object], job_ids: Collection[str]) -> dict[str, str]:
+    """Job id -> how it ended, from the Actions API's jobs of a run (a matrix job's shards are
+    named `ID (N)`; the first that did not succeed speaks for the job)."""
+    out: dict[str, str] = {}
+    for item in items:
+        if not isinstance(item, dict) or item.get("conclusion") in ("success", "skipped"):
+            continue
+        name = str(item.get("name", ""))
+        job = name if name in job_ids else name.split(" (", 1)[0]
+        if job in job_ids:
+            out.setdefault(job, how_it_ended(item))
+    return out
+
+
 def judge_jobs(needs: Mapping[str, object], verdicts: Sequence[Verdict], job_suites: Mapping[str, str], *,
-               plan_job: str, plan_output: str, plan_gated: Collection[str]) -> list[Verdict]:
+               plan_job: str, plan_output: str, plan_gated: Collection[str],
+               ended: Mapping[str, str] | None = None) -> list[Verdict]:
     """A verdict for every job of `needs` that did not succeed and that its entries do not explain.
 
     `job_suites` maps a job id to the suite (session) its entries are recorded under;
-    `plan_gated` are the jobs that run on a PR only when the plan job names them."""
+    `plan_gated` are the jobs that run on a PR only when the plan job names them; `ended`, how
+    each job ended (`endings`, from the Actions API), is added to its evidence."""
+    said = ended or {}
     ran = planned(needs, plan_job, plan_output)
     out = []
     for job_id, info in sorted(needs.items()):
@@ -145,13 +179,13 @@ def judge_jobs(needs: Mapping[str, object], verdicts: Sequence[Verdict], job_sui
                 out.append(_verdict(job_id, suite, "job-skipped", result))
             continue
         if result == "cancelled":
-            out.append(_verdict(job_id, suite, "job-cancelled", result))
+            out.append(_verdict(job_id, suite, "job-cancelled", result, said.get(job_id, "")))
         elif result == "failure":
             failed, stopped = explains(verdicts, suite)
             if stopped:
-                out.append(_verdict(job_id, suite, "job-stopped", result))
+                out.append(_verdict(job_id, suite, "job-stopped", result, said.get(job_id, "")))
             elif not failed:
-                out.append(_verdict(job_id, suite, "job-unrecorded", result))
+                out.append(_verdict(job_id, suite, "job-unrecorded", result, said.get(job_id, "")))
         else:
             shown = repr(result[:40]) if result is not None else "missing"
             out.append(_verdict(job_id, suite, "job-result", result or "", f"its result is {shown}"))

@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import NoReturn
 
 from ci.errors import EXIT_FAILED, EXIT_OK, StoreError, UsageError
+from ci.github.check_runs import CheckRun, build, links_line, publish, read_junit
 from ci.github.inert_text import code, fit
-from ci.github.job_verdicts import judge_jobs, parse_needs
+from ci.github.job_verdicts import endings, judge_jobs, parse_needs
 from ci.github.rest_client import GitHub, GitHubError, pr_number
+from ci.github.why_last import baseline_url, local_url, read_last
 from ci.history.store import HISTORY_ENV, HISTORY_FILE, AttemptRow, open_store, resolve_url
 from ci.history.verdicts import (
     KINDS,
@@ -70,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--pr", type=pr_number, metavar="N",
                        help="judge pull request N (the newest commit of it the history holds)")
     which.add_argument("--run", metavar="ID", help="one recorded run (its uid, or a unique prefix)")
+    which.add_argument("--last", action="store_true",
+                       help="the last local run (in --history, else .ci-cache/history.sqlite), against "
+                            f"main's trusted runs: from {HISTORY_ENV} (read only), else the snapshot "
+                            "`python -m ci history pull` saved")
     p.add_argument("--base", metavar="SHA",
                    help="the PR's merge base: `new` needs a pass on main at or after it (default: "
                         "judged against main's latest runs, and the table says so)")
@@ -84,7 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--comment", action="store_true",
                    help="create or update this PR's verdict comment (needs --pr, GITHUB_TOKEN, "
                         "GITHUB_REPOSITORY)")
-    p.add_argument("--dry-run", action="store_true", help="with --comment: print the comment, post nothing")
+    p.add_argument("--checks", action="store_true",
+                   help="create one check run per suite, `slime-ci / SUITE`, with annotations at the "
+                        "failed tests (needs GITHUB_TOKEN, GITHUB_REPOSITORY; --dry-run: print them)")
+    p.add_argument("--head", metavar="SHA", help="with --checks: the commit the check runs are for "
+                                                 "(default: the judged run's commit)")
+    p.add_argument("--junit", metavar="DIR", type=Path,
+                   help="with --checks: JUnit reports (searched below DIR) that place each annotation at "
+                        "its test's assertion; without, at the test file's first line")
+    p.add_argument("--dry-run", action="store_true",
+                   help="with --comment or --checks: print what would be written, write nothing")
     p.add_argument("--repo", metavar="OWNER/NAME", help="the repository (default: GITHUB_REPOSITORY)")
     p.add_argument("--author", metavar="LOGIN", default=BOT_LOGIN,
                    help=f"with --comment: the login the token posts as; only its comment is edited "
@@ -123,8 +138,17 @@ def reproduce(v: Verdict, suite: Suite | None) -> str:
     return code(f"nox -s {v.suite} -- --only {only}")
 
 
+def table_row(v: Verdict, blocks: bool, suite: Suite | None) -> str:
+    """One verdict's row of a suite's table (the comment's and its check run's)."""
+    mark = f"**{v.label}** :x:" if blocks else v.label
+    failed = f"{v.outcome}: {v.reason}" if v.reason else v.outcome
+    return (f"| {code(v.entry_id, 200)} | {mark} (rule {code(v.rule, 40)}) | {code(failed)}; "
+            f"{code(v.evidence)} | {reproduce(v, suite)} |")
+
+
 def markdown(verdicts: Sequence[Verdict], blocked: Sequence[Verdict], *, title: str, note: str,
-             suites: Mapping[str, Suite], rules: Mapping[str, SuiteRules], local: str = "") -> str:
+             suites: Mapping[str, Suite], rules: Mapping[str, SuiteRules], local: str = "",
+             checks: str = "") -> str:
     """The comment (and step summary): the gate's outcome, then one table per suite.
 
     Everything a test or a PR's run wrote (entry ids, reasons, the evidence that quotes them)
@@ -132,7 +156,7 @@ def markdown(verdicts: Sequence[Verdict], blocked: Sequence[Verdict], *, title: 
     lines = [MARKER, f"### slime CI verdicts: {title}", ""]
     if not verdicts:
         lines.append(f"**verdict: pass.** {note or 'Every recorded entry passed.'}")
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + (["", checks] if checks else [])) + "\n"
     counts = ", ".join(f"{sum(v.kind == k for v in verdicts)} {LABELS[k]}" for k in KINDS
                        if any(v.kind == k for v in verdicts))
     if blocked:
@@ -149,11 +173,9 @@ def markdown(verdicts: Sequence[Verdict], blocked: Sequence[Verdict], *, title: 
                   "| entry | verdict | evidence | reproduce |", "|---|---|---|---|"]
         ours = sorted((v for v in verdicts if v.suite == suite),
                       key=lambda v: (KINDS.index(v.kind), v.entry_id))
-        for v in ours:
-            mark = f"**{v.label}** :x:" if v in blocked else v.label
-            failed = f"{v.outcome}: {v.reason}" if v.reason else v.outcome
-            lines.append(f"| {code(v.entry_id, 200)} | {mark} (rule {code(v.rule, 40)}) | {code(failed)}; "
-                         f"{code(v.evidence)} | {reproduce(v, suites.get(suite))} |")
+        lines += [table_row(v, v in blocked, suites.get(suite)) for v in ours]
+    if checks:
+        lines += ["", checks]
     lines += ["", "<sub>Verdict rules: docs/verdicts.md; locally: `python -m ci why --pr N`.</sub>"]
     return fit("\n".join(lines) + "\n", where=local)
 
@@ -239,6 +261,21 @@ def _read(url: str, args: argparse.Namespace, *, default_store: bool) -> tuple[l
     return judged, history, ""
 
 
+def _endings(gh: GitHub, env: Mapping[str, str], needs: Mapping[str, object]) -> dict[str, str]:
+    """How each job of this workflow run that did not succeed ended, from the Actions API (the
+    job token's `actions: read`); {} outside a workflow run or when GitHub does not answer."""
+    run_id, attempt = env.get("GITHUB_RUN_ID", ""), env.get("GITHUB_RUN_ATTEMPT", "1") or "1"
+    if not (run_id.isdigit() and attempt.isdigit()):
+        return {}
+    try:
+        answer = gh.call("GET", f"/actions/runs/{run_id}/attempts/{attempt}/jobs?per_page=100")
+    except GitHubError as exc:
+        print(f"warning: how the jobs ended was not read ({exc})", file=sys.stderr)
+        return {}
+    items = answer.get("jobs") if isinstance(answer, dict) else None
+    return endings(items, set(needs)) if isinstance(items, list) else {}
+
+
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     if args.comment and args.pr is None:
@@ -254,10 +291,22 @@ def main(argv: Sequence[str]) -> int:
     suites = {s.name: s for s in registry.suites}
     rules = suite_rules(registry.suites)
     gh = None
-    if args.comment and not args.dry_run:
+    if args.head is not None and not _REF.fullmatch(args.head):
+        raise UsageError(f"--head {args.head[:80]!r}: name the commit by its SHA")
+    if (args.comment or args.checks) and not args.dry_run:
         gh = GitHub.from_env(os.environ, args.repo)  # before the store: a bad setup says so first
     default_store = args.history is None and not os.environ.get(HISTORY_ENV, "").strip()
-    judged, history, missing = _read(url, args, default_store=default_store)
+    source = ""
+    if args.last:
+        found = baseline_url(os.environ, root)
+        if found is None:
+            print(f"why --last: no baseline of {args.branch} here: set {HISTORY_ENV} (read only), or run "
+                  "`python -m ci history pull` for its trusted snapshot; nothing judged")
+            return EXIT_OK
+        judged, history = read_last(local_url(args.history, root), found[0], last_runs=HISTORY_RUNS)
+        missing, source = "", f" in {found[1]}"
+    else:
+        judged, history, missing = _read(url, args, default_store=default_store)
     base: Base | None = None
     if args.base:
         base = base_of(args.base, history, _git_time(root, args.base))
@@ -268,29 +317,55 @@ def main(argv: Sequence[str]) -> int:
 
         jobs = table(registry.suites, registry.style, registry.sessions)
         # A job's own verdict blocks whatever its suite accepts: nothing judged it.
+        ended = _endings(gh, os.environ, needs) if gh is not None else {}
         of_jobs = judge_jobs(needs, verdicts, {j.id: j.session for j in jobs}, plan_job=PLAN_JOB,
-                             plan_output=PLAN_OUTPUT, plan_gated={j.id for j in jobs if gated_by_plan(j)})
+                             plan_output=PLAN_OUTPUT, plan_gated={j.id for j in jobs if gated_by_plan(j)},
+                             ended=ended)
         verdicts += of_jobs
         blocked += of_jobs
     commit = judged[-1].commit[:10] if judged else ""
-    title = f"PR #{args.pr}" if args.pr is not None else f"run {args.run}"
+    title = (f"PR #{args.pr}" if args.pr is not None else f"run {args.run}" if args.run is not None
+             else f"the last local run ({judged[-1].run_uid[:8]})")
     title += f" at {code(commit, 10, table=False)}" if commit else ""
     note = missing
     if not judged and not missing:
         note = (f"Nothing of PR #{args.pr} is recorded in the history yet: no verdict to give."
                 if args.pr is not None else "")
     elif judged and base is None:
-        note = f"No merge base given: judged against `{args.branch}`'s latest trusted runs."
+        note = f"No merge base given: judged against `{args.branch}`'s latest trusted runs{source}."
     local = f"`python -m ci why --pr {args.pr}` prints it all." if args.pr is not None else ""
-    body = markdown(verdicts, blocked, title=title, note=note, suites=suites, rules=rules, local=local)
+    runs: list[CheckRun] = []
+    links: dict[str, str] = {}
+    if args.checks:
+        locations = read_junit(args.junit, root) if args.junit is not None else {}
+        rows = {v: table_row(v, v in blocked, suites.get(v.suite)) for v in verdicts}
+        runs = build(sorted({r.suite for r in judged}), verdicts, blocked, rows=rows, locations=locations)
+        head = args.head or (judged[-1].commit if judged else "")
+        if gh is not None and runs and head:
+            try:
+                links = publish(gh, runs, head)
+                print(f"why: created {len(links)} check run(s) on {head[:10]}: " + ", ".join(links))
+            except GitHubError as exc:
+                print(f"warning: the check runs were not created ({exc})", file=sys.stderr)
+        elif gh is not None and runs:
+            print("warning: no commit to put the check runs on; pass --head SHA", file=sys.stderr)
+    checks = links_line(runs, links) if runs else ""
+    body = markdown(verdicts, blocked, title=title, note=note, suites=suites, rules=rules, local=local,
+                    checks=checks)
     log = Log.from_env()
-    if args.json:
+    if args.checks and args.dry_run and args.json:
+        print(json.dumps([r.preview() for r in runs], indent=1))
+    elif args.json:
         print(json.dumps([{**asdict(v), "blocks": v in blocked} for v in verdicts], indent=1))
     else:
         print(f"{title}: " + (note if not verdicts and note else text_table(verdicts, blocked)))
         if verdicts and note:
             print(note)
     log.summary(body)
+    if args.checks and args.dry_run and not args.json:
+        for r in runs:
+            print(f"{r.name}: {r.conclusion}, {len(r.annotations)} annotation(s)"
+                  + "".join(f"\n    {a.path}:{a.line}: {a.title}" for a in r.annotations))
     if args.comment:
         if args.dry_run:
             print(body)

@@ -136,11 +136,12 @@ def concurrency_group(job: Job) -> Folded:
 #
 # The shared store (SLIME_CI_HISTORY_URL, a secret of the `ci-history` environment) is held by
 # no job that runs a pull request's code, and by no job on a self-hosted runner (a PR's job there
-# is root on the host, docs/security.md). GPU jobs record in their own SQLite file and export
-# their runs (`record --export`) as an artifact, `history-<job>`; the ingest workflow
+# is root on the host, docs/security.md). Suite and smoke jobs, GPU and CPU alike, record in
+# their own SQLite file and export their runs (`record --export`) as an artifact,
+# `history-<job>`; the ingest workflow
 # (ci/github/ingest_workflow.py: `workflow_run`, the default branch's code only) validates it and
 # records it in the shared store, trusted only for a push, schedule or manual run of the default
-# branch. After such a run it saves the store's trusted runs in the Actions cache, and GPU jobs
+# branch. After such a run it saves the store's trusted runs in the Actions cache, and suite jobs
 # restore that snapshot as their history file (their baselines, no credential). The only job in
 # this file that names the environment is the scheduled monitor (a check with `history_store`,
 # on a hosted runner, never on a PR), and only its session step gets the secret.
@@ -209,12 +210,13 @@ def uses_shared_history(job: Job) -> bool:
 
 
 def exports_history(job: Job) -> bool:
-    """Jobs that hand their runs to the ingest job as an artifact: suite jobs on GPU runners."""
-    return job.self_hosted and job.kind != "check"
+    """Jobs that hand their runs to the ingest job as an artifact: every suite and smoke job, on
+    GPU runners and hosted ones alike, so a red CPU job gets a verdict per failed entry."""
+    return job.kind != "check"
 
 
 def history_artifact(job: Job) -> str:
-    """The artifact a GPU job exports its runs in (one per shard); the ingest job reads `history-*`."""
+    """The artifact a suite job exports its runs in (one per shard); the ingest job reads `history-*`."""
     return f"{ARTIFACT_PREFIX}{job.id}" + ("-" + _expr("matrix.shard") if job.shards > 1 else "")
 
 
@@ -379,16 +381,19 @@ def plan_job(style: Style) -> dict[str, Node]:
 #
 # After every job of a PR's run (`always()`: it runs when they fail, that is its point), it
 # asks `python -m ci why` for the verdict of each entry that did not pass (ci/history/verdicts.py),
-# edits the PR's one verdict comment, and fails only when a verdict its suite blocks on is
+# creates one check run per suite (`slime-ci / SUITE`, annotated at the failed tests, on the
+# PR's head commit), edits the PR's one verdict comment that links them, and fails only when
+# a verdict its suite blocks on is
 # there (new and unknown, by default). Branch protection requires this check rather than the
 # suite jobs (docs/verdicts.md). It holds no secret, as no job of a PR's workflow does: its
 # baseline is the trusted snapshot the ingest job keeps (main's runs), and the PR's runs are
 # the ones this workflow run's jobs exported, recorded into that local file as untrusted runs
-# of this PR. It checks out the base commit; its token may read this run's artifacts and
-# write PR comments.
+# of this PR. It checks out the base commit; its token may read this run's artifacts, write
+# PR comments and create check runs.
 VERDICT_MINUTES = 15
 _VERDICT_INGEST = f'nox -s {HISTORY_SESSION} -- ingest "{DOWNLOADED}" --pr "$PR"'
-_VERDICT_RUN = 'nox -s verdict -- --pr "$PR" --base "$BASE" --needs "$NEEDS" --comment --gate'
+_VERDICT_RUN = ('nox -s verdict -- --pr "$PR" --base "$BASE" --needs "$NEEDS" --comment '
+                '--checks --head "$HEAD" --gate')
 
 
 def verdict_job(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
@@ -402,7 +407,8 @@ def verdict_job(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
         "runs-on": style.hosted_runner[0] if len(style.hosted_runner) == 1 else Flow(style.hosted_runner),
         "permissions": {"contents": Note("read", "actions/checkout reads the repository"),
                         "actions": Note("read", "this run's exported runs (artifacts)"),
-                        "pull-requests": Note("write", "the PR's one verdict comment, edited in place")},
+                        "pull-requests": Note("write", "the PR's one verdict comment, edited in place"),
+                        "checks": Note("write", "one check run per suite, `slime-ci / SUITE`")},
         "concurrency": {"group": f"{WORKFLOW_NAME}-pr{_expr('github.event.pull_request.number')}"
                                  f"-{VERDICT_JOB}", "cancel-in-progress": True},
         "timeout-minutes": VERDICT_MINUTES,
@@ -420,7 +426,8 @@ def verdict_job(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
              # Values reach the shell through the environment, never through ${{ }} in `run:`.
              "env": {"GITHUB_TOKEN": _expr("github.token"),
                      "PR": _expr("github.event.pull_request.number"),
-                     "BASE": _expr("github.event.pull_request.base.sha"), "NEEDS": _expr("toJSON(needs)")},
+                     "BASE": _expr("github.event.pull_request.base.sha"),
+                     "HEAD": _expr("github.event.pull_request.head.sha"), "NEEDS": _expr("toJSON(needs)")},
              "run": _VERDICT_RUN},
             # `always()` runs this job after a cancel too; whether its steps then run or are
             # skipped, this one fails it: a cancelled run tested nothing, so it never passes.

@@ -333,42 +333,39 @@ def _nothing(f: Facts) -> str | None:
     return "no rule matched: the evidence does not say"
 
 
+# The table, in order: (id, verdict, match, what it means). The infrastructure's rows come first,
+# one per sign of INFRA_SIGNS, in its order and under its ids.
+_INFRA_SAYS = {
+    "node-lost": "the runner or its cluster node was lost under the attempt",
+    "interrupted": "the run was stopped (cancelled, superseded) before it judged the entry",
+    "gpu-wait": "the attempt timed out waiting for its GPUs (the allocator's WaitTimeout)",
+    "killed": "a signal ended it from outside the test: SIGKILL or SIGTERM (the OOM killer's too), "
+              "read from its exit status (128+N only under Docker)",
+    "image-pull": "under Docker, `docker run` exited 125 and said the image could not be pulled",
+    "docker-run": "under Docker, `docker run` failed before the container started (exit 125)",
+}
+_CODE_ROWS: tuple[tuple[str, Kind, Match, str], ...] = (
+    ("flaky-retry", "flaky", _flaky_retry, "it failed, then passed on a retry in this very run"),
+    ("main-broken", "already-failing", _main_broken,
+     "its last two or more trusted runs on main failed, the first before this run"),
+    ("flaky-rate", "flaky", _flaky_rate,
+     "its flake rate over the window is above the suite's threshold, and it failed here "
+     "as it did in one of its flakes (same reason, numbers aside)"),
+    ("main-failed-last", "already-failing", _main_failed_last,
+     "its last trusted run on main failed, not the way it flakes (nor is it flaky by rate)"),
+    ("same-flake", "flaky", _same_flake,
+     "below the threshold, but it failed exactly as in two or more of its recorded flakes, "
+     "and main passes it"),
+    ("no-history", "unknown", _no_history, "no trusted run of it on main: nothing to compare with"),
+    ("base-unknown", "unknown", _base_unknown, "the merge base is unknown, so no run can be placed after it"),
+    ("not-since-base", "unknown", _not_since_base, "main has not run it since the merge base"),
+    ("new", "new", _new, "main passed it at or after the merge base; here it failed"),
+    ("no-rule", "unknown", _nothing, "none of the rules above applied"),
+)
 RULES: tuple[Rule, ...] = (
-    Rule(id="node-lost", verdict="infrastructure", match=_infra(_lost),
-         says="the runner or its cluster node was lost under the attempt"),
-    Rule(id="interrupted", verdict="infrastructure", match=_infra(_interrupted),
-         says="the run was stopped (cancelled, superseded) before it judged the entry"),
-    Rule(id="gpu-wait", verdict="infrastructure", match=_infra(_gpu_wait),
-         says="the attempt timed out waiting for its GPUs (the allocator's WaitTimeout)"),
-    Rule(id="killed", verdict="infrastructure", match=_infra(_killed),
-         says="a signal ended it from outside the test: SIGKILL or SIGTERM (the OOM killer's too), "
-              "read from its exit status (128+N only under Docker)"),
-    Rule(id="image-pull", verdict="infrastructure", match=_infra(_pull),
-         says="under Docker, `docker run` exited 125 and said the image could not be pulled"),
-    Rule(id="docker-run", verdict="infrastructure", match=_infra(_docker_run),
-         says="under Docker, `docker run` failed before the container started (exit 125)"),
-    Rule(id="flaky-retry", verdict="flaky", match=_flaky_retry,
-         says="it failed, then passed on a retry in this very run"),
-    Rule(id="main-broken", verdict="already-failing", match=_main_broken,
-         says="its last two or more trusted runs on main failed, the first before this run"),
-    Rule(id="flaky-rate", verdict="flaky", match=_flaky_rate,
-         says="its flake rate over the window is above the suite's threshold, and it failed here "
-              "as it did in one of its flakes (same reason, numbers aside)"),
-    Rule(id="main-failed-last", verdict="already-failing", match=_main_failed_last,
-         says="its last trusted run on main failed, not the way it flakes (nor is it flaky by rate)"),
-    Rule(id="same-flake", verdict="flaky", match=_same_flake,
-         says="below the threshold, but it failed exactly as in two or more of its recorded flakes, "
-              "and main passes it"),
-    Rule(id="no-history", verdict="unknown", match=_no_history,
-         says="no trusted run of it on main: nothing to compare with"),
-    Rule(id="base-unknown", verdict="unknown", match=_base_unknown,
-         says="the merge base is unknown, so no run can be placed after it"),
-    Rule(id="not-since-base", verdict="unknown", match=_not_since_base,
-         says="main has not run it since the merge base"),
-    Rule(id="new", verdict="new", match=_new,
-         says="main passed it at or after the merge base; here it failed"),
-    Rule(id="no-rule", verdict="unknown", match=_nothing,
-         says="none of the rules above applied"),
+    *(Rule(id=name, verdict="infrastructure", match=_infra(sign), says=_INFRA_SAYS[name])
+      for name, sign in INFRA_SIGNS),
+    *(Rule(id=i, verdict=k, match=m, says=says) for i, k, m, says in _CODE_ROWS),
 )
 
 

@@ -18,7 +18,10 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import REPO, run_ci, write
+from _github_api import env_for, fake_github
 from _verdict_store import attempt, plant_main, plant_pr, registry, why_command
+
+from ci.github.job_verdicts import how_it_ended
 
 NUM_GPUS = 0
 PLANNED = {"result": "success", "outputs": {"jobs": json.dumps(["gpu", "cpu"])}}
@@ -89,6 +92,37 @@ def test_a_failed_job_is_explained_only_by_its_own_failed_entries(repo, why):
     plant_pr(url, [attempt("main", "failed", reason="AssertionError: broken on main")], pr=8)
     proc = why(root, url, "--pr", "8", "--gate", "--needs", needs(gpu="failure", cpu="success"))
     assert proc.returncode == 0 and "job-" not in proc.stdout, proc.stdout + proc.stderr
+
+
+def _actions_job(name, conclusion, *steps):
+    return {"name": name, "conclusion": conclusion,
+            "steps": [{"name": n, "status": st_, "conclusion": c} for n, st_, c in steps]}
+
+
+def test_a_job_that_recorded_nothing_says_how_it_ended_from_the_actions_api(repo, why):
+    """GitHub's API is the loopback stand-in (this machine has no Actions): the run's job list,
+    as the verdict job's token reads it, says which job timed out, lost its runner or failed a step."""
+    root, url = repo
+    with fake_github() as (api, gh):
+        gh.jobs[(555, 2)] = [_actions_job("plan", "success"),
+                             _actions_job("gpu", "timed_out", ("nox -s gpu", "completed", "cancelled")),
+                             _actions_job("cpu", "failure", ("Check out", "completed", "success"),
+                                  ("nox -s cpu", "in_progress", None))]
+        env = {**env_for(api), "GITHUB_RUN_ID": "555", "GITHUB_RUN_ATTEMPT": "2"}
+        proc = why(root, url, "--pr", "7", "--gate", "--comment", "--needs",
+                   needs(gpu="cancelled", cpu="failure"), env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "it timed out (ran past its timeout-minutes)" in proc.stdout, proc.stdout
+    assert "its runner was lost: steps never completed and none failed" in proc.stdout, proc.stdout
+    assert "[rule job-unrecorded]" in proc.stdout
+
+
+def test_how_a_job_ended_reads_its_conclusion_then_its_steps():
+    assert how_it_ended(_actions_job("x", "cancelled")) == "it was cancelled (by hand or by a newer push)"
+    failed = _actions_job("x", "failure", ("Install nox", "completed", "failure"), ("nox -s x", "completed", "skipped"))
+    assert how_it_ended(failed) == "its step 'Install nox' failed"
+    assert how_it_ended(_actions_job("x", "failure", ("a", "completed", "success"))) == "its conclusion is 'failure'"
+    assert how_it_ended({"name": "x", "conclusion": None, "steps": "junk"}) == "its conclusion is 'None'"
 
 
 def test_a_deeply_nested_needs_is_one_line_and_exit_2(repo, why):

@@ -137,7 +137,8 @@ def test_the_verdict_job_judges_every_pr_job_from_the_base_code_with_a_comment_t
     assert checkout["uses"].startswith("actions/checkout@")
     assert checkout["with"] == {"persist-credentials": False, "ref": "${{ github.event.pull_request.base.sha }}"}, \
         "it judges with the base's code, never the PR's"
-    assert verdict["permissions"] == {"contents": "read", "actions": "read", "pull-requests": "write"}
+    assert verdict["permissions"] == {"contents": "read", "actions": "read", "pull-requests": "write",
+                                      "checks": "write"}
     # No secret: the trusted snapshot, then this run's exports as this PR's untrusted runs.
     assert "secrets." not in json.dumps(verdict) and "environment" not in verdict
     names = [s["name"] for s in verdict["steps"]]
@@ -149,6 +150,7 @@ def test_the_verdict_job_judges_every_pr_job_from_the_base_code_with_a_comment_t
     assert fetch["env"]["RUN"] == "${{ github.run_id }}", "this run's own artifacts"
     why = verdict["steps"][-2]  # the last one fails the job after a cancel
     assert why["run"].startswith("nox -s verdict -- --pr \"$PR\" --base \"$BASE\"") and "--gate" in why["run"]
+    assert '--checks --head "$HEAD"' in why["run"] and why["env"]["HEAD"] == "${{ github.event.pull_request.head.sha }}"
     assert "${{" not in why["run"], "values reach the shell through the environment"
     assert why["env"]["GITHUB_TOKEN"] == "${{ github.token }}" and why["env"]["NEEDS"] == "${{ toJSON(needs) }}"
     monitor = jobs["monitor"]
@@ -247,9 +249,8 @@ def test_every_suite_job_records_its_run_last_even_when_it_failed() -> None:
             continue
         step = _record_step(jobs[job.id])
         assert step["if"] == "always()"  # after a failure, a timeout or a cancel too
-        # GPU jobs export their runs for the ingest workflow; hosted jobs keep the cached file.
-        export = " --export .ci-cache/history-export" if job.self_hosted else ""
-        export = ' --keep-in ".ci-cache/shards/$SHARD"' * (job.shards > 1) + export
+        # Every suite and smoke job, GPU and CPU alike, exports its runs for the ingest workflow.
+        export = ' --keep-in ".ci-cache/shards/$SHARD"' * (job.shards > 1) + " --export .ci-cache/history-export"
         assert step["run"] == f'nox -s history -- record --suite {job.session} --status "$STATUS"{export}'
         assert step["env"]["STATUS"] == "${{ job.status }}"
         # No suite job reaches the shared store: neither the record step nor the session.
@@ -259,20 +260,20 @@ def test_every_suite_job_records_its_run_last_even_when_it_failed() -> None:
         steps = jobs[job.id]["steps"]
         uploads = [s for s in steps if s.get("name") == "Upload this job's runs for the history ingest"]
         snapshot = [s for s in steps if s.get("name") == "Restore the trusted history (the ingest job's snapshot)"]
-        if job.self_hosted:  # right after the record step, also after a failure
-            (upload,) = uploads
-            # Before the session, over the job's own cache: the trusted baseline it reads.
-            (restore,) = snapshot
-            assert steps.index(restore) < steps.index(session) and all(
-                steps.index(s) < steps.index(restore) for s in steps if s.get("name", "").startswith("Restore measured"))
-            assert restore["with"] == {"path": ".ci-cache/history.sqlite",
-                                       "key": "slime-ci-history-trusted-${{ github.run_id }}",
-                                       "restore-keys": "slime-ci-history-trusted-"}
-            assert steps.index(upload) == steps.index(step) + 1 and upload["if"] == "always()"
-            assert upload["with"]["name"] == f"history-{job.id}"
-            assert upload["with"]["path"] == ".ci-cache/history-export"
-        else:
-            assert not uploads and not snapshot, job.id
+        # Right after the record step, also after a failure.
+        (upload,) = uploads
+        # Before the session, over the job's own cache: the trusted baseline it reads.
+        (restore,) = snapshot
+        assert steps.index(restore) < steps.index(session) and all(
+            steps.index(s) < steps.index(restore) for s in steps if s.get("name", "").startswith("Restore measured"))
+        assert restore["with"] == {"path": ".ci-cache/history.sqlite",
+                                   "key": "slime-ci-history-trusted-${{ github.run_id }}",
+                                   "restore-keys": "slime-ci-history-trusted-"}
+        assert steps.index(upload) == steps.index(step) + 1 and upload["if"] == "always()"
+        # One artifact per shard of a matrix job, or their uploads would collide.
+        shard = "-${{ matrix.shard }}" if job.shards > 1 else ""
+        assert upload["with"]["name"] == f"history-{job.id}{shard}"
+        assert upload["with"]["path"] == ".ci-cache/history-export"
 
 
 def test_a_sharded_job_keeps_one_cache_per_shard_and_merges_all_before_it_plans() -> None:
@@ -280,7 +281,8 @@ def test_a_sharded_job_keeps_one_cache_per_shard_and_merges_all_before_it_plans(
                          shards=4 if s.name == "cpu_unit" else 1) for s in SUITES)
     job = yaml.safe_load(render(table(suites))[WORKFLOW_PATH])["jobs"]["cpu_unit"]
     steps = job["steps"]
-    restores = [s for s in steps if s.get("uses", "").startswith("actions/cache/restore@")]
+    restores = [s for s in steps if s.get("uses", "").startswith("actions/cache/restore@")
+                and s["with"]["restore-keys"].startswith("slime-ci-durations-")]
     assert [r["with"]["restore-keys"] for r in restores] == [
         f"slime-ci-durations-cpu_unit-{i}-" for i in (1, 2, 3, 4)]
     for i, r in enumerate(restores, 1):  # each shard's files in a folder of its own
@@ -289,7 +291,9 @@ def test_a_sharded_job_keeps_one_cache_per_shard_and_merges_all_before_it_plans(
     merge = next(s for s in steps if s.get("run", "").startswith("nox -s history -- merge"))
     assert steps.index(restores[-1]) < steps.index(merge) < steps.index(_nox_step(job))
     record = _record_step(job)
-    assert record["run"].endswith('--keep-in ".ci-cache/shards/$SHARD"')
+    assert record["run"].endswith('--keep-in ".ci-cache/shards/$SHARD" --export .ci-cache/history-export')
+    upload = next(s for s in steps if s.get("name") == "Upload this job's runs for the history ingest")
+    assert upload["with"]["name"] == "history-cpu_unit-${{ matrix.shard }}", "one artifact per shard"
     (save,) = [s for s in steps if s.get("uses", "").startswith("actions/cache/save@")]
     assert save["with"]["key"] == ("slime-ci-durations-cpu_unit-${{ matrix.shard }}-"
                                    "${{ github.run_id }}-${{ github.run_attempt }}")
@@ -322,9 +326,9 @@ def test_least_privilege_and_no_credentials_left_on_disk() -> None:
         # The monitor alone may dispatch (bisect.yml, one run per streak), from a step that
         # holds the token and no secret; the step holding the store's secret holds no token.
         # Beyond reading: the monitor keeps its issues; the verdict job reads this run's
-        # exported runs (actions) and edits its PR comment.
+        # exported runs (actions), edits its PR comment and creates its check runs.
         extra = {"monitor": {"actions": "write", "issues": "write"},
-                 "verdict": {"actions": "read", "pull-requests": "write"}}.get(job_id, {})
+                 "verdict": {"actions": "read", "pull-requests": "write", "checks": "write"}}.get(job_id, {})
         assert job["permissions"] == {"contents": "read", **extra}, job_id
         for step in job["steps"]:
             env = json.dumps(step.get("env", {}))
@@ -350,10 +354,10 @@ def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> No
     # checkout and setup-python everywhere; cache restore and save in every job but lint.
     # The weekly stability job keeps no durations (its runs repeat until a bound); the plan
     # job checks out and sets up Python; a check with a report uploads it.
-    # A GPU suite job restores the ingest job's trusted snapshot and uploads its runs for it.
+    # A suite or smoke job restores the ingest job's trusted snapshot and uploads its runs for it.
     # A matrix job restores every shard's cache: one restore step per shard.
     assert len(uses) == sum((2 if j.kind == "check" or j.infinite else 3 + j.shards) + bool(j.report)
-                            + 2 * (j.self_hosted and j.kind != "check") for j in table()) + 2 + VERDICT_ACTIONS \
+                            + 2 * (j.kind != "check") for j in table()) + 2 + VERDICT_ACTIONS \
         + HUD_ACTIONS
     for ref, rest in uses:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40}", ref), ref

@@ -1,0 +1,82 @@
+"""A CPU job's failures get verdicts like a GPU job's: through the real path a PR's run takes.
+
+Each of the two jobs (one of main, one of PR #12) is real: `python -m ci run` on a CPU suite, then its last step `history record
+--export`, then the ingest of that export under a `workflow_run` event written here
+(GitHub's own cannot exist in a test), on a SQLite file and on the real PostgreSQL server;
+then `python -m ci why`. A failure main does not have is `new`; one main has is `already
+failing on main`.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
+from _ci import PASSING, run_ci, write
+
+NUM_GPUS = 0
+pytestmark = pytest.mark.slow  # two jobs of real CLI runs per store: ~15 s when the CPU is free
+
+REGISTRY = """
+    from ci.registry import Entry, Suite
+
+    SUITES = (
+        Suite(name="unit", tier="cpu", purpose="p", profile="e2e", entries=(
+            Entry(path="tests/test_a.py"), Entry(path="tests/test_b.py"))),
+    )
+"""
+FAILING = "NUM_GPUS = 0\n\n\ndef test_it():\n    assert 1 + 1 == 3, 'planted'\n"
+
+
+def _job(tmp: Path, name: str, files: dict[str, str], env: dict[str, str]) -> Path:
+    """One CPU job: the session, then its record step exporting its runs; the export folder."""
+    root = write(tmp / name, {"ci/registry/repo_suites.py": REGISTRY, **files})
+    clean = {k: "" for k in os.environ if k.startswith("GITHUB_")}
+    job_env = {**clean, "SLIME_CI_HISTORY_URL": "", **env}
+    ran = run_ci("run", "--suite", "unit", "--root", str(root), "--no-prefork", "--no-docker", env=job_env)
+    assert ran.returncode in (0, 1), ran.stdout + ran.stderr
+    step = run_ci("history", "record", "--root", str(root), "--suite", "unit", "--status",
+                  "success" if ran.returncode == 0 else "failure", "--export", ".ci-cache/history-export",
+                  env=job_env)
+    assert step.returncode == 0 and "exported 1 run(s)" in step.stdout, step.stdout + step.stderr
+    return root / ".ci-cache/history-export"
+
+
+def _ingest(export: Path, url: str, tmp: Path, *, pr: int | None) -> None:
+    event = {"workflow_run": {"id": 900 + (pr or 0), "path": ".github/workflows/pr-test.yml",
+                              "event": "pull_request" if pr else "push", "head_branch": "feature" if pr else "main",
+                              "head_repository": {"full_name": "o/r"},
+                              "pull_requests": [{"number": pr}] if pr else [], "display_title": "t"},
+             "repository": {"full_name": "o/r", "default_branch": "main"}}
+    path = tmp / "event.json"
+    path.write_text(json.dumps(event))
+    env = {k: "" for k in os.environ if k.startswith("GITHUB_")} | {"SLIME_CI_HISTORY_URL": "",
+                                                                     "GITHUB_OUTPUT": str(tmp / "out")}
+    done = run_ci("history", "ingest", str(export), "--event-file", str(path), "--history", url,
+                  "--root", str(tmp), env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_cpu_jobs_new_failure_is_new_and_one_main_has_is_already_failing(store_url, tmp_path):
+    main = {"GITHUB_REF_NAME": "main", "GITHUB_EVENT_NAME": "push"}
+    # main's last run: test_a passes, test_b fails.
+    export = _job(tmp_path, "main", {"tests/test_a.py": PASSING, "tests/test_b.py": FAILING},
+                  {**main, "GITHUB_SHA": "1" * 40})
+    _ingest(export, store_url, tmp_path, pr=None)
+    pr = {"GITHUB_HEAD_REF": "feature", "GITHUB_EVENT_NAME": "pull_request", "GITHUB_SHA": "f" * 40}
+    export = _job(tmp_path, "pr", {"tests/test_a.py": FAILING, "tests/test_b.py": FAILING}, pr)
+    _ingest(export, store_url, tmp_path, pr=12)
+    root = write(tmp_path / "verdict", {"ci/registry/repo_suites.py": REGISTRY})
+    why = run_ci("why", "--pr", "12", "--history", store_url, "--root", str(root), "--json", "--gate",
+                 env={"SLIME_CI_HISTORY_URL": ""})
+    assert why.returncode == 1, why.stdout + why.stderr
+    got = {v["entry_id"]: (v["kind"], v["suite"], v["blocks"]) for v in json.loads(why.stdout)}
+    assert got == {"tests/test_a.py": ("new", "unit", True),
+                   "tests/test_b.py": ("already-failing", "unit", False)}, got
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q"]))
