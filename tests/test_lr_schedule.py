@@ -121,6 +121,35 @@ def test_groups_of_a_qwen2_decay_weights_not_biases_or_norms():
     assert not any(n.endswith(".bias") or "norm" in n for n in decayed)
 
 
+def test_without_decay_or_schedule_the_update_is_the_plain_adam_one():
+    """What keeps runs that name no schedule (the learning entries) as they were measured: two
+    groups of AdamW at weight decay 0 under a constant schedule step exactly as one Adam group."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from _tiny_qwen import random_batch, seed_all, tiny_qwen2, token_losses
+
+    finals = []
+    for grouped in (False, True):
+        model = tiny_qwen2(seed=0)
+        if grouped:
+            opt = torch.optim.AdamW(param_groups(model.named_parameters(), 0.0), lr=3e-3)
+            sched = ParamScheduler(opt, Schedule(max_lr=3e-3, decay_iters=3))
+        else:
+            opt, sched = torch.optim.Adam(model.parameters(), lr=3e-3), None
+        seed_all(11)
+        for _ in range(3):
+            ids, mask = random_batch(2)
+            loss_tok, m = token_losses(model, ids, mask)
+            ((loss_tok * m).sum() / m.sum()).backward()
+            opt.step()
+            opt.zero_grad()
+            if sched is not None:
+                sched.step()
+        finals.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    start = dict(tiny_qwen2(seed=0).named_parameters())
+    assert not torch.equal(finals[0]["lm_head.weight"], start["lm_head.weight"])  # it did train
+    assert all(torch.equal(finals[0][n], finals[1][n]) for n in finals[0])
+
+
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     from slime.model.tiny import build_tiny_model
