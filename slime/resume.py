@@ -30,7 +30,10 @@ def resume(run: Any) -> None:
     args = run.args
     if args.load is None or run.trainer is None:
         return
-    state = run.trainer.load_checkpoint(args.load, args.ckpt_step, args.load_optimizer)
+    # --no-load-optim: weights and counters only, a fresh optimizer and schedule (as Megatron).
+    state = run.trainer.load_checkpoint(args.load, args.ckpt_step,
+                                        None if args.no_load_optim else args.load_optimizer,
+                                        not args.no_load_rng)
     if state is None:
         print(f"resume: {args.load} holds no checkpoint yet; starting from rollout "
               f"{args.start_rollout_id}", flush=True)

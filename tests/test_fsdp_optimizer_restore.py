@@ -5,9 +5,10 @@ then calls `set_optimizer_state_dict`. On CPU ranks the template's tensors ARE t
 optimizer's own state tensors for both locations ("gpu" is the rank's device; "cpu"
 offload is a no-op move of a CPU tensor), so DCP restores Adam's moments and step in place
 and the call adds only the param groups: the learning rate a schedule moved, betas,
-weight decay. That is why, with the call removed, the e2e ckpt entry (constant lr, no
-schedule) still resumes bitwise while tests/test_fsdp_checkpoint.py (a LambdaLR schedule)
-does not. On CUDA with the "cpu" location the template is a host copy, and the call is what
+weight decay. So a load without the call resumes bitwise unless the lr moves: the e2e ckpt
+entries train under warm-up and cosine decay and catch it (plant
+tests/e2e/plants/test_tiny_ckpt/param-groups-not-restored), as do
+tests/test_fsdp_checkpoint.py and tests/test_lr_schedule_resume.py. On CUDA with the "cpu" location the template is a host copy, and the call is what
 moves the moments back; that half needs a GPU (tools/cuda_check.py's resume check runs
 the "gpu" location only).
 """

@@ -138,8 +138,9 @@ class LocalTrainer:
     def wait_checkpoint(self) -> None:
         self.rank.wait_checkpoint()
 
-    def load_checkpoint(self, root: str, step: int | None, load_optimizer: str) -> dict[str, int] | None:
-        state: dict[str, int] | None = self.rank.load_checkpoint(root, step, load_optimizer)
+    def load_checkpoint(self, root: str, step: int | None, load_optimizer: str | None,
+                        load_rng: bool = True) -> dict[str, int] | None:
+        state: dict[str, int] | None = self.rank.load_checkpoint(root, step, load_optimizer, load_rng)
         return state
 
 

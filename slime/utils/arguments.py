@@ -110,7 +110,19 @@ def add_training_path_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("optimiser")
     g.add_argument("--lr", type=float, default=1e-5)
     g.add_argument("--critic-lr", type=float, default=1e-4)
-    g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--weight-decay", type=float, default=0.0,
+                   help="decoupled weight decay of every weight but biases and norm weights")
+    # The lr schedule, with Megatron's names and meanings (slime.backends.fsdp.lr_schedule); an
+    # iteration is one optimizer step, one per rollout here.
+    g.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine"), default="constant",
+                   help="decay after the warm-up (default constant: the lr stays at --lr)")
+    g.add_argument("--lr-warmup-iters", type=int, default=0, help="steps of linear warm-up")
+    g.add_argument("--lr-warmup-fraction", type=float, default=None,
+                   help="warm-up as a fraction of --lr-decay-iters (instead of --lr-warmup-iters)")
+    g.add_argument("--lr-decay-iters", type=int, default=None,
+                   help="steps to decay over (default --num-rollout); --min-lr after them")
+    g.add_argument("--lr-warmup-init", type=float, default=0.0, help="lr at the start of the warm-up")
+    g.add_argument("--min-lr", type=float, default=0.0, help="the lr the decay ends at")
     g.add_argument("--clip-grad", type=float, default=1.0)
     g.add_argument("--use-kl-loss", action="store_true")
     g.add_argument("--kl-loss-coef", type=float, default=0.0)
@@ -151,6 +163,16 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
                    help="read optimizer state into device buffers or CPU memory, then move it across")
     g.add_argument("--async-save", action="store_true",
                    help="write checkpoints in the background while training continues")
+    g.add_argument("--no-load-optim", action="store_true",
+                   help="with --load: weights and counters only; a fresh optimizer and lr schedule")
+    g.add_argument("--no-load-rng", action="store_true", help="with --load: keep this run's RNG streams")
+    # Megatron spells these two with an underscore in the middle; so do we.
+    g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
+                   dest="override_opt_param_scheduler", action="store_true",
+                   help="with --load: a schedule that differs from the checkpoint's is this run's")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
+                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
+                   help="with --load: a schedule that differs from the checkpoint's is the checkpoint's")
 
     g = p.add_argument_group("precision checks")
     g.add_argument("--calculate-per-token-loss", action="store_true",
@@ -170,6 +192,8 @@ def check_checkpoint_flags(args: argparse.Namespace) -> None:
         _fail("--ckpt-step picks a step of --load DIR: add --load")
     if args.async_save and args.save is None:
         _fail("--async-save needs --save DIR")
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        _fail("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler exclude each other")
     if args.ckpt_step is not None:
         from slime.backends.fsdp.checkpoint import CheckpointError, resolve_step
 
@@ -227,7 +251,22 @@ def check_training_path(args: argparse.Namespace, env: Mapping[str, str]) -> arg
         _fail("--ci-sleep-check needs --colocate (engines sleep only when they share GPUs)")
     _load_sglang_config(args)
     check_checkpoint_flags(args)
+    _check_schedule(args)
     return validate_args(args)
+
+
+def _check_schedule(args: argparse.Namespace) -> None:
+    """The lr schedule must be buildable before any rank starts (the same check the ranks run)."""
+    from slime.backends.fsdp.lr_schedule import ScheduleError, schedule_for
+
+    if args.weight_decay < 0:
+        _fail(f"--weight-decay must be >= 0, got {args.weight_decay}")
+    try:
+        schedule_for(lr=args.lr, min_lr=args.min_lr, init_lr=args.lr_warmup_init, style=args.lr_decay_style,
+                     warmup_iters=args.lr_warmup_iters, warmup_fraction=args.lr_warmup_fraction,
+                     decay_iters=args.lr_decay_iters, train_iters=args.num_rollout)
+    except ScheduleError as e:
+        _fail(str(e))
 
 
 def _load_sglang_config(args: argparse.Namespace) -> None:

@@ -8,16 +8,18 @@ Registered five times in `ckpt` with the original's arguments: `--save-optimizer
 2. Interrupted: a new job replays the first K recorded rollouts (no engine), saves at K.
 3. Resumed: another job `--load`s that checkpoint and replays rollouts K..N-1, saving at N.
 
-Per-step losses and grad norms of 3 equal those of 1, and the two step-N checkpoints hold
-the same parameters and optimizer state: bitwise on CPU ranks (under --emulate-gpus,
-where "gpu" is the rank's device, the CPU), within 1e-6 on CUDA.
+Every job trains as slime does: one warm-up step, then cosine decay to `--min-lr` over the N
+steps, with weight decay on every weight but biases and norms; K falls mid-decay. The lr of
+each step, then the per-step losses and grad norms of 3 must equal those of 1, and the two
+step-N checkpoints hold the same parameters, optimizer state (moments and param groups) and
+schedule position: bitwise on CPU ranks (under --emulate-gpus, where "gpu" is the rank's
+device, the CPU), within 1e-6 on CUDA.
 
-What this entry can and cannot see (tests/test_fsdp_optimizer_restore.py proves it): on
-CPU ranks DCP reads Adam's moments straight into the optimizer's own tensors for both
-locations, and `set_optimizer_state_dict` adds only the param groups. The loop trains at a
-constant lr, so here a load that skips that call still resumes bitwise; a load that skips
-the optimizer altogether does not (plant tests/e2e/plants/test_tiny_ckpt/optimizer-not-restored).
-The skipped call is caught by the CPU tests, whose schedule moves the lr.
+What each lost piece of state looks like here (the plants under tests/e2e/plants/test_tiny_ckpt/):
+the lr of a step lives in the optimizer's param groups, so a load that skips
+`set_optimizer_state_dict` runs the first resumed step at a fresh optimizer's lr; a load that
+loses the scheduler's step runs the next one at the start of the schedule; a load that loses
+Adam's moments changes the update, and so the next grad norm.
 """
 
 import os
@@ -30,6 +32,18 @@ NUM_GPUS = 2
 N = 4
 K = 2
 STEP_KEYS = ("train/loss", "train/pg_loss", "train/grad_norm", "train/entropy", "train/ppo_kl")
+LR, MIN_LR = 2e-3, 2e-4
+SCHEDULE = ["--lr", str(LR), "--min-lr", str(MIN_LR), "--lr-decay-style", "cosine", "--lr-warmup-iters", "1",
+            "--lr-decay-iters", str(N), "--weight-decay", "0.1"]
+
+
+def expected_lr(step):
+    """The closed form of SCHEDULE: linear warm-up from 0 over one step, cosine to MIN_LR at N."""
+    import math
+
+    if step <= 1:
+        return LR * step
+    return MIN_LR + 0.5 * (1 + math.cos(math.pi * (step - 1) / (N - 1))) * (LR - MIN_LR)
 
 
 def prepare() -> None:
@@ -59,7 +73,8 @@ def execute(argv):
     from slime.utils.external_utils.ray_head import private_head
 
     dumps, full_root, resumed_root = _paths()
-    common = ["--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--lr", "2e-3", "--seed", "7"]
+    # An explicit --lr-decay-iters: the interrupted job runs K rollouts of the same N-step schedule.
+    common = ["--rollout-batch-size", "8", "--n-samples-per-prompt", "4", *SCHEDULE, "--seed", "7"]
     save, load = _flags(argv)
     # Three jobs, one Ray head: each job is still a fresh driver with fresh trainer processes
     # (and so a fresh process group), without paying for a head start each time.
@@ -91,6 +106,12 @@ def _state(root, step):
     return torch.load(flat, weights_only=False)
 
 
+def _schedule(root, step):
+    from slime.backends.fsdp.checkpoint import step_dir
+
+    return torch.load(step_dir(root, step) / "extra_rank0.pt", weights_only=False)["scheduler"]
+
+
 def _compare(a, b, where, exact):
     if isinstance(a, dict):
         assert a.keys() == b.keys(), f"{where}: keys differ"
@@ -118,6 +139,16 @@ def check(dirs) -> None:
     assert [r["rollout_id"] for r in rows_full] == list(range(N))
     assert [r["rollout_id"] for r in rows_part] == list(range(K))
     assert [r["rollout_id"] for r in rows_res] == list(range(K, N)), "the resumed run did not start at K"
+    lrs = [r["train/lr"] for r in rows_full]
+    assert all(abs(a - expected_lr(k)) <= 1e-12 for k, a in enumerate(lrs)), f"the schedule ran {lrs}"
+    assert len(set(lrs)) == N, f"the lr must move at every step: {lrs}"
+    for a, b in zip(rows_full, rows_part + rows_res, strict=True):
+        r, want, got = a["rollout_id"], a["train/lr"], b["train/lr"]
+        if got != want and r == K:
+            raise AssertionError(f"rollout {r} train/lr: {got!r} vs {want!r}: the first update after --load "
+                                 "did not run at the saved param groups' lr")
+        assert got == want, (f"rollout {r} train/lr: {got!r} vs {want!r}: the schedule did not continue "
+                             "from the saved step")
     for a, b in zip(rows_full, rows_part + rows_res, strict=True):
         for key in STEP_KEYS:
             if exact:
@@ -129,8 +160,12 @@ def check(dirs) -> None:
     assert "optimizer" in sa and sa["optimizer"]["state"], "no optimizer state saved"
     _compare(sa["model"], sb["model"], "model", exact)
     _compare(sa["optimizer"], sb["optimizer"], "optimizer", exact)
+    sched_a, sched_b = _schedule(full_root, N), _schedule(resumed_root, N)
+    assert sched_a["num_steps"] == N, f"the uninterrupted run's schedule is at step {sched_a['num_steps']}"
+    _compare(sched_a, sched_b, "scheduler", exact=True)
     print(f"ckpt ok ({' '.join(sys.argv[1:]) or 'defaults'}): resume at {K} of {N} equals the "
-          f"uninterrupted run {'bitwise' if exact else 'within 1e-6'}", flush=True)
+          f"uninterrupted run {'bitwise' if exact else 'within 1e-6'}, under lr {' '.join(f'{x:.3g}' for x in lrs)}",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Layout under the save root::
     iter_0000004/            one DCP checkpoint: every rank writes its own shards of
         .metadata            the model and optimizer (written last by DCP's coordinator)
         __0_0.distcp ...
-        extra_rank0.pt ...   per rank: RNG states (torch, numpy, python), LR schedule,
+        extra_rank0.pt ...   per rank: RNG states (torch, numpy, python), LR schedules,
                              data cursor, rollout id, weight version
     latest_checkpointed_iteration.txt   written last, atomically: "4"
 
@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -49,6 +49,14 @@ from torch.distributed.checkpoint.state_dict import (
 OptimizerLocation = Literal["gpu", "cpu"]
 LATEST = "latest_checkpointed_iteration.txt"
 OPTIMIZER_LOCATIONS: tuple[OptimizerLocation, ...] = ("gpu", "cpu")
+
+
+class Scheduler(Protocol):
+    """What a checkpoint saves of a schedule: torch's LR schedulers and ours alike."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class CheckpointError(RuntimeError):
@@ -223,10 +231,11 @@ class Checkpointer:
         state: TrainState,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer | None = None,
-        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        scheduler: Scheduler | None = None,
         *,
         critic: torch.nn.Module | None = None,
         critic_optimizer: torch.optim.Optimizer | None = None,
+        critic_scheduler: Scheduler | None = None,
     ) -> None:
         """Write `state.step`; every rank must call it. Returns before the write ends when async.
 
@@ -244,6 +253,7 @@ class Checkpointer:
             "train_state": state,
             "rng": _rng_states(),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "critic_scheduler": critic_scheduler.state_dict() if critic_scheduler is not None else None,
             "has_optimizer": "optimizer" in content,
             "has_critic": "critic" in content,
             "has_critic_optimizer": "critic_optimizer" in content,
@@ -302,7 +312,7 @@ def load(
     root: str | Path,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    scheduler: Scheduler | None = None,
     *,
     step: int | None = None,
     load_optimizer: OptimizerLocation | None = "gpu",
@@ -310,10 +320,13 @@ def load(
     process_group: dist.ProcessGroup | None = None,
     critic: torch.nn.Module | None = None,
     critic_optimizer: torch.optim.Optimizer | None = None,
+    critic_scheduler: Scheduler | None = None,
 ) -> TrainState | None:
     """Restore a step (the latest complete one unless `step`) into model, optimizer, schedule, RNG.
 
-    Returns the saved `TrainState`, or None when root holds no checkpoint. Every rank calls it.
+    A schedule is restored only when one is given (`--no-load-optim` passes none, and keeps the
+    optimizer's too). Returns the saved `TrainState`, or None when root holds no checkpoint.
+    Every rank calls it.
     """
     found = resolve_step(root, step)
     if found is None:
@@ -332,6 +345,8 @@ def load(
         part.restore(content[part.key])
     if scheduler is not None and extra["scheduler"] is not None:
         scheduler.load_state_dict(extra["scheduler"])
+    if critic_scheduler is not None and extra.get("critic_scheduler") is not None:
+        critic_scheduler.load_state_dict(extra["critic_scheduler"])
     if load_rng:
         _set_rng_states(extra["rng"])
     state: TrainState = extra["train_state"]

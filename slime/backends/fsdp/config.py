@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from slime.backends.fsdp.lr_schedule import Schedule, schedule_for
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
@@ -14,6 +16,15 @@ class TrainerConfig:
     lr: float = 1e-5
     critic_lr: float = 1e-4
     weight_decay: float = 0.0
+    # The lr schedule (slime.backends.fsdp.lr_schedule), in optimizer steps: one per rollout.
+    lr_decay_style: str = "constant"
+    lr_warmup_iters: int = 0
+    lr_warmup_fraction: float | None = None
+    lr_decay_iters: int | None = None
+    lr_warmup_init: float = 0.0
+    min_lr: float = 0.0
+    train_iters: int = 1
+    schedule_on_load: str = "check"
     clip_grad: float = 1.0
     advantage_estimator: str = "grpo"
     eps_clip: float = 0.2
@@ -45,9 +56,24 @@ class TrainerConfig:
         """Pick this record's fields out of the parsed command line."""
         names = set(cls.__dataclass_fields__) - {"model_path", "max_tokens_per_micro_batch", "temperature"}
         picked = {n: getattr(args, n) for n in names if hasattr(args, n)}
+        if getattr(args, "num_rollout", None):
+            # Megatron's train_iters: the steps the schedule decays over unless --lr-decay-iters.
+            picked["train_iters"] = args.num_rollout
+        if getattr(args, "override_opt_param_scheduler", False):
+            picked["schedule_on_load"] = "override"
+        elif getattr(args, "use_checkpoint_opt_param_scheduler", False):
+            picked["schedule_on_load"] = "checkpoint"
         if getattr(args, "max_tokens_per_gpu", None):
             picked["max_tokens_per_micro_batch"] = args.max_tokens_per_gpu
         return cls(model_path=args.hf_checkpoint, **picked)
+
+    def schedule(self, max_lr: float) -> Schedule:
+        """The lr schedule of an optimizer whose peak lr is `max_lr` (the policy's or the critic's)."""
+        base = schedule_for(lr=self.lr, min_lr=self.min_lr, init_lr=self.lr_warmup_init,
+                            style=self.lr_decay_style, warmup_iters=self.lr_warmup_iters,
+                            warmup_fraction=self.lr_warmup_fraction, decay_iters=self.lr_decay_iters,
+                            train_iters=self.train_iters)
+        return base if max_lr == self.lr else base.with_max_lr(max_lr)
 
     @property
     def needs_ref(self) -> bool:

@@ -89,9 +89,10 @@ class TrainGroup:
         """Wait for a background save on every rank."""
         self._all("wait_checkpoint")
 
-    def load_checkpoint(self, root: str, step: int | None, load_optimizer: str) -> dict[str, int] | None:
+    def load_checkpoint(self, root: str, step: int | None, load_optimizer: str | None,
+                        load_rng: bool = True) -> dict[str, int] | None:
         """Restore every rank; the saved train state (equal on all ranks), or None."""
-        states = self._all("load_checkpoint", root, step, load_optimizer)
+        states = self._all("load_checkpoint", root, step, load_optimizer, load_rng)
         return states[0]  # type: ignore[no-any-return]
 
     def version(self) -> int:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from slime.backends.fsdp import math as M
 from slime.backends.fsdp.config import TrainerConfig
+from slime.backends.fsdp.lr_schedule import ParamScheduler, param_groups
 from slime.backends.fsdp.model import ValueModel, load_causal_lm, shard_model
 from slime.rollout.batch import TrainBatch
 from slime.utils.dp_schedule import schedule
@@ -52,6 +53,7 @@ class TrainRank:
                  config: TrainerConfig, device: str) -> None:
         self.rank, self.world_size, self.config, self.device = rank, world_size, config, device
         self.version = 0
+        self.lr = config.lr
         backend = "nccl" if device == "cuda" else "gloo"
         if device == "cuda":
             torch.cuda.set_device(0)  # Ray exposes the bundle's GPU as device 0
@@ -81,17 +83,25 @@ class TrainRank:
         if config.ci_save_grad_norm or config.ci_load_grad_norm:
             self.grad_norms = GradNormRecorder(save_dir=config.ci_save_grad_norm,
                                                load_dir=config.ci_load_grad_norm, write=rank == 0)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr,
-                                          weight_decay=config.weight_decay)
+        # AdamW: Megatron's Adam decays weights decoupled from the gradient; at weight decay 0
+        # it is the same update as Adam, bit for bit.
+        self.optimizer = torch.optim.AdamW(param_groups(self.policy.named_parameters(), config.weight_decay),
+                                           lr=config.lr)
+        self.scheduler = ParamScheduler(self.optimizer, config.schedule(config.lr),
+                                        on_load=config.schedule_on_load)  # type: ignore[arg-type]
         self.ref = None
         if config.needs_ref:
             self.ref = load_causal_lm(config.model_path, device).eval().requires_grad_(False)
         self._checkpointer: Any = None
         self.critic = None
         self.critic_optimizer = None
+        self.critic_scheduler: ParamScheduler | None = None
         if config.use_critic:
             self.critic = shard_model(ValueModel(config.model_path, device), world_size=world_size)
-            self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=config.critic_lr)
+            self.critic_optimizer = torch.optim.AdamW(
+                param_groups(self.critic.named_parameters(), config.weight_decay), lr=config.critic_lr)
+            self.critic_scheduler = ParamScheduler(self.critic_optimizer, config.schedule(config.critic_lr),
+                                                   on_load=config.schedule_on_load)  # type: ignore[arg-type]
 
     # -- one rollout ------------------------------------------------------------------------
 
@@ -120,6 +130,7 @@ class TrainRank:
         objective_sum = self._backward(batch, mbs, scores, advantages, returns, n_local, report)
         grad_norm, mismatch = self._optimizer_step(objective_sum)
         report.add("train/grad_norm", grad_norm, reduce="max")
+        report.add("train/lr", self.lr, reduce="max")
         report.add("train/samples", float(n_local), reduce="sum")
         report.add("train/seconds", time.monotonic() - start, reduce="max")
         merged = all_reduce_report(report) if self.world_size > 1 else report
@@ -262,10 +273,14 @@ class TrainRank:
         grad_norm = global_grad_norm(policy_params)
         clip_grads(policy_params, cfg.clip_grad, grad_norm)
         mismatch = self._record_grad_norm(grad_norm, objective_sum)
+        self.lr = float(self.optimizer.param_groups[0]["lr"])  # the lr of this update
         self.optimizer.step()
+        self.scheduler.step()
         if self.critic is not None and self.critic_optimizer is not None:
             torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.clip_grad)
             self.critic_optimizer.step()
+            if self.critic_scheduler is not None:
+                self.critic_scheduler.step()
         self.version += 1
         return grad_norm, mismatch
 
@@ -356,23 +371,29 @@ class TrainRank:
                                                  async_save=async_save)
         state = ck.TrainState(step=self.version, rollout_id=rollout_id, data_cursor=data_cursor,
                               weight_version=self.version)
-        self._checkpointer.save(state, self.policy, self.optimizer, critic=self.critic,
-                                critic_optimizer=self.critic_optimizer)
+        self._checkpointer.save(state, self.policy, self.optimizer, self.scheduler, critic=self.critic,
+                                critic_optimizer=self.critic_optimizer,
+                                critic_scheduler=self.critic_scheduler)
 
     def wait_checkpoint(self) -> None:
         """Block until a background save is written and marked latest."""
         if self._checkpointer is not None:
             self._checkpointer.wait()
 
-    def load_checkpoint(self, root: str, step: int | None, load_optimizer: str) -> dict[str, int] | None:
-        """Restore policy, critic, optimizers and RNG; returns the saved train state (None: nothing saved)."""
+    def load_checkpoint(self, root: str, step: int | None, load_optimizer: str | None,
+                        load_rng: bool = True) -> dict[str, int] | None:
+        """Restore policy, critic, optimizers with their schedules (unless `load_optimizer` is None:
+        `--no-load-optim`) and RNG; returns the saved train state (None: nothing saved)."""
         import dataclasses
 
         from slime.backends.fsdp import checkpoint as ck
 
-        state = ck.load(root, self.policy, self.optimizer, step=step,
+        with_optim = load_optimizer is not None
+        state = ck.load(root, self.policy, self.optimizer, self.scheduler if with_optim else None,
+                        step=step,
                         load_optimizer=load_optimizer,  # type: ignore[arg-type]
-                        critic=self.critic, critic_optimizer=self.critic_optimizer)
+                        load_rng=load_rng, critic=self.critic, critic_optimizer=self.critic_optimizer,
+                        critic_scheduler=self.critic_scheduler if with_optim else None)
         if state is None:
             return None
         self.version = state.weight_version
