@@ -160,7 +160,7 @@ def _check_run(state: GitHubState, method: str, parts: list[str], body: Any) -> 
     if len(notes) > ANNOTATIONS_PER_REQUEST or len(str(output.get("summary", ""))) > SUMMARY_LIMIT:
         return 422, {"message": f"Validation Failed: at most {ANNOTATIONS_PER_REQUEST} annotations a "
                                 f"request; Only {SUMMARY_LIMIT} characters are allowed in the summary"}
-    if any(not _ANNOTATION_KEYS <= set(a) for a in notes):
+    if any(not set(a) >= _ANNOTATION_KEYS for a in notes):
         return 422, {"message": "Validation Failed: an annotation lacks a required field"}
     shown = ("id", "name", "head_sha", "status", "conclusion", "title", "summary", "requests", "html_url")
     if parts == ["check-runs"] and method == "POST":
