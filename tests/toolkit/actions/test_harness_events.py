@@ -68,9 +68,12 @@ def test_each_cron_runs_what_the_plan_says(act, cadence):
     assert out.disagreements == ()
     jobs = set(ran(out))
     if cadence == "monitor":
-        assert jobs == {"monitor"}
+        # The monitor, and the HUD it publishes: built from the shared store, then deployed.
+        assert jobs == {"monitor", "hud", "pages"}
+        assert {j.job: j.result for j in out.jobs if j.job in jobs} == dict.fromkeys(jobs, "success")
         # The monitor's commands are the real ones (ci.registry ISSUES_COMMAND, MONITOR_COMMAND).
         assert commands(out, "monitor")[0] == "nox -s monitor"
+        assert commands(out, "hud") == ["nox -s hud -- --out site"]
     elif cadence == "weekly":
         assert {"megatron_stability", "lock_check", "image"} <= jobs and "mutation" not in jobs
     else:
