@@ -12,8 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ci.actions.stand_ins import local_repository_args
+from ci.registry.workflow_style import Style
 
-RUNNER_LABELS = ("ubuntu-latest", "self-hosted", "gpu")
+# Every label the generated jobs' runs-on names (the hosted runner's, then the GPU runners'):
+# each maps to this host. Read from the workflow style, so a new label is never a skipped job.
+RUNNER_LABELS = tuple(dict.fromkeys((*Style().hosted_runner, *Style().gpu_runner)))
 # What a job may read of the host's environment: enough to run git, Python and jq.
 KEPT_ENV = ("HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME")
 

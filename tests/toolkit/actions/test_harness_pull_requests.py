@@ -37,7 +37,8 @@ def test_a_pr_touching_slime_runs_the_cpu_jobs_and_no_gpu_job(act):
     skipped = {j.job: j.why for j in out.jobs if j.job in GPU_JOBS}
     assert all(why.startswith("if: !cancelled()") for why in skipped.values()), skipped
     assert commands(out, "cpu_unit") == ["nox -s cpu_unit",
-                                         "nox -s history -- record --suite cpu_unit --status success"]
+                                         "nox -s history -- record --suite cpu_unit --status success "
+                                         "--export .ci-cache/history-export"]  # CPU jobs export too
     plan = commands(out, "plan")
     assert plan[0].startswith("python -m ci plan --event pull_request --labels '' --paths-from ")
     assert plan[0].endswith("--github --action opened")

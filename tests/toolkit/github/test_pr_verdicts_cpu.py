@@ -9,6 +9,7 @@ failing on main`.
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,8 +46,20 @@ def _job(tmp: Path, name: str, files: dict[str, str], env: dict[str, str]) -> Pa
     return root / ".ci-cache/history-export"
 
 
-def _ingest(export: Path, url: str, tmp: Path, *, pr: int | None) -> None:
-    event = {"workflow_run": {"id": 900 + (pr or 0), "path": ".github/workflows/pr-test.yml",
+def _checkout(tmp: Path) -> tuple[Path, str]:
+    """The ingest job's checkout: a real repository whose `main` holds main's commit."""
+    repo = tmp / "checkout"
+    for argv in (["init", "-q", "-b", "main", str(repo)],
+                 ["-C", str(repo), "-c", "user.name=ci", "-c", "user.email=ci@localhost",
+                  "commit", "-q", "--allow-empty", "-m", "main's commit"]):
+        subprocess.run(["git", *argv], check=True, capture_output=True)
+    sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    return repo, sha
+
+
+def _ingest(export: Path, url: str, tmp: Path, *, pr: int | None, checkout: Path, sha: str) -> None:
+    event = {"workflow_run": {"id": 900 + (pr or 0), "path": ".github/workflows/pr-test.yml", "head_sha": sha,
                               "event": "pull_request" if pr else "push", "head_branch": "feature" if pr else "main",
                               "head_repository": {"full_name": "o/r"},
                               "pull_requests": [{"number": pr}] if pr else [], "display_title": "t"},
@@ -56,19 +69,20 @@ def _ingest(export: Path, url: str, tmp: Path, *, pr: int | None) -> None:
     env = {k: "" for k in os.environ if k.startswith("GITHUB_")} | {"SLIME_CI_HISTORY_URL": "",
                                                                      "GITHUB_OUTPUT": str(tmp / "out")}
     done = run_ci("history", "ingest", str(export), "--event-file", str(path), "--history", url,
-                  "--root", str(tmp), env=env)
+                  "--root", str(checkout), env=env)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_a_cpu_jobs_new_failure_is_new_and_one_main_has_is_already_failing(store_url, tmp_path):
     main = {"GITHUB_REF_NAME": "main", "GITHUB_EVENT_NAME": "push"}
-    # main's last run: test_a passes, test_b fails.
+    # main's last run: test_a passes, test_b fails. Its commit is on main (the ingest checks).
+    checkout, sha = _checkout(tmp_path)
     export = _job(tmp_path, "main", {"tests/test_a.py": PASSING, "tests/test_b.py": FAILING},
-                  {**main, "GITHUB_SHA": "1" * 40})
-    _ingest(export, store_url, tmp_path, pr=None)
+                  {**main, "GITHUB_SHA": sha})
+    _ingest(export, store_url, tmp_path, pr=None, checkout=checkout, sha=sha)
     pr = {"GITHUB_HEAD_REF": "feature", "GITHUB_EVENT_NAME": "pull_request", "GITHUB_SHA": "f" * 40}
     export = _job(tmp_path, "pr", {"tests/test_a.py": FAILING, "tests/test_b.py": FAILING}, pr)
-    _ingest(export, store_url, tmp_path, pr=12)
+    _ingest(export, store_url, tmp_path, pr=12, checkout=checkout, sha="f" * 40)
     root = write(tmp_path / "verdict", {"ci/registry/repo_suites.py": REGISTRY})
     why = run_ci("why", "--pr", "12", "--history", store_url, "--root", str(root), "--json", "--gate",
                  env={"SLIME_CI_HISTORY_URL": ""})
