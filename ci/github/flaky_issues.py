@@ -66,6 +66,8 @@ BOT_LOGIN = "github-actions[bot]"  # who the monitor job's GITHUB_TOKEN writes a
 _MARKER_ESCAPES = {"%": "%25", ">": "%3E", "<": "%3C", "\n": "%0A", "\r": "%0D"}
 
 
+FLAKY_TITLE = "Flaky: "  # how a flaky entry's issue title begins (the HUD searches by it)
+
 def marker(entry_id: str, kind: IssueKind) -> str:
     safe = "".join(_MARKER_ESCAPES.get(c, c) for c in entry_id)
     return f"<!-- slime-ci:entry={safe} kind={kind} -->"
@@ -216,7 +218,7 @@ def wanted_issues(rows: Sequence[AttemptRow], suites: Sequence[Suite], root: Pat
                 f"`python -m ci history flaky --suite {suite.name}`.",
             ])
             out.append(Wanted(entry_id=entry_id, kind="flaky", owner=owner, body=body, suites=(suite.name,),
-                              title=f"Flaky: {plain(entry_id, 200)} ({suite.name})",
+                              title=f"{FLAKY_TITLE}{plain(entry_id, 200)} ({suite.name})",
                               since=max((r.started_at for r in bad), default=0.0),
                               by_registry=bool(e is not None and e.quarantine)))
         for s in streaks([r for r in mine if infra_cause(r) is None], branch="main", k=k):

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from ci.github.flaky_issues import FLAKY_TITLE
 from ci.history.stats import Flakiness, flakiness, percentile
 from ci.history.store import AttemptRow, MetricRow
 from ci.history.verdicts import FLAKE_WINDOW, OK, infra_cause
@@ -59,7 +60,7 @@ def issue_search(repo: str, entry_id: str) -> str:
     it (ci/github/flaky_issues.py; the store keeps no issue numbers)."""
     if not repo:
         return ""
-    q = f'is:issue label:slime-ci in:title "Flaky: {entry_id}"'
+    q = f'is:issue label:slime-ci in:title "{FLAKY_TITLE}{entry_id}"'
     return f"https://github.com/{quote(repo, safe='/')}/issues?q={quote(q, safe='')}"
 
 
