@@ -64,9 +64,8 @@ BOT_LOGIN = "github-actions[bot]"  # who the monitor job's GITHUB_TOKEN writes a
 # In the marker an entry id keeps no `>` (which would end the HTML comment early and show the
 # rest), no `<`, no line break; `%` is encoded so that decoding gives the id back.
 _MARKER_ESCAPES = {"%": "%25", ">": "%3E", "<": "%3C", "\n": "%0A", "\r": "%0D"}
-
-
 FLAKY_TITLE = "Flaky: "  # how a flaky entry's issue title begins (the HUD searches by it)
+
 
 def marker(entry_id: str, kind: IssueKind) -> str:
     safe = "".join(_MARKER_ESCAPES.get(c, c) for c in entry_id)
