@@ -18,20 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ci.github import job_builder as build
 from ci.github.gateway import BISECT_WORKFLOW
 from ci.github.ingest_workflow import restore_snapshot
 from ci.github.job_plan import Job
-from ci.github.yaml_writer import (
-    CHECKOUT,
-    SETUP_PYTHON,
-    UPLOAD_ARTIFACT,
-    Flow,
-    Node,
-    Note,
-    Script,
-    _expr,
-    _uses,
-)
+from ci.github.yaml_writer import UPLOAD_ARTIFACT, Node, Note, Script, _expr, _uses
 from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_SECRET
 from ci.registry.job_timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES
 from ci.registry.model import CPU_TIER, GPU_TIER, MONITOR_BISECT_PLAN, MONITOR_SESSION
@@ -108,43 +99,30 @@ def bisect_workflow(style: Style, *, cpu_env: Mapping[str, str]) -> dict[str, No
             env.update(style.gpu_env)
         else:
             env[HISTORY_ENV] = _expr(f"secrets.{HISTORY_SECRET}")
-        runs_on: Node = (Note(Flow(runner), "zizmor: ignore[self-hosted-runner] dispatched on the "
-                                            "default branch only; it runs main's commits, never a PR's")
-                         if "self-hosted" in runner else runner[0])
-        out[f"bisect_{tier}"] = {
-            "name": f"bisect {_expr('inputs.entry')} ({tier})",
-            "if": f"inputs.tier == '{tier}'",
-            "runs-on": runs_on,
-            "permissions": {"contents": Note("read", "actions/checkout reads the history")},
-            **({} if gpu else {"environment": {
-                "name": HISTORY_ENVIRONMENT,
-                "deployment": Note(False, "its secrets, without a deployment")}}),
-            "concurrency": {"group": f"bisect-{_expr('inputs.suite')}-{_expr('inputs.entry')}",
-                            "cancel-in-progress": False},
-            "timeout-minutes": Note(BISECT_MINUTES if gpu else CPU_MINUTES,
-                                    "a bisect runs the entry several times"),
-            **({} if gpu else {"env": dict(cpu_env)}),
-            "steps": [
-                {"name": "Check out the default branch with its history", "uses": _uses(CHECKOUT),
-                 "with": {"persist-credentials": False,
-                          "fetch-depth": Note(0, "every commit of the range")}},
+        out[f"bisect_{tier}"] = build.job(
+            f"bisect {_expr('inputs.entry')} ({tier})",
+            condition=f"inputs.tier == '{tier}'",
+            runs_on=build.runs_on(runner, "dispatched on the default branch only; it runs main's commits, "
+                                    "never a PR's"),
+            permissions=build.reads_repository("actions/checkout reads the history"),
+            environment=None if gpu else build.secret_environment(HISTORY_ENVIRONMENT,
+                                                            "its secrets, without a deployment"),
+            concurrency=build.concurrency(f"bisect-{_expr('inputs.suite')}-{_expr('inputs.entry')}", False),
+            minutes=Note(BISECT_MINUTES if gpu else CPU_MINUTES, "a bisect runs the entry several times"),
+            env=None if gpu else dict(cpu_env),
+            steps=[
+                build.checkout("Check out the default branch with its history",
+                         fetch_depth=Note(0, "every commit of the range")),
                 *([restore_snapshot()] if gpu else []),
-                {"name": "Set up Python", "uses": _uses(SETUP_PYTHON),
-                 "with": {"python-version": style.python}},
-                {"name": "Install nox", "run": style.install},
+                build.setup_python(style),
+                build.install(style),
                 {"name": "Install the suite's session", "env": {"SUITE": _expr("inputs.suite")},
                  "run": 'nox -s "$SUITE" --install-only'},
                 {"name": "python -m ci bisect", "env": env, "run": Script(_RUN)},
                 {"name": f"Upload {ANSWER_DIR}", "if": "always()", "uses": _uses(UPLOAD_ARTIFACT),
                  "with": {"name": "bisect-answer", "path": ANSWER_DIR,
                           "if-no-files-found": Note("ignore", "a refused range writes none")}},
-            ],
-        }
-    return {
-        "name": f"{style.title} bisect",
-        "on": {"workflow_dispatch": {"inputs": {
-            name: {"description": text, "required": required, "type": "string"}
-            for name, (text, required) in INPUTS.items()}}},
-        "permissions": {},
-        "jobs": out,
-    }
+            ])
+    return build.workflow_file(f"{style.title} bisect", {"workflow_dispatch": {"inputs": {
+        name: {"description": text, "required": required, "type": "string"}
+        for name, (text, required) in INPUTS.items()}}}, out)

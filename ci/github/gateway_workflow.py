@@ -21,24 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ci.github import job_builder as build
 from ci.github.comment_commands import COMMAND_PREFIX, POLICY_PATH
 from ci.github.gateway import BISECT_WORKFLOW, RUN_FILE_WORKFLOW
 from ci.github.ingest_workflow import restore_snapshot, upload_history
 from ci.github.job_plan import WORKFLOW_NAME, Job
 from ci.github.teams import TEAMS_SECRET
-from ci.github.yaml_writer import (
-    CHECKOUT,
-    SETUP_PYTHON,
-    Flow,
-    Folded,
-    Node,
-    Note,
-    Script,
-    _banner,
-    _expr,
-    _uses,
-    to_yaml,
-)
+from ci.github.yaml_writer import Flow, Folded, Node, Note, Script, _expr
 from ci.history.ingest import ARTIFACT_PREFIX, EXPORT_DIR
 from ci.history.store import HISTORY_SESSION
 from ci.registry.job_timeouts import LINT_MINUTES, LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES
@@ -52,12 +41,8 @@ ACT_MINUTES = 5  # a gh call or two
 
 
 def _setup(style: Style, ref: str) -> list[Node]:
-    return [
-        {"name": "Check out the default branch (handler and policy, never PR code)",
-         "uses": _uses(CHECKOUT), "with": {"ref": ref, "persist-credentials": False}},
-        {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
-        {"name": "Install the toolkit", "run": style.install},
-    ]
+    checked_out = build.checkout("Check out the default branch (handler and policy, never PR code)", ref=ref)
+    return build.prepare(style, checked_out, "Install the toolkit")
 
 
 TEAMS_ENVIRONMENT = "ci-comment"
@@ -72,11 +57,10 @@ def _field(name: str) -> str:
 def _no_checkout(style: Style, job_id: str, name: str, needs: Node, condition: Node,
                  permissions: dict[str, Node], steps: list[Node]) -> dict[str, Node]:
     # These jobs check out nothing and run no repository code: gh and jq on the decision.
-    return {"name": name, "needs": needs, "if": condition, "runs-on": style.hosted_runner[0],
-            "permissions": permissions,
-            "concurrency": {"group": f"ci-comment-{_expr('github.event.comment.id')}-{job_id}",
-                            "cancel-in-progress": False},
-            "timeout-minutes": ACT_MINUTES, "steps": steps}
+    return build.job(
+        name, needs=needs, condition=condition, runs_on=build.hosted(style), permissions=permissions,
+        concurrency=build.concurrency(f"ci-comment-{_expr('github.event.comment.id')}-{job_id}", False),
+        minutes=ACT_MINUTES, steps=steps)
 
 
 def gateway(style: Style) -> dict[str, Node]:
@@ -124,24 +108,21 @@ def gateway(style: Style) -> dict[str, Node]:
     env = {"GH_TOKEN": _expr("github.token"), "REPO": _expr("github.repository"),
            "PR": _expr("github.event.issue.number")}
     acting = {**env, "DECISION": _expr(_DECISION)}
-    decide_job: dict[str, Node] = {
-        "name": "decide (read only)",
-        "if": Folded(("github.event.issue.pull_request",
-                      # The parser's own rule (ci.github.comment_commands.parse_comment).
-                      f"&& startsWith(github.event.comment.body, '{COMMAND_PREFIX}')")),
-        "runs-on": style.hosted_runner[0],
-        "permissions": {
-            "contents": Note("read", f"the default branch's handler and {POLICY_PATH}"),
-            "pull-requests": Note("read", "the PR's head SHA and origin"),
-        },
-        "environment": {"name": TEAMS_ENVIRONMENT,
-                        "deployment": Note(False, f"its secret {TEAMS_SECRET}, without a deployment")},
+    decide_job = build.job(
+        "decide (read only)",
+        condition=Folded(("github.event.issue.pull_request",
+                          # The parser's own rule (ci.github.comment_commands.parse_comment).
+                          f"&& startsWith(github.event.comment.body, '{COMMAND_PREFIX}')")),
+        runs_on=build.hosted(style),
+        permissions=build.grant(contents=("read", f"the default branch's handler and {POLICY_PATH}"),
+                          pull_requests=("read", "the PR's head SHA and origin")),
+        environment=build.secret_environment(TEAMS_ENVIRONMENT,
+                                             f"its secret {TEAMS_SECRET}, without a deployment"),
         # One comment, one answer; comments never cancel each other.
-        "concurrency": {"group": f"ci-comment-{_expr('github.event.comment.id')}",
-                        "cancel-in-progress": False},
-        "timeout-minutes": LINT_MINUTES,
-        "outputs": {OUTPUT: _expr(f"steps.decide.outputs.{OUTPUT}")},
-        "steps": [
+        concurrency=build.concurrency(f"ci-comment-{_expr('github.event.comment.id')}", False),
+        minutes=LINT_MINUTES,
+        outputs={OUTPUT: _expr(f"steps.decide.outputs.{OUTPUT}")},
+        steps=[
             *_setup(style, _expr("github.event.repository.default_branch")),
             {"name": "Authorise against the access policy (looks up teams only if it must)", "id": "decide",
              "env": {**env, "BODY": _expr("github.event.comment.body"),
@@ -151,25 +132,24 @@ def gateway(style: Style) -> dict[str, Node]:
                      # Optional; GITHUB_TOKEN cannot read team membership (ci/github/teams.py).
                      TEAMS_SECRET: _expr(f"secrets.{TEAMS_SECRET}")},
              "run": decide},
-        ],
-    }
+        ])
     jobs: dict[str, Node] = {
         "decide": decide_job,
         "label": _no_checkout(
             style, "label", "add the /run-ci label", "decide", _field("add_label"),
-            {"pull-requests": Note("write", "add the label: the only job that may")},
+            build.grant(pull_requests=("write", "add the label: the only job that may")),
             [{"name": "Add the label", "env": acting, "run": label}]),
         "run": _no_checkout(
             style, "run", "dispatch or re-run", "decide",
             Folded((_field("dispatch"), f"|| {_field('rerun_failed')}")),
-            {"actions": Note("write", f"dispatch {RUN_FILE_WORKFLOW}, re-run failed jobs")},
+            build.grant(actions=("write", f"dispatch {RUN_FILE_WORKFLOW}, re-run failed jobs")),
             [{"name": "Dispatch the suite or file; re-run failed jobs",
               "env": {**acting, "DEFAULT_BRANCH": _expr("github.event.repository.default_branch")},
               "run": run}]),
         "answer": _no_checkout(
             style, "answer", "react and reply", Flow(("decide", "label", "run")),
             Folded(("always()", "&& needs.decide.result == 'success'", f"&& {_field('reaction')}")),
-            {"issues": Note("write", "react to the comment and reply on the PR")},
+            build.grant(issues=("write", "react to the comment and reply on the PR")),
             [{"name": "React and reply", "env": {
                 **acting, "COMMENT_ID": _expr("github.event.comment.id"),
                 "LABELLED": _expr("needs.label.result"), "RAN": _expr("needs.run.result"),
@@ -177,12 +157,10 @@ def gateway(style: Style) -> dict[str, Node]:
                            f"{_expr('github.run_id')}"},
               "run": answer}]),
     }
-    return {"name": f"{style.title} comment commands",
-            "on": {"issue_comment": Note(
-                {"types": Flow(("created",))},
-                "zizmor: ignore[dangerous-triggers] runs only the default branch's code; "
-                "PR code runs in run-ci-file.yml after resolving")},
-            "permissions": {}, "jobs": jobs}
+    return build.workflow_file(f"{style.title} comment commands", {"issue_comment": Note(
+        {"types": Flow(("created",))},
+        "zizmor: ignore[dangerous-triggers] runs only the default branch's code; "
+        "PR code runs in run-ci-file.yml after resolving")}, jobs)
 
 
 def run_file(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
@@ -199,22 +177,20 @@ def run_file(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
         '  --json > "$RUNNER_TEMP/resolved.json"',
         'echo "tier=$(jq -r .tier "$RUNNER_TEMP/resolved.json")" >> "$GITHUB_OUTPUT"',
     ))
-    resolve_job: dict[str, Node] = {
-        "name": "resolve through the registry",
-        "runs-on": style.hosted_runner[0],
-        "permissions": {"contents": Note("read", "the default branch's registry"),
-                        "pull-requests": Note("read", "the PR's head SHA and origin")},
-        "concurrency": {"group": f"run-ci-file-resolve-{_expr('github.run_id')}",
-                        "cancel-in-progress": False},
-        "timeout-minutes": LINT_MINUTES,
-        "outputs": {"tier": _expr("steps.resolve.outputs.tier")},
-        "steps": [*_setup(style, _expr("github.event.repository.default_branch")),
-                  {"name": "Resolve suite and file; check the SHA is the PR's head", "id": "resolve",
-                   "env": {"GH_TOKEN": _expr("github.token"), "REPO": _expr("github.repository"),
-                           "PR": _expr("inputs.pr"), "SHA": _expr("inputs.sha"),
-                           "SUITE": _expr("inputs.suite"), "ONLY": _expr("inputs.only")},
-                   "run": resolve}],
-    }
+    resolve_job = build.job(
+        "resolve through the registry",
+        runs_on=build.hosted(style),
+        permissions=build.grant(contents=("read", "the default branch's registry"),
+                          pull_requests=("read", "the PR's head SHA and origin")),
+        concurrency=build.concurrency(f"run-ci-file-resolve-{_expr('github.run_id')}", False),
+        minutes=LINT_MINUTES,
+        outputs={"tier": _expr("steps.resolve.outputs.tier")},
+        steps=[*_setup(style, _expr("github.event.repository.default_branch")),
+               {"name": "Resolve suite and file; check the SHA is the PR's head", "id": "resolve",
+                "env": {"GH_TOKEN": _expr("github.token"), "REPO": _expr("github.repository"),
+                        "PR": _expr("inputs.pr"), "SHA": _expr("inputs.sha"),
+                        "SUITE": _expr("inputs.suite"), "ONLY": _expr("inputs.only")},
+                "run": resolve}])
     gpu = max((j.minutes for j in jobs if j.self_hosted and not j.scheduled_only), default=LINT_MINUTES)
     cpu = max((j.minutes for j in jobs if not j.self_hosted and j.kind == "suite"), default=LINT_MINUTES)
     out: dict[str, Node] = {"resolve": resolve_job}
@@ -226,21 +202,9 @@ def run_file(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
         if gpu_job:
             env[LOCK_TIMEOUT_ENV] = str(LOCK_WAIT_MINUTES * 60)
             env.update(style.gpu_env)
-        runs_on: Node = (Note(Flow(runner), "zizmor: ignore[self-hosted-runner] resolve refused forks "
-                                            "and any SHA but the PR's head")
-                         if "self-hosted" in runner else runner[0])
-        job: dict[str, Node] = {
-            "name": f"{_expr('inputs.suite')} {_expr('inputs.only')} ({tier})",
-            "needs": "resolve",
-            "if": f"needs.resolve.outputs.tier == '{tier}'",
-            "runs-on": runs_on,
-            "permissions": {"contents": Note("read", "actions/checkout reads the PR's commit")},
-        }
         steps: list[Node] = [
-            {"name": "Check out the PR's exact head commit", "uses": _uses(CHECKOUT),
-             "with": {"ref": _expr("inputs.sha"), "persist-credentials": False}},
-            {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
-            {"name": "Install nox", "run": style.install},
+            *build.prepare(style, build.checkout("Check out the PR's exact head commit",
+                                                 ref=_expr("inputs.sha"))),
             *([restore_snapshot()] if gpu_job else []),
             {"name": "nox -s <suite> -- --only <file>", "env": env, "run": Script((
                 'if [ -n "$ONLY" ]; then nox -s "$SUITE" -- --only "$ONLY"; else nox -s "$SUITE"; fi',))},
@@ -251,24 +215,25 @@ def run_file(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
                           "run": f'nox -s {HISTORY_SESSION} -- record --suite "$SUITE" --status "$STATUS"'
                                  f" --export {EXPORT_DIR}"})
             steps.append(upload_history(f"{ARTIFACT_PREFIX}run-ci-file-{tier}"))
-        out[f"run_{tier}"] = {
-            **job,
-            "concurrency": {"group": f"run-ci-file-{_expr('inputs.pr')}-{_expr('inputs.suite')}-"
-                                     f"{_expr('inputs.only')}", "cancel-in-progress": True},
-            "timeout-minutes": Note(minutes, "the longest job of this tier (ci/registry/job_timeouts.py)"),
-            "steps": steps,
-        }
-    return {
-        "name": run_file_name(style),
-        # The ingest workflow reads the PR's number back from here (ci/history/ingest.py).
-        "run-name": f"{style.title} run {_expr('inputs.suite')} {_expr('inputs.only')} "
-                    f"for PR #{_expr('inputs.pr')}",
-        "on": {"workflow_dispatch": {"inputs": {
+        out[f"run_{tier}"] = build.job(
+            f"{_expr('inputs.suite')} {_expr('inputs.only')} ({tier})",
+            needs="resolve",
+            condition=f"needs.resolve.outputs.tier == '{tier}'",
+            runs_on=build.runs_on(runner, "resolve refused forks and any SHA but the PR's head"),
+            permissions=build.reads_repository("actions/checkout reads the PR's commit"),
+            concurrency=build.concurrency(f"run-ci-file-{_expr('inputs.pr')}-{_expr('inputs.suite')}-"
+                                    f"{_expr('inputs.only')}", True),
+            minutes=Note(minutes, "the longest job of this tier (ci/registry/job_timeouts.py)"),
+            steps=steps)
+    return build.workflow_file(
+        run_file_name(style),
+        {"workflow_dispatch": {"inputs": {
             name: {"description": text, "required": required, "type": "string"}
             for name, (text, required) in inputs.items()}}},
-        "permissions": {},
-        "jobs": out,
-    }
+        out,
+        # The ingest workflow reads the PR's number back from here (ci/history/ingest.py).
+        run_name=f"{style.title} run {_expr('inputs.suite')} {_expr('inputs.only')} "
+                 f"for PR #{_expr('inputs.pr')}")
 
 
 def run_file_name(style: Style) -> str:
@@ -280,6 +245,5 @@ def comment_files(jobs: Sequence[Job], style: Style) -> dict[str, str]:
     """The two workflows, or nothing when the registry turns comment commands off."""
     if not style.comment_commands:
         return {}
-    banner = _banner(style.source)
-    return {GATEWAY_PATH: to_yaml(gateway(style), spaced=2, header=banner),
-            RUN_FILE_PATH: to_yaml(run_file(jobs, style), spaced=2, header=banner)}
+    return {GATEWAY_PATH: build.render_file(gateway(style), style),
+            RUN_FILE_PATH: build.render_file(run_file(jobs, style), style)}

@@ -21,21 +21,18 @@ which no other branch reads.
 
 from __future__ import annotations
 
+from ci.github import job_builder as build
 from ci.github.job_plan import WORKFLOW_NAME
 from ci.github.yaml_writer import (
     CACHE_RESTORE,
     CACHE_SAVE,
-    CHECKOUT,
-    SETUP_PYTHON,
     UPLOAD_ARTIFACT,
     Flow,
     Node,
     Note,
     Script,
-    _banner,
     _expr,
     _uses,
-    to_yaml,
 )
 from ci.history.ingest import ARTIFACT_PREFIX, EXPORT_DIR, SNAPSHOT_KEY
 from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_FILE, HISTORY_SECRET, HISTORY_SESSION
@@ -88,56 +85,47 @@ def restore_snapshot() -> dict[str, Node]:
 
 def ingest(style: Style, watched: tuple[str, ...]) -> dict[str, Node]:
     """The `workflow_run` workflow that records the watched workflows' exported runs."""
-    job: dict[str, Node] = {
-        "name": "record the finished run's history (default branch's code only)",
-        "runs-on": style.hosted_runner[0],
-        "permissions": {"actions": Note("read", "download the finished run's artifacts")},
-        "environment": {"name": HISTORY_ENVIRONMENT,
-                        "deployment": Note(False, f"its secret {HISTORY_SECRET}, without a deployment")},
-        "concurrency": {"group": f"history-ingest-{_expr('github.event.workflow_run.id')}",
-                        "cancel-in-progress": False},
-        "timeout-minutes": LINT_MINUTES,
-        "steps": [
-            {"name": "Check out the default branch (the ingest's code, never the run's)",
-             "uses": _uses(CHECKOUT),
-             "with": {"ref": Note("refs/heads/" + _expr("github.event.repository.default_branch"),
-                                  "the branch in full: a tag of the same name is not it"),
-                      "persist-credentials": False,
-                      # A trusted run's head must be on this branch (ci/history/on_branch.py): its
-                      # whole commit graph, without the files of old commits.
-                      "fetch-depth": Note(0, "every commit of the branch: is the run's head one?"),
-                      "filter": "blob:none"}},
-            {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
-            {"name": "Install nox", "run": style.install},
-            # The artifacts' zip files as the API serves them, never unpacked: `history ingest`
-            # reads their members in memory. Most finished runs (a PR's CPU jobs) export none.
-            fetch_exports(_expr("github.event.workflow_run.id")),
-            {"name": "Validate and record them, trust and PR from the event", "id": "ingest",
-             "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")},
-             "run": f'nox -s {HISTORY_SESSION} -- ingest "{DOWNLOADED}" --event-file "$GITHUB_EVENT_PATH" '
-                    f'--trusted-workflow {TRUSTED_PATH}'},
-            {"name": "Snapshot the trusted runs for the GPU jobs (after a trusted run only)",
-             "if": f"{_FRESH}",
-             "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")},
-             "run": f"nox -s {HISTORY_SESSION} -- snapshot {HISTORY_FILE}"},
-            {"name": "Save it where GPU jobs restore it", "if": f"{_FRESH}", "uses": _uses(CACHE_SAVE),
-             "with": {"path": HISTORY_FILE,
-                      "key": SNAPSHOT_KEY + _expr("github.run_id") + "-" + _expr("github.run_attempt")}},
-        ],
-    }
-    return {
-        "name": f"{style.title} history ingest",
-        "on": {"workflow_run": Note(
-            {"workflows": Flow(watched), "types": Flow(("completed",))},
-            "zizmor: ignore[dangerous-triggers] checks out only the default branch; the "
-            "artifacts are data, validated before anything is recorded")},
-        "permissions": {},
-        "jobs": {"ingest": job},
-    }
+    steps: list[Node] = [
+        *build.prepare(style, build.checkout(
+            "Check out the default branch (the ingest's code, never the run's)",
+            ref=Note("refs/heads/" + _expr("github.event.repository.default_branch"),
+                     "the branch in full: a tag of the same name is not it"),
+            # A trusted run's head must be on this branch (ci/history/on_branch.py): its
+            # whole commit graph, without the files of old commits.
+            fetch_depth=Note(0, "every commit of the branch: is the run's head one?"),
+            filter="blob:none")),
+        # The artifacts' zip files as the API serves them, never unpacked: `history ingest`
+        # reads their members in memory. Most finished runs (a PR's CPU jobs) export none.
+        fetch_exports(_expr("github.event.workflow_run.id")),
+        {"name": "Validate and record them, trust and PR from the event", "id": "ingest",
+         "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")},
+         "run": f'nox -s {HISTORY_SESSION} -- ingest "{DOWNLOADED}" --event-file "$GITHUB_EVENT_PATH" '
+                f'--trusted-workflow {TRUSTED_PATH}'},
+        {"name": "Snapshot the trusted runs for the GPU jobs (after a trusted run only)",
+         "if": f"{_FRESH}",
+         "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")},
+         "run": f"nox -s {HISTORY_SESSION} -- snapshot {HISTORY_FILE}"},
+        {"name": "Save it where GPU jobs restore it", "if": f"{_FRESH}", "uses": _uses(CACHE_SAVE),
+         "with": {"path": HISTORY_FILE,
+                  "key": SNAPSHOT_KEY + _expr("github.run_id") + "-" + _expr("github.run_attempt")}},
+    ]
+    recorder = build.job(
+        "record the finished run's history (default branch's code only)",
+        runs_on=build.hosted(style),
+        permissions=build.grant(actions=("read", "download the finished run's artifacts")),
+        environment=build.secret_environment(HISTORY_ENVIRONMENT,
+                                             f"its secret {HISTORY_SECRET}, without a deployment"),
+        concurrency=build.concurrency(f"history-ingest-{_expr('github.event.workflow_run.id')}", False),
+        minutes=LINT_MINUTES, steps=steps)
+    on = {"workflow_run": Note(
+        {"workflows": Flow(watched), "types": Flow(("completed",))},
+        "zizmor: ignore[dangerous-triggers] checks out only the default branch; the "
+        "artifacts are data, validated before anything is recorded")}
+    return build.workflow_file(f"{style.title} history ingest", on, {"ingest": recorder})
 
 
 def ingest_files(style: Style, watched: tuple[str, ...]) -> dict[str, str]:
     """The ingest workflow, or nothing when no job exports its runs."""
     if not watched:
         return {}
-    return {INGEST_PATH: to_yaml(ingest(style, watched), spaced=2, header=_banner(style.source))}
+    return {INGEST_PATH: build.render_file(ingest(style, watched), style)}

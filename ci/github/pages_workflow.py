@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ci.github import job_builder as build
 from ci.github.job_plan import WORKFLOW_NAME, Job, condition_lines
-from ci.github.yaml_writer import CHECKOUT, SETUP_PYTHON, Flow, Folded, Node, Note, _expr, _uses
+from ci.github.yaml_writer import Folded, Node, Note, _expr, _uses
 from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_SECRET
 from ci.registry.model import MONITOR_SESSION
 from ci.registry.workflow_style import Style
@@ -30,46 +31,32 @@ DEPLOY_PAGES = ("actions/deploy-pages", "d6db90164ac5ed86f2b6aed7e0febac5b3c0c03
 
 
 def _build(monitor: Job, style: Style) -> dict[str, Node]:
-    return {
-        "name": HUD_JOB,
-        "if": Folded(tuple(condition_lines(monitor))),
-        "runs-on": _runner(style),
-        "permissions": {"contents": Note("read", "actions/checkout reads the repository")},
-        "environment": {"name": HISTORY_ENVIRONMENT,
-                        "deployment": Note(False, "its secret, without a deployment record")},
-        "concurrency": {"group": Folded((f"{WORKFLOW_NAME}-run{_expr('github.run_id')}-{HUD_JOB}",)),
-                        "cancel-in-progress": True},
-        "timeout-minutes": Note(HUD_MINUTES, "a build from 100,000 attempts takes seconds"),
-        "steps": [
-            {"name": "Check out", "uses": _uses(CHECKOUT), "with": {"persist-credentials": False}},
-            {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
-            {"name": "Install nox", "run": style.install},
+    return build.job(
+        HUD_JOB, condition=Folded(tuple(condition_lines(monitor))), runs_on=build.hosted(style),
+        permissions=build.reads_repository(), environment=build.secret_environment(HISTORY_ENVIRONMENT),
+        concurrency=build.concurrency(
+            Folded((f"{WORKFLOW_NAME}-run{_expr('github.run_id')}-{HUD_JOB}",)), True),
+        minutes=Note(HUD_MINUTES, "a build from 100,000 attempts takes seconds"),
+        steps=[
+            *build.prepare(style, build.checkout()),
             {"name": f"nox -s {HUD_SESSION}", "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")},
              "run": f"nox -s {HUD_SESSION} -- --out {SITE_DIR}"},
             {"name": "Upload the site as the Pages artifact", "uses": _uses(UPLOAD_PAGES),
              "with": {"path": SITE_DIR}},
-        ],
-    }
-
-
-def _runner(style: Style) -> Node:
-    return style.hosted_runner[0] if len(style.hosted_runner) == 1 else Flow(style.hosted_runner)
+        ])
 
 
 def _deploy(monitor: Job, style: Style) -> dict[str, Node]:
-    return {
-        "name": PAGES_JOB,
-        "needs": Note(HUD_JOB, "the site it built"),
-        "if": Folded(tuple(condition_lines(monitor))),
-        "runs-on": _runner(style),
-        "permissions": {"pages": Note("write", "deploy the site"),
-                        "id-token": Note("write", "deploy-pages proves its identity with an OIDC token")},
-        "environment": {"name": "github-pages", "url": _expr("steps.deployment.outputs.page_url")},
-        "concurrency": {"group": f"{WORKFLOW_NAME}-{PAGES_JOB}",
-                        "cancel-in-progress": Note(False, "a deployment is never cut off halfway")},
-        "timeout-minutes": 10,
-        "steps": [{"name": "Deploy to GitHub Pages", "id": "deployment", "uses": _uses(DEPLOY_PAGES)}],
-    }
+    return build.job(
+        PAGES_JOB, needs=Note(HUD_JOB, "the site it built"),
+        condition=Folded(tuple(condition_lines(monitor))), runs_on=build.hosted(style),
+        permissions=build.grant(pages=("write", "deploy the site"),
+                          id_token=("write", "deploy-pages proves its identity with an OIDC token")),
+        environment={"name": "github-pages", "url": _expr("steps.deployment.outputs.page_url")},
+        concurrency=build.concurrency(f"{WORKFLOW_NAME}-{PAGES_JOB}",
+                                Note(False, "a deployment is never cut off halfway")),
+        minutes=10,
+        steps=[{"name": "Deploy to GitHub Pages", "id": "deployment", "uses": _uses(DEPLOY_PAGES)}])
 
 
 def pages_jobs(jobs: Sequence[Job], style: Style) -> dict[str, Node]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from ci.args import Parser, existing_dir
 from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
+from ci.github import job_builder as build
 from ci.github.bisect_workflow import BISECT_PATH, bisect_workflow, dispatch_step, has_bisect
 from ci.github.gateway import BISECT_WORKFLOW
 from ci.github.ingest_workflow import (
@@ -44,10 +45,8 @@ from ci.github.pages_workflow import pages_jobs, readme_rows
 from ci.github.yaml_writer import (  # the writer lives apart so ci/github/gateway_workflow.py can share it
     CACHE_RESTORE,
     CACHE_SAVE,
-    CHECKOUT,
     COMMAND,
     MARKER,
-    SETUP_PYTHON,
     UPLOAD_ARTIFACT,
     Flow,
     Folded,
@@ -227,8 +226,7 @@ def _history_env(job: Job) -> dict[str, Node]:
 
 
 def _environment(job: Job | None = None) -> dict[str, Node]:
-    return {"name": HISTORY_ENVIRONMENT,
-            "deployment": Note(False, "its secret, without a deployment record")}
+    return build.secret_environment(HISTORY_ENVIRONMENT)
 
 
 def _upload_report(job: Job) -> dict[str, Node]:
@@ -254,15 +252,9 @@ def _record(job: Job) -> dict[str, Node]:
 
 
 def _steps(job: Job, style: Style) -> list[Node]:
-    checkout: dict[str, Node] = {"persist-credentials": False}
-    if job.full_history:
-        checkout["fetch-depth"] = Note(0, "the session diffs against origin/main")
-    steps: list[Node] = [
-        {"name": "Check out", "uses": _uses(CHECKOUT), "with": checkout},
-        {"name": "Set up Python", "uses": _uses(SETUP_PYTHON),
-         "with": {"python-version": style.python}},
-        {"name": "Install nox", "run": style.install},
-    ]
+    depth: dict[str, Node] = ({"fetch_depth": Note(0, "the session diffs against origin/main")}
+                              if job.full_history else {})
+    steps: list[Node] = build.prepare(style, build.checkout(**depth))
     if records_durations(job):
         steps += _restore_durations(job)
     if exports_history(job):  # the trusted baseline, over whatever the job's own cache held
@@ -348,21 +340,17 @@ _PLAN_SCRIPT = (
 
 def plan_job(style: Style) -> dict[str, Node]:
     """The job that asks `python -m ci plan` which jobs this PR event runs."""
-    return {
-        "name": PLAN_JOB,
-        "if": "github.event_name == 'pull_request'",
-        "runs-on": style.hosted_runner[0] if len(style.hosted_runner) == 1 else Flow(style.hosted_runner),
-        "permissions": {"contents": Note("read", "actions/checkout reads the repository")},
-        "concurrency": {"group": f"{WORKFLOW_NAME}-run{_expr('github.run_id')}-{PLAN_JOB}",
-                        "cancel-in-progress": True},
-        "timeout-minutes": PLAN_MINUTES,
-        "outputs": {PLAN_OUTPUT: _expr(f"steps.plan.outputs.{PLAN_OUTPUT}")},
-        "steps": [
-            {"name": "Check out", "uses": _uses(CHECKOUT),
-             "with": {"persist-credentials": False,
-                      "fetch-depth": Note(2, "the merge commit and the base tip: the PR's diff")}},
-            {"name": "Set up Python", "uses": _uses(SETUP_PYTHON),
-             "with": {"python-version": style.python}},
+    return build.job(
+        PLAN_JOB,
+        condition="github.event_name == 'pull_request'",
+        runs_on=build.hosted(style),
+        permissions=build.reads_repository(),
+        concurrency=build.concurrency(f"{WORKFLOW_NAME}-run{_expr('github.run_id')}-{PLAN_JOB}", True),
+        minutes=PLAN_MINUTES,
+        outputs={PLAN_OUTPUT: _expr(f"steps.plan.outputs.{PLAN_OUTPUT}")},
+        steps=[
+            build.checkout(fetch_depth=Note(2, "the merge commit and the base tip: the PR's diff")),
+            build.setup_python(style),
             # This repository's checkout is the toolkit (stdlib only for `plan`); an adopting
             # repository installs it (its `install` names the toolkit's package).
             *([] if style.own_jobs else [{"name": "Install the toolkit", "run": style.install}]),
@@ -373,8 +361,7 @@ def plan_job(style: Style) -> dict[str, Node]:
                      "ADDED": _expr("github.event.label.name"),
                      "FORK": _expr("github.event.pull_request.head.repo.full_name != github.repository")},
              "run": Script(_PLAN_SCRIPT)},
-        ],
-    }
+        ])
 
 
 # The verdict job.
@@ -400,24 +387,23 @@ def verdict_job(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
     """The PR's `verdict` check: a verdict per failed entry, the sticky comment, the merge gate."""
     needs = [*([PLAN_JOB] if any(gated_by_plan(j) for j in jobs) else []),
              *(j.id for j in jobs if not j.scheduled_only)]
-    return {
-        "name": VERDICT_JOB,
-        "needs": Flow(tuple(needs)),
-        "if": "always() && github.event_name == 'pull_request'",
-        "runs-on": style.hosted_runner[0] if len(style.hosted_runner) == 1 else Flow(style.hosted_runner),
-        "permissions": {"contents": Note("read", "actions/checkout reads the repository"),
-                        "actions": Note("read", "this run's exported runs (artifacts)"),
-                        "pull-requests": Note("write", "the PR's one verdict comment, edited in place"),
-                        "checks": Note("write", "one check run per suite, `slime-ci / SUITE`")},
-        "concurrency": {"group": f"{WORKFLOW_NAME}-pr{_expr('github.event.pull_request.number')}"
-                                 f"-{VERDICT_JOB}", "cancel-in-progress": True},
-        "timeout-minutes": VERDICT_MINUTES,
-        "steps": [
-            {"name": "Check out the base commit (the verdict's code, never the PR's)",
-             "uses": _uses(CHECKOUT),
-             "with": {"persist-credentials": False, "ref": _expr("github.event.pull_request.base.sha")}},
+    return build.job(
+        VERDICT_JOB,
+        needs=Flow(tuple(needs)),
+        condition="always() && github.event_name == 'pull_request'",
+        runs_on=build.hosted(style),
+        permissions=build.grant(contents=("read", "actions/checkout reads the repository"),
+                          actions=("read", "this run's exported runs (artifacts)"),
+                          pull_requests=("write", "the PR's one verdict comment, edited in place"),
+                          checks=("write", "one check run per suite, `slime-ci / SUITE`")),
+        concurrency=build.concurrency(f"{WORKFLOW_NAME}-pr{_expr('github.event.pull_request.number')}"
+                                f"-{VERDICT_JOB}", True),
+        minutes=VERDICT_MINUTES,
+        steps=[
+            build.checkout("Check out the base commit (the verdict's code, never the PR's)",
+                     ref=_expr("github.event.pull_request.base.sha")),
             restore_snapshot(),
-            {"name": "Set up Python", "uses": _uses(SETUP_PYTHON), "with": {"python-version": style.python}},
+            build.setup_python(style),
             {"name": "Install nox", "run": style.install},
             fetch_exports(_expr("github.run_id")),
             {"name": "Record them beside the snapshot, untrusted, as this PR's runs",
@@ -433,8 +419,7 @@ def verdict_job(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
             # skipped, this one fails it: a cancelled run tested nothing, so it never passes.
             {"name": "Fail when the run was cancelled", "if": "cancelled()",
              "run": "echo '::error::the run was cancelled: its jobs judged nothing'; exit 1"},
-        ],
-    }
+        ])
 
 
 def _job(job: Job, style: Style) -> dict[str, Node]:
@@ -444,13 +429,9 @@ def _job(job: Job, style: Style) -> dict[str, Node]:
     if gated_by_plan(job):
         out["needs"] = Note(PLAN_JOB, "runs on a PR only if the plan of its diff says so")
     out["if"] = Folded(tuple(condition_lines(job)))
-    if job.self_hosted:
-        out["runs-on"] = Note(Flow(job.runs_on),
-                              "zizmor: ignore[self-hosted-runner] GPU jobs need GPU machines; "
-                              "PRs from forks never reach them (see if:)")
-    else:
-        out["runs-on"] = job.runs_on[0] if len(job.runs_on) == 1 else Flow(job.runs_on)
-    permissions: dict[str, Node] = {"contents": Note("read", "actions/checkout reads the repository")}
+    out["runs-on"] = build.runs_on(job.runs_on, "GPU jobs need GPU machines; PRs from forks never "
+                                                "reach them (see if:)")
+    permissions: dict[str, Node] = build.reads_repository()
     if starts_bisects(job, style):
         permissions["actions"] = Note("write", f"dispatch {BISECT_WORKFLOW} for each streak")
     if job.writes_issues:
@@ -472,9 +453,9 @@ def _job(job: Job, style: Style) -> dict[str, Node]:
 def workflow(jobs: Sequence[Job], style: Style | None = None) -> dict[str, Node]:
     """The workflow as a tree of nodes."""
     style = style or Style()
-    return {
-        "name": style.title,
-        "on": {
+    return build.workflow_file(
+        style.title,
+        {
             "pull_request": {
                 "branches": Flow((BASE_BRANCH,)),
                 "types": Flow(("opened", "synchronize", "reopened", "labeled")),
@@ -488,12 +469,11 @@ def workflow(jobs: Sequence[Job], style: Style | None = None) -> dict[str, Node]
                 "default": False,
             }}},
         },
-        "permissions": {},
-        "jobs": {**({PLAN_JOB: plan_job(style)} if any(gated_by_plan(j) for j in jobs) else {}),
-                 **{j.id: _job(j, style) for j in jobs},
-                 **pages_jobs(jobs, style),
-                 VERDICT_JOB: verdict_job(jobs, style)},
-    }
+        {**({PLAN_JOB: plan_job(style)} if any(gated_by_plan(j) for j in jobs) else {}),
+         **{j.id: _job(j, style) for j in jobs},
+         **pages_jobs(jobs, style),
+         VERDICT_JOB: verdict_job(jobs, style)},
+    )
 
 
 def actionlint_config(jobs: Sequence[Job]) -> dict[str, Node]:
@@ -515,12 +495,12 @@ def render(jobs: Sequence[Job], style: Style | None = None) -> dict[str, str]:
     bisect = {}
     if any(starts_bisects(j, style) for j in jobs):
         flow = bisect_workflow(style, cpu_env={"SLIME_CI_TORCH_INDEX": TORCH_CPU_INDEX})
-        bisect[BISECT_PATH] = to_yaml(flow, spaced=2, header=_banner(style.source))
+        bisect[BISECT_PATH] = build.render_file(flow, style)
     return {
         **comment_files(jobs, style),
         **ingest_files(style, watched),
         **bisect,
-        WORKFLOW_PATH: to_yaml(workflow(jobs, style), spaced=2, header=_banner(style.source)),
+        WORKFLOW_PATH: build.render_file(workflow(jobs, style), style),
         ACTIONLINT_PATH: to_yaml(actionlint_config(jobs),
                                  header=_banner("the runner labels in ci/github/job_plan.py")),
     }

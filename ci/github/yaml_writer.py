@@ -2,8 +2,7 @@
 
 YAML is written as text, not by a library, so that the output is byte-stable and can carry
 comments (action versions beside their pinned SHAs, the reason beside an inline zizmor
-ignore). `ci/github/workflow.py` (the suite jobs) and `ci/github/gateway_workflow.py` (the comment-command
-workflows) both write through it.
+ignore). Every generator writes through it, with the jobs and steps of ci/github/job_builder.py.
 """
 
 from __future__ import annotations
