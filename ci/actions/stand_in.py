@@ -9,6 +9,9 @@ copies this file into its state folder and points every stand-in at the copy:
                                     their registered commands for real (history, verdict, monitor)
     stand_in.py gh ARGS             the GitHub CLI's `api` and `workflow run`, against $GITHUB_API_URL
     stand_in.py python ARGS         the host's Python, logged; `-m pip install nox==…` is a no-op
+    stand_in.py session-python S ARGS
+                                    the Python of session S that the recording `nox -s S
+                                    --install-only` leaves in .nox/S/bin: logs, runs nothing
     stand_in.py checkout|setup-python|cache-restore|cache-save|upload-artifact
                                     the pinned actions' composite stand-ins (inputs as INPUT_* env)
 
@@ -90,6 +93,8 @@ def nox(argv: list[str]) -> int:
         return 0
     _record("nox", argv, real=False)
     print(f"stand-in nox (records, runs nothing): nox {' '.join(argv)}")
+    if "--install-only" in argv and session:
+        _session_venv(session)
     # What a suite's session leaves for the job's later steps: the durations file that the
     # cache save step keys on (marked as the stand-in's, so a restore shows whose it is).
     cache = Path(".ci-cache")
@@ -99,6 +104,24 @@ def nox(argv: list[str]) -> int:
         durations.write_text(json.dumps({"stand-in": f"nox -s {session}",
                                          "run_id": os.environ.get("GITHUB_RUN_ID", "")}) + "\n")
     return int(json.loads(os.environ.get(FAIL_ENV) or "{}").get(session, 0))
+
+
+def _session_venv(session: str) -> None:
+    """What `--install-only` leaves: the session's interpreter, `.nox/<session>/bin/python`, here
+    a recording stand-in too (a later step runs `"$venv/bin/python" -m ci ...`, bisect.yml's)."""
+    python = Path(".nox") / session / "bin" / "python"
+    python.parent.mkdir(parents=True, exist_ok=True)
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).resolve()}" '
+                      f'session-python {session} "$@"\n', encoding="utf-8")
+    python.chmod(0o755)
+
+
+def session_python(argv: list[str]) -> int:
+    """The recording session's Python: logs the call as `python ARGS`, runs nothing."""
+    session, rest = argv[0], argv[1:]
+    _record("python", rest, session=session, real=False)
+    print(f"stand-in python of the recording nox's {session} session (runs nothing): python {' '.join(rest)}")
+    return 0
 
 
 def _api(method: str, path: str, body: object | None) -> bytes:
@@ -305,7 +328,7 @@ def deploy_pages() -> int:
 ACTIONS = {"checkout": checkout, "setup-python": setup_python, "cache-restore": cache_restore,
            "cache-save": cache_save, "upload-artifact": upload_artifact,
            "upload-pages-artifact": upload_pages_artifact, "deploy-pages": deploy_pages}
-TOOLS = {"nox": nox, "gh": gh, "python": python}
+TOOLS = {"nox": nox, "gh": gh, "python": python, "session-python": session_python}
 
 
 def main(argv: list[str]) -> int:

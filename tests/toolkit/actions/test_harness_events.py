@@ -6,8 +6,11 @@ The runner is act itself, each job a process here. This machine has no GitHub, s
 actions, `gh` and the REST API are ci/actions/'s loopback stand-ins; `nox` records its calls.
 """
 
+import hashlib
 import json
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -62,19 +65,64 @@ def test_a_dispatch_with_infinite_run_runs_every_suite_job_with_the_flag(act):
     assert [r["env"].get("SLIME_TEST_ENABLE_INFINITE_RUN") for r in suite] == ["1"]
 
 
-@pytest.mark.parametrize("cadence", ["monitor", "weekly", "nightly"])
+def _plant_streak(url, entry):
+    """Trusted runs of main in the shared store: `entry` passed once, then failed 3 runs in a row."""
+    from ci.history.rows import AttemptRecord, RunRecord
+    from ci.history.store import open_store
+
+    now = time.time() + 3600  # after every run the module's earlier events recorded
+    with open_store(url) as store:
+        for i, outcome in enumerate(("passed", "failed", "failed", "failed")):
+            at = now + i * 600
+            store.record(RunRecord(
+                uid=uuid.uuid4().hex, suite="cpu_unit", commit=hashlib.sha1(b"%d" % i).hexdigest(),
+                branch="main", event="push", host="ci-cpu", hardware="cpu", started_at=at, ended_at=at + 60,
+                exit_code=int(outcome == "failed"),
+                attempts=(AttemptRecord(entry_id=entry, path=entry, attempt=1, final=True, outcome=outcome,
+                                        passed=int(outcome == "passed"), failed=int(outcome == "failed"),
+                                        seconds=2.0, exit_code=int(outcome == "failed"),
+                                        **({"reason": "AssertionError: 3 != 4"} if outcome == "failed" else {})),)))
+    return [hashlib.sha1(b"%d" % i).hexdigest() for i in range(4)]
+
+
+def test_the_monitor_opens_the_issue_dispatches_the_bisect_and_publishes_the_hud(act):
+    entry = "tests/test_ray_head.py"
+    good, bad, *_ = _plant_streak(act.secrets["SLIME_CI_HISTORY_URL"], entry)
+    out = act.run(EventSpec(name="schedule", cron=CRONS["monitor"]))
+    assert out.disagreements == ()
+    # The monitor, and the HUD it publishes: built from the shared store, then deployed.
+    assert set(ran(out)) == {"monitor", "hud", "pages"}
+    assert ran(out)["monitor"].result == "failure"  # `history monitor` exits 1: an entry is failing
+    assert ran(out)["hud"].result == ran(out)["pages"].result == "success"
+    # The monitor's commands are the real ones (ci.registry ISSUES_COMMAND, MONITOR_COMMAND), then
+    # the dispatch step that only a failing monitor runs.
+    assert commands(out, "monitor")[0] == "nox -s monitor"
+    assert commands(out, "hud") == ["nox -s hud -- --out site"]
+    opened = requests(out, "POST", "/repos/acme/slime/issues")
+    opened = [r for r in opened if str(r["path"]).endswith("/issues")]
+    assert len(opened) == 1, [r["path"] for r in out.requests]
+    body = opened[0]["body"]
+    assert entry in body["title"] and bad[:7] in body["body"] and good[:7] in body["body"], body
+    assert [i["title"] for i in out.github.issues] == [body["title"]]
+    dispatched = requests(out, "POST", "/actions/workflows/bisect.yml/dispatches")
+    assert [d["body"] for d in dispatched] == [{"ref": "main", "inputs": {
+        "suite": "cpu_unit", "tier": "cpu", "entry": entry, "trigger": "monitor"}}]
+    # The dispatch GitHub would start: bisect.yml's CPU job, on the streak the monitor found.
+    bisect = {j.job: j for j in out.jobs if j.workflow == "bisect.yml"}
+    assert bisect["bisect_cpu"].status == "ran" and bisect["bisect_gpu"].status == "skipped"
+    install, run = commands(out, "bisect_cpu", "bisect.yml")
+    assert install == "nox -s cpu_unit --install-only"  # then the session's Python runs the bisect
+    assert run.startswith(f"python -m ci bisect --suite cpu_unit --entry {entry} --trigger monitor "
+                          "--answer-dir .ci-cache/bisect --work-dir ") and run.endswith(" --from-monitor")
+    assert bisect["bisect_cpu"].result == "success"
+
+
+@pytest.mark.parametrize("cadence", ["weekly", "nightly"])
 def test_each_cron_runs_what_the_plan_says(act, cadence):
     out = act.run(EventSpec(name="schedule", cron=CRONS[cadence]))
     assert out.disagreements == ()
     jobs = set(ran(out))
-    if cadence == "monitor":
-        # The monitor, and the HUD it publishes: built from the shared store, then deployed.
-        assert jobs == {"monitor", "hud", "pages"}
-        assert {j.job: j.result for j in out.jobs if j.job in jobs} == dict.fromkeys(jobs, "success")
-        # The monitor's commands are the real ones (ci.registry ISSUES_COMMAND, MONITOR_COMMAND).
-        assert commands(out, "monitor")[0] == "nox -s monitor"
-        assert commands(out, "hud") == ["nox -s hud -- --out site"]
-    elif cadence == "weekly":
+    if cadence == "weekly":
         assert {"megatron_stability", "lock_check", "image"} <= jobs and "mutation" not in jobs
     else:
         assert {"mutation", "plants", "gpu_smoke_nightly", "megatron"} <= jobs and "lock_check" not in jobs
