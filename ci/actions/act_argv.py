@@ -19,6 +19,10 @@ from ci.registry.workflow_style import Style
 RUNNER_LABELS = tuple(dict.fromkeys((*Style().hosted_runner, *Style().gpu_runner)))
 # What a job may read of the host's environment: enough to run git, Python and jq.
 KEPT_ENV = ("HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME")
+# Jobs act runs at once when their `needs` allow (a PR's CPU jobs, after the plan): most of a
+# job's time is process start-up and git, so two overlap well even on two cores
+# (benchmarks/act_events.py measures it against one at a time).
+CONCURRENT_JOBS = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,8 +36,10 @@ class ActCall:
 
 def act_argv(*, act: str, event: str, workflow_file: Path, event_file: Path, clone: Path,
              stand_ins: Path, action_cache: Path, run_id: int, api_url: str,
-             secrets: Mapping[str, str], inputs: Mapping[str, str] = {}) -> list[str]:
-    """The argv of `act` for one workflow file and one event (pure)."""
+             secrets: Mapping[str, str], inputs: Mapping[str, str] = {},
+             concurrent_jobs: int = CONCURRENT_JOBS) -> list[str]:
+    """The argv of `act` for one workflow file and one event (pure); `concurrent_jobs`: how
+    many of its jobs whose `needs` are met run at once."""
     argv = [act, event, "--workflows", str(workflow_file), "--eventpath", str(event_file),
             "--directory", str(clone), "--json"]
     for label in RUNNER_LABELS:
@@ -42,7 +48,7 @@ def act_argv(*, act: str, event: str, workflow_file: Path, event_file: Path, clo
     # The checkout stand-in clones the event's commit into the job's own empty workspace;
     # act's own cache server is off: the cache stand-in keeps caches across act runs.
     argv += ["--no-skip-checkout", "--no-cache-server", "--action-offline-mode",
-             "--action-cache-path", str(action_cache), "--concurrent-jobs", "1",
+             "--action-cache-path", str(action_cache), "--concurrent-jobs", str(concurrent_jobs),
              "--env", f"GITHUB_RUN_ID={run_id}", "--env", f"GITHUB_API_URL={api_url}"]
     for name, value in secrets.items():
         argv += ["--secret", f"{name}={value}"]

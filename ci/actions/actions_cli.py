@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import get_args
 
 from ci.actions import events, harness
-from ci.actions.act_argv import quoted
+from ci.actions.act_argv import CONCURRENT_JOBS, quoted
 from ci.actions.outcome_table import as_json, render
 from ci.args import Parser, existing_dir
 from ci.errors import EXIT_FAILED, EXIT_OK, UsageError
@@ -51,6 +51,12 @@ def gpu_sessions(root: Path) -> list[str]:
     from ci.registry.loader import load_registry
 
     return [s.name for s in load_registry(root) if s.needs_gpus]
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
 
 
 def _split(text: str) -> tuple[str, ...]:
@@ -114,6 +120,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="the recording nox exits 1 for SESSION (repeatable): a red job's path")
     parser.add_argument("--state", type=Path, default=None, metavar="DIR",
                         help="keep the clone, act's logs, caches and artifacts in DIR (kept across runs)")
+    parser.add_argument("--concurrent-jobs", type=_positive, default=CONCURRENT_JOBS, metavar="N",
+                        help=f"jobs act runs at once when their needs allow (default {CONCURRENT_JOBS})")
     parser.add_argument("--dry-run", action="store_true", help="print the act command lines; run nothing")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--root", type=Path, default=Path.cwd(), help="the checkout (default: .)")
@@ -128,7 +136,8 @@ def main(argv: Sequence[str]) -> int:
     options = harness.Options(act=harness.find_act(os.environ), real=args.real, dry_run=args.dry_run,
                               fail={s: 1 for s in args.fail}, real_sessions=real_sessions(root),
                               gpu_sessions=gpu_sessions(root) if args.real else (),
-                              state=args.state.resolve() if args.state else None)
+                              state=args.state.resolve() if args.state else None,
+                              concurrent_jobs=args.concurrent_jobs)
     session = harness.Session(root, options)
     try:
         outcome = session.run(spec)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ci.actions import events, github_api, parity, stand_ins, triggers
-from ci.actions.act_argv import ActCall, act_argv, act_env
+from ci.actions.act_argv import CONCURRENT_JOBS, ActCall, act_argv, act_env
 from ci.actions.job_runs import JobRun
 from ci.args import installed
 from ci.errors import UsageError
@@ -65,6 +65,7 @@ class Options:
     gpu_sessions: Sequence[str] = ()  # --real: these run with --emulate-gpus
     state: Path | None = None  # kept across events (a push's caches, then a PR): tests pass one
     dry_run: bool = False
+    concurrent_jobs: int = CONCURRENT_JOBS  # act's --concurrent-jobs
     follow: bool = True  # start the workflow_run workflows a finished run triggers
     team_members: Mapping[str, Sequence[str]] = field(default_factory=dict)
     host_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
@@ -302,7 +303,8 @@ class Session:
                         event_file=event_file, clone=run_dir / "repo", stand_ins=self.state / "stand-ins",
                         action_cache=self.state / "act-cache", run_id=run_id, api_url=url,
                         secrets={"GITHUB_TOKEN": TOKEN, **self.secrets},
-                        inputs=spec.inputs if spec.name == "workflow_dispatch" else {})
+                        inputs=spec.inputs if spec.name == "workflow_dispatch" else {},
+                        concurrent_jobs=self.options.concurrent_jobs)
         extra = {stand_ins_env: value for stand_ins_env, value in (
             ("SLIME_CI_ACTIONS_STATE", str(self.state)), ("SLIME_CI_ACTIONS_SOURCE", str(run_dir / "repo")),
             ("SLIME_CI_ACTIONS_PYTHON", self.options.python),
