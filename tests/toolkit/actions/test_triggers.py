@@ -85,6 +85,11 @@ def test_act_argv_maps_every_label_to_the_host_and_every_pin_to_a_folder(tmp_pat
     assert f"actions/cache@{stand_ins.STAND_INS[2].ref}={tmp_path}/s/actions/cache/{stand_ins.STAND_INS[2].ref}" \
         in local and len(local) == len(stand_ins.STAND_INS) - 1  # cache restore and save share one
     assert argv[argv.index("GITHUB_RUN_ID=7") - 1:argv.index("GITHUB_RUN_ID=7") + 1] == ["--env", "GITHUB_RUN_ID=7"]
+    assert argv[argv.index("--concurrent-jobs") + 1] == str(act_argv.CONCURRENT_JOBS) == "2"
+    one = act_argv.act_argv(act="act", event="push", workflow_file=tmp_path / "w.yml", event_file=tmp_path / "e",
+                            clone=tmp_path, stand_ins=tmp_path, action_cache=tmp_path, run_id=1, api_url="u",
+                            secrets={}, concurrent_jobs=1)
+    assert one[one.index("--concurrent-jobs") + 1] == "1"
     env = act_argv.act_env({"PATH": "/usr/bin", "GITHUB_TOKEN": "real", "HOME": "/root"},
                            shims=tmp_path / "bin", extra={"X": "1"})
     assert env == {"HOME": "/root", "PATH": f"{tmp_path}/bin:/usr/bin", "X": "1"}  # no host token
