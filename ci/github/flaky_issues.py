@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Literal, NoReturn
 
 from ci.errors import EXIT_FAILED, EXIT_OK, StoreError, UsageError
-from ci.github.inert_text import BODY_LIMIT, TITLE_LIMIT, code, fit, plain
+from ci.github.inert_text import BODY_LIMIT, TITLE_LIMIT, code, fit, plain, run_link
 from ci.github.rest_client import GitHub, GitHubError
 from ci.history.stats import after_lifts, auto_quarantine, clean_tail, flakiness, streaks
 from ci.history.store import HISTORY_ENV, HISTORY_FILE, AttemptRow, open_store, resolve_url
@@ -173,7 +173,9 @@ def _links(server: str, repo: str, rows: Sequence[AttemptRow]) -> list[str]:
         sha = r.commit if _SHA.fullmatch(r.commit) else ""
         commit = f"[{short(sha)}]({server}/{repo}/commit/{sha})" if sha and repo else \
             code(short(r.commit), table=False)
-        out.append(f"- {when(r.started_at)} on {code(r.branch or '?', 80, table=False)} at {commit}: "
+        ran = run_link(server, repo, r.gh_run_id, r.gh_run_attempt, r.gh_job)
+        out.append(f"- {when(r.started_at)} on {code(r.branch or '?', 80, table=False)} at {commit}"
+                   + (f" ({ran})" if ran else "") + ": "
                    + code(f"{r.outcome}: {r.reason}" if r.reason else r.outcome, table=False))
     return out
 

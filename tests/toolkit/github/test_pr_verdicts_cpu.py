@@ -104,6 +104,13 @@ def test_a_cpu_jobs_new_failure_is_new_and_one_main_has_is_already_failing(store
     at = {(a["path"], a["line"], a["level"]) for a in unit["annotations"]}
     assert (unit["name"], unit["conclusion"]) == ("slime-ci / unit", "failure"), unit
     assert at == {("tests/test_a.py", ASSERT_LINE, "failure"), ("tests/test_b.py", ASSERT_LINE, "warning")}, at
+    # The comment's row of each verdict links the run and names the job that failed it.
+    body = run_ci("why", "--pr", "12", "--history", store_url, "--root", str(root), "--comment", "--dry-run",
+                  env={"SLIME_CI_HISTORY_URL": "", "GITHUB_REPOSITORY": "o/r", "GITHUB_SERVER_URL": ""})
+    assert body.returncode == 0, body.stdout + body.stderr
+    link = "[run 912, attempt 2](https://github.com/o/r/actions/runs/912/attempts/2), job `unit_job`"
+    rows = [line for line in body.stdout.splitlines() if line.startswith("| `tests/test_")]
+    assert len(rows) == 2 and all(link in row for row in rows), body.stdout
 
 
 if __name__ == "__main__":
