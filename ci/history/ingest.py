@@ -36,6 +36,8 @@ EXPORT_DIR = ".ci-cache/history-export"
 # What the ingest job hands back to GPU jobs: the trusted runs, as a SQLite file in the Actions
 # cache (the default branch's scope, which every PR and dispatch run may read and none write).
 SNAPSHOT_KEY = "slime-ci-history-trusted-"
+# The same snapshot as an artifact of the ingest job, for `python -m ci history pull` (a laptop).
+SNAPSHOT_ARTIFACT = "slime-ci-history-trusted"
 SNAPSHOT_RUNS = 300  # per suite and hardware: what a run reads before it plans (record.read_before)
 # The comment commands' one-file workflow (ci.github.gateway.RUN_FILE_WORKFLOW, which cannot be
 # imported from this layer; a test holds the two equal): every run of it checks out a PR's head.
