@@ -20,6 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import PASSING, run_ci, write
+from _github_api import env_for, fake_github
 
 NUM_GPUS = 0
 pytestmark = pytest.mark.slow  # two jobs of real CLI runs per store: ~15 s when the CPU is free
@@ -86,6 +87,7 @@ def test_a_cpu_jobs_new_failure_is_new_and_one_main_has_is_already_failing(store
     _ingest(export, store_url, tmp_path, pr=None, checkout=checkout, sha=sha)
     pr = {"GITHUB_HEAD_REF": "feature", "GITHUB_EVENT_NAME": "pull_request", "GITHUB_SHA": "f" * 40}
     export = _job(tmp_path, "pr", {"tests/test_a.py": FAILING, "tests/test_b.py": FAILING}, pr)
+    laptop = export.parents[1]  # the PR job's checkout: its own store holds the run, as a laptop's would
     _ingest(export, store_url, tmp_path, pr=12, checkout=checkout, sha="f" * 40)
     root = write(tmp_path / "verdict", {"ci/registry/repo_suites.py": REGISTRY})
     why = run_ci("why", "--pr", "12", "--history", store_url, "--root", str(root), "--json", "--gate",
@@ -111,6 +113,24 @@ def test_a_cpu_jobs_new_failure_is_new_and_one_main_has_is_already_failing(store
     link = "[run 912, attempt 2](https://github.com/o/r/actions/runs/912/attempts/2), job `unit_job`"
     rows = [line for line in body.stdout.splitlines() if line.startswith("| `tests/test_")]
     assert len(rows) == 2 and all(link in row for row in rows), body.stdout
+    # The verdict job as CI runs it, against the loopback GitHub: the check run is created with
+    # those annotations, and the comment links it.
+    with fake_github() as (api, gh):
+        made = run_ci("why", "--pr", "12", "--history", store_url, "--root", str(root), "--comment", "--checks",
+                      "--head", "f" * 40, env={"SLIME_CI_HISTORY_URL": "", **env_for(api)})
+        assert made.returncode == 0, made.stdout + made.stderr
+        [check] = gh.check_runs
+        [comment] = gh.comments[12]
+    assert (check["name"], check["conclusion"], check["head_sha"]) == ("slime-ci / unit", "failure", "f" * 40)
+    assert {(a["path"], a["start_line"]) for a in check["annotations"]} == {
+        ("tests/test_a.py", ASSERT_LINE), ("tests/test_b.py", ASSERT_LINE)}, check["annotations"]
+    assert f"[`slime-ci / unit`]({check['html_url']})" in comment["body"], comment["body"]
+    # And before any push: `why --last` in that checkout, against main's store read only, gives
+    # the same verdicts for its own last run.
+    last = run_ci("why", "--last", "--json", "--root", str(laptop), env={"SLIME_CI_HISTORY_URL": store_url})
+    assert last.returncode == 0, last.stdout + last.stderr
+    assert {v["entry_id"]: v["kind"] for v in json.loads(last.stdout)} == {
+        "tests/test_a.py": "new", "tests/test_b.py": "already-failing"}, last.stdout
 
 
 if __name__ == "__main__":
