@@ -148,6 +148,20 @@ class AttemptRow:
 
 
 @dataclass(frozen=True, kw_only=True)
+class BisectRow:
+    """One finished bisect: the entry, the range it searched, and its one-line answer."""
+
+    suite: str
+    entry_id: str
+    good: str
+    bad: str
+    kind: str  # first-bad, rate-rose, undetermined, refused
+    commit: str  # the answer; "" when there is none
+    summary: str
+    started_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class MetricRow:
     run_uid: str
     started_at: float
@@ -379,6 +393,24 @@ class HistoryStore:
                                     .limit(1)).first() is not None
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
+
+    def bisects(self) -> list[BisectRow]:
+        """Every bisect answer (table `bisects`), oldest first."""
+        from sqlalchemy import select
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ci.history import schema
+
+        b = schema.bisects
+        query = (select(b.c.suite, b.c.entry_id, b.c.good, b.c.bad, b.c.kind, b.c.commit, b.c.summary,
+                        b.c.started_at).order_by(b.c.started_at, b.c.id))
+        try:
+            with self.engine.connect() as conn:
+                return [BisectRow(suite=s, entry_id=e, good=g, bad=bad, kind=k, commit=c, summary=text,
+                                  started_at=at)
+                        for s, e, g, bad, k, c, text, at in conn.execute(query).tuples()]
+        except SQLAlchemyError as exc:
+            raise StoreError(f"history store: cannot read its bisects: {str(exc).splitlines()[0]}") from None
 
     def metric_series(self, entry_id: str, *, hardware: str, names: Sequence[str],
                       last_runs: int = 15, exclude_uid: str = "") -> list[MetricRow]:
