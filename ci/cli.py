@@ -21,6 +21,9 @@ class Command:
     # SIGINT/SIGTERM only recorded while it runs, and its exit code 130 when one came
     # (ci/interrupts.py): a run must stop its entries and still write its report.
     records_signals: bool = False
+    # Subcommands of it that another layer implements: `history pull` talks to GitHub, which
+    # the history package (below ci.github) may not import.
+    delegates: tuple[tuple[str, str], ...] = ()
 
 
 SUBCOMMANDS: dict[str, Command] = {
@@ -48,7 +51,9 @@ SUBCOMMANDS: dict[str, Command] = {
     "adopt": Command(target="ci.adopt.switch:main",
                      help="switch a slime-shaped repository to this toolkit (registry, noxfile, U, CI)"),
     "history": Command(target="ci.history.queries:main",
-                       help="the run history: flake rates (flaky), failure streaks (monitor), show"),
+                       help="the run history: flake rates (flaky), failure streaks (monitor), show, "
+                            "pull (main's trusted snapshot)",
+                       delegates=(("pull", "ci.github.history_pull:main"),)),
     "why": Command(target="ci.github.pr_verdicts:main",
                    help="why each failed entry of a PR or run failed: new, on main, flaky, infra (--gate)"),
     "issues": Command(target="ci.github.flaky_issues:main",
@@ -96,7 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if command.records_signals:
             PROCESS.install()  # before anything else: see ci/interrupts.py
-        module_name, function = command.target.split(":")
+        target = dict(command.delegates).get(rest[0], command.target) if rest else command.target
+        if target != command.target:
+            rest = rest[1:]
+        module_name, function = target.split(":")
         code = int(getattr(importlib.import_module(module_name), function)(rest))
     except CIError as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)

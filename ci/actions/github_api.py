@@ -37,6 +37,9 @@ class GitHubState:
     repo: str
     token: str
     artifacts: Path | None = None  # <state>/artifacts/<run id>/<name>.zip
+    # The run each artifact folder is of, as the repository-wide listing describes it
+    # (`workflow_run`: head_branch, head_sha, repository_id, head_repository_id); run id -> it.
+    artifact_runs: dict[str, dict[str, Any]] = field(default_factory=dict)
     pulls: dict[int, dict[str, Any]] = field(default_factory=dict)
     comments: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     issues: list[dict[str, Any]] = field(default_factory=list)
@@ -145,6 +148,16 @@ def _route(state: GitHubState, method: str, parts: list[str], query: dict[str, s
         listed = [{"id": i, "name": z.stem, "expired": False, "size_in_bytes": z.stat().st_size}
                   for i, run, z in state.artifact_files() if run == parts[2]]
         return 200, {"total_count": len(listed), "artifacts": listed}
+    if parts == ["actions", "artifacts"] and method == "GET":  # the repository's, by name, newest first
+        named = [(i, run, z) for i, run, z in state.artifact_files()
+                 if "name" not in query or z.stem == query["name"]]
+        named.sort(key=lambda x: (x[2].stat().st_mtime, x[0]), reverse=True)
+        listed = [{"id": i, "name": z.stem, "expired": False, "size_in_bytes": z.stat().st_size,
+                   "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(z.stat().st_mtime)),
+                   "workflow_run": {"id": int(run) if run.isdigit() else run,
+                                    **state.artifact_runs.get(run, {})}}
+                  for i, run, z in named]
+        return 200, {"total_count": len(listed), "artifacts": listed[(page - 1) * per:page * per]}
     if parts[:2] == ["actions", "artifacts"] and n == 4 and parts[3] == "zip":
         for i, _, z in state.artifact_files():
             if i == int(parts[2]):

@@ -14,8 +14,6 @@ characters. Both caps are kept here, and what was left out is said. `build` is p
 from __future__ import annotations
 
 import os
-import re
-import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any, Literal
 
 from ci.github.inert_text import code
 from ci.github.rest_client import GitHub
+from ci.history.failure_site import Location, junit_locations, parse_report
 from ci.history.verdicts import KINDS, Verdict
 
 NAME_PREFIX = "slime-ci / "
@@ -31,20 +30,8 @@ MAX_ANNOTATIONS = 500  # per check run: ten calls; the summary counts the rest
 SUMMARY_LIMIT = 65_535  # `output.summary`, in characters
 MESSAGE_LIMIT = 2_000  # one annotation's message, kept short: a reader opens the comment for more
 MAX_JUNIT_FILES = 2_000
-MAX_JUNIT_BYTES = 8 << 20  # one report; a larger file is not read
 Conclusion = Literal["success", "failure", "neutral"]
 Level = Literal["failure", "warning"]
-# pytest's traceback names each frame `path:line: ...`, its last line `path:line: ErrorType`.
-_FRAME = re.compile(r"^(?P<path>[^\s:][^:\n]*\.py):(?P<line>\d+):", re.MULTILINE)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Location:
-    """Where a failed test's assertion is: a file of the repository and its line."""
-
-    path: str
-    line: int
-    message: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,51 +70,6 @@ class CheckRun:
                 "annotations_left_out": self.left_out, "summary_chars": len(self.summary)}
 
 
-def _frames(text: str, test_file: str) -> Location | None:
-    """The last frame of the traceback in the test's own file (its assertion), else the last."""
-    frames = [(m.group("path"), int(m.group("line"))) for m in _FRAME.finditer(text)]
-    if not frames:
-        return None
-    own = [f for f in frames if test_file and (f[0] == test_file or f[0].endswith("/" + test_file)
-                                               or test_file.endswith("/" + f[0]))]
-    path, line = (own or frames)[-1]
-    return Location(path=test_file if own else path, line=max(1, line))
-
-
-def _test_file(classname: str, text: str) -> str:
-    """The test's file from its JUnit classname (`tests.unit.test_x` or `tests.unit.test_x.TestY`):
-    the longest dotted prefix that the traceback names as a file, else the whole name."""
-    parts = classname.split(".")
-    named = {m.group("path") for m in _FRAME.finditer(text)}
-    for k in range(len(parts), 0, -1):
-        candidate = "/".join(parts[:k]) + ".py"
-        if candidate in named:
-            return candidate
-    return "/".join(parts) + ".py"
-
-
-def junit_locations(doc: ET.Element, root: str = "") -> dict[str, Location]:
-    """Per test file (its path as the entry names it), its first failure's assertion location.
-
-    `root`: the directory pytest ran in, stripped from an absolute path in a traceback."""
-    out: dict[str, Location] = {}
-    for case in doc.iter("testcase"):
-        bad = next((c for c in case if c.tag in ("failure", "error")), None)
-        if bad is None:
-            continue
-        text = bad.text or ""
-        test_file = case.get("file") or _test_file(case.get("classname") or "", text)
-        found = _frames(text, test_file)
-        if found is None:
-            line = case.get("line")
-            found = Location(path=test_file, line=int(line) + 1 if line and line.isdigit() else 1)
-        path = found.path[len(root):].lstrip("/") if root and found.path.startswith(root) else found.path
-        lines = text.strip().splitlines()
-        message = (bad.get("message") or "").strip() or (lines[-1] if lines else "")
-        out.setdefault(test_file, Location(path=path, line=found.line, message=message))
-    return out
-
-
 def read_junit(folder: Path, root: Path) -> dict[str, Location]:
     """The failure locations of every JUnit report under `folder` (bounded; unreadable ones skipped:
     a report a kill cut short says nothing, and the annotation falls back to the file)."""
@@ -136,11 +78,8 @@ def read_junit(folder: Path, root: Path) -> dict[str, Location]:
         return out
     files = sorted(folder.rglob("*.xml"))[:MAX_JUNIT_FILES]
     for f in files:
-        try:
-            if not f.is_file() or f.stat().st_size > MAX_JUNIT_BYTES:
-                continue
-            doc = ET.parse(f).getroot()
-        except (OSError, ET.ParseError):
+        doc = parse_report(f)
+        if doc is None:
             continue
         for k, v in junit_locations(doc, str(root) + os.sep).items():
             out.setdefault(k, v)
@@ -153,9 +92,15 @@ def conclusion(verdicts: Sequence[Verdict], blocked: Sequence[Verdict]) -> Concl
     return "neutral" if verdicts else "success"
 
 
+def recorded_site(v: Verdict) -> Location | None:
+    """The failure's site its run recorded (the JUnit report read when the attempt ended)."""
+    return Location(path=v.fail_path, line=v.fail_line) if v.fail_path and v.fail_line else None
+
+
 def _annotation(v: Verdict, blocks: bool, where: Location | None) -> Annotation | None:
     if not v.path:
         return None  # a job's own verdict names no file
+    where = where or recorded_site(v)
     line = where.line if where is not None else 1
     path = where.path if where is not None else v.path
     said = where.message if where is not None and where.message else v.reason or v.outcome
@@ -188,7 +133,7 @@ def build(suites: Sequence[str], verdicts: Sequence[Verdict], blocked: Sequence[
     """A check run for each suite of `suites` (those the run judged) and each suite a verdict names.
 
     `rows`: each verdict's table row, as the comment renders it; `locations`: per test file,
-    where its failure's assertion is (read_junit)."""
+    where its failure's assertion is (read_junit, `--junit`), else where its run recorded it."""
     out = []
     for suite in sorted(set(suites) | {v.suite for v in verdicts}):
         ours = sorted((v for v in verdicts if v.suite == suite),

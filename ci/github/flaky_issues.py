@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Literal, NoReturn
 
 from ci.errors import EXIT_FAILED, EXIT_OK, StoreError, UsageError
-from ci.github.inert_text import BODY_LIMIT, TITLE_LIMIT, code, fit, plain
+from ci.github.inert_text import BODY_LIMIT, TITLE_LIMIT, code, fit, plain, run_link
 from ci.github.rest_client import GitHub, GitHubError
 from ci.history.stats import after_lifts, auto_quarantine, clean_tail, flakiness, streaks
-from ci.history.store import HISTORY_ENV, HISTORY_FILE, AttemptRow, open_store, resolve_url
+from ci.history.store import HISTORY_ENV, HISTORY_FILE, AttemptRow, BisectRow, open_store, resolve_url
 from ci.history.verdicts import OK, infra_cause, short, when
 from ci.registry.loader import load_registry
 from ci.registry.model import Suite
@@ -173,15 +173,31 @@ def _links(server: str, repo: str, rows: Sequence[AttemptRow]) -> list[str]:
         sha = r.commit if _SHA.fullmatch(r.commit) else ""
         commit = f"[{short(sha)}]({server}/{repo}/commit/{sha})" if sha and repo else \
             code(short(r.commit), table=False)
-        out.append(f"- {when(r.started_at)} on {code(r.branch or '?', 80, table=False)} at {commit}: "
+        ran = run_link(server, repo, r.gh_run_id, r.gh_run_attempt, r.gh_job)
+        out.append(f"- {when(r.started_at)} on {code(r.branch or '?', 80, table=False)} at {commit}"
+                   + (f" ({ran})" if ran else "") + ": "
                    + code(f"{r.outcome}: {r.reason}" if r.reason else r.outcome, table=False))
     return out
 
 
+def _culprit(server: str, repo: str, answer: BisectRow) -> str:
+    """The bisect's word on the streak: the commit it found, linked, else its one-line answer."""
+    sha = answer.commit if _SHA.fullmatch(answer.commit) else ""
+    if answer.kind == "first-bad" and sha:
+        linked = f"[{short(sha)}]({server}/{repo}/commit/{sha})" if repo else code(short(sha), table=False)
+        return f"- **culprit**: {linked}, found by `python -m ci bisect` ({when(answer.started_at)}): " + \
+            code(answer.summary, 400, table=False)
+    return f"- bisect ({when(answer.started_at)}): " + code(answer.summary, 400, table=False)
+
+
 def wanted_issues(rows: Sequence[AttemptRow], suites: Sequence[Suite], root: Path, *, repo: str,
                   server: str = "https://github.com", k: int = STREAK_RUNS,
-                  lifts: Mapping[tuple[str, str], float] | None = None) -> list[Wanted]:
-    """The issues the trusted history calls for: one per held entry, one per entry failing on main."""
+                  lifts: Mapping[tuple[str, str], float] | None = None,
+                  bisects: Sequence[BisectRow] = ()) -> list[Wanted]:
+    """The issues the trusted history calls for: one per held entry, one per entry failing on main.
+
+    `bisects`: the store's bisect answers; a broken-main issue names the commit one found, of
+    an answer whose bad end is a failing run of its streak."""
     rules = codeowners(root)
     out: list[Wanted] = []
     trusted = [r for r in rows if r.trusted]
@@ -227,6 +243,9 @@ def wanted_issues(rows: Sequence[AttemptRow], suites: Sequence[Suite], root: Pat
             fails = [r for r in mine if r.entry_id == s.entry_id and r.final and r.branch == "main"
                      and r.started_at >= s.since]
             good = s.last_passing_commit
+            failing = {r.commit for r in fails}
+            answer = next((b for b in reversed(bisects) if b.entry_id == s.entry_id and b.bad in failing),
+                          None)
             body = "\n".join([
                 marker(s.entry_id, "broken-main"),
                 f"{code(s.entry_id, 300, table=False)} (suite `{suite.name}`) has failed its last "
@@ -235,6 +254,7 @@ def wanted_issues(rows: Sequence[AttemptRow], suites: Sequence[Suite], root: Pat
                 f"- first failing commit: {code(s.first_failing_commit, 64, table=False)} ({when(s.since)})",
                 f"- range to bisect: {code(f'{good}..{s.first_failing_commit}', 140, table=False)}" if good
                 else "- no passing run of it on main is recorded",
+                *([_culprit(server, repo, answer)] if answer is not None else []),
                 "- why: " + code("; ".join(s.reasons), 600, table=False), "",
                 "Its failures:", *_links(server, repo, fails), "",
                 "This issue closes itself when main passes it again.",
@@ -465,12 +485,13 @@ def main(argv: Sequence[str]) -> int:
         with open_store(url) as store:
             rows = store.attempts(trusted_only=True, last_runs=HISTORY_RUNS)
             lifts = store.lifts()
+            answers = store.bisects()
     except StoreError as exc:
         if args.unreachable_ok:
             print(f"issues: skipped, the history store cannot be used ({exc})", file=sys.stderr)
             return EXIT_OK
         raise
-    wanted = wanted_issues(rows, registry.suites, root, repo=repo, k=args.k, lifts=lifts,
+    wanted = wanted_issues(rows, registry.suites, root, repo=repo, k=args.k, lifts=lifts, bisects=answers,
                            server=os.environ.get("GITHUB_SERVER_URL", "https://github.com"))
     existing: list[Existing] = []
     if gh is not None:

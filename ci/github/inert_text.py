@@ -38,6 +38,26 @@ def code(text: str, limit: int = 400, *, table: bool = True) -> str:
     return f"{fence}{pad}{flat}{pad}{fence}"
 
 
+_SERVER = re.compile(r"https://[A-Za-z0-9.-]+(:[0-9]{1,5})?")
+_REPO = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}")
+
+
+def run_link(server: str, repo: str, run_id: str, attempt: int | None, job: str = "") -> str:
+    """The Actions run (and attempt) that gave a piece of evidence, as a Markdown link, its job
+    named inert: `[run 912, attempt 2](…/actions/runs/912/attempts/2), job `cpu_unit``.
+
+    "" when the history holds no run id, or the server or repository is not one a link may
+    name: the id comes from a record, and only digits ever reach the URL."""
+    if not (run_id.isascii() and run_id.isdigit() and _SERVER.fullmatch(server) and _REPO.fullmatch(repo)):
+        return ""
+    url = f"{server}/{repo}/actions/runs/{run_id}"
+    said = f"run {run_id}"
+    if attempt is not None and attempt > 0:
+        url += f"/attempts/{attempt}"
+        said += f", attempt {attempt}"
+    return f"[{said}]({url})" + (f", job {code(job, 128)}" if job else "")
+
+
 def plain(text: str, limit: int) -> str:
     """For a place that renders no Markdown but may notify (an issue's title): one line, with
     `@` made harmless by a zero-width joiner after it."""

@@ -34,7 +34,7 @@ from ci.github.yaml_writer import (
     _expr,
     _uses,
 )
-from ci.history.ingest import ARTIFACT_PREFIX, EXPORT_DIR, SNAPSHOT_KEY
+from ci.history.ingest import ARTIFACT_PREFIX, EXPORT_DIR, SNAPSHOT_ARTIFACT, SNAPSHOT_KEY
 from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_FILE, HISTORY_SECRET, HISTORY_SESSION
 from ci.registry.job_timeouts import LINT_MINUTES
 from ci.registry.workflow_style import Style
@@ -108,6 +108,12 @@ def ingest(style: Style, watched: tuple[str, ...]) -> dict[str, Node]:
         {"name": "Save it where GPU jobs restore it", "if": f"{_FRESH}", "uses": _uses(CACHE_SAVE),
          "with": {"path": HISTORY_FILE,
                   "key": SNAPSHOT_KEY + _expr("github.run_id") + "-" + _expr("github.run_attempt")}},
+        # The same file for a laptop's `python -m ci why --last` (`python -m ci history pull`,
+        # which takes only an artifact of a run of the default branch's own code).
+        {"name": "Publish it for `python -m ci history pull`", "if": f"{_FRESH}",
+         "uses": _uses(UPLOAD_ARTIFACT),
+         "with": {"name": SNAPSHOT_ARTIFACT, "path": HISTORY_FILE, "retention-days": 30,
+                  "if-no-files-found": "error"}},
     ]
     recorder = build.job(
         "record the finished run's history (default branch's code only)",

@@ -28,7 +28,7 @@ from typing import NoReturn
 
 from ci.errors import EXIT_FAILED, EXIT_OK, StoreError, UsageError
 from ci.github.check_runs import CheckRun, build, links_line, publish, read_junit
-from ci.github.inert_text import code, fit
+from ci.github.inert_text import code, fit, run_link
 from ci.github.job_verdicts import endings, judge_jobs, parse_needs
 from ci.github.rest_client import GitHub, GitHubError, pr_number
 from ci.github.why_last import baseline_url, local_url, read_last
@@ -50,6 +50,7 @@ from ci.registry.loader import load_registry
 from ci.registry.model import AUTO_QUARANTINE_RATE, Suite
 
 MARKER = "<!-- slime-ci:verdicts -->"
+DEFAULT_SERVER = "https://github.com"  # GITHUB_SERVER_URL when unset (a laptop)
 HISTORY_RUNS = 400  # the newest trusted runs of a suite read as its baseline
 # Who writes the verdict comment: the workflow's GITHUB_TOKEN posts as this bot. Only its own
 # comment is edited; a comment of anyone else that carries the marker is left alone.
@@ -138,17 +139,20 @@ def reproduce(v: Verdict, suite: Suite | None) -> str:
     return code(f"nox -s {v.suite} -- --only {only}")
 
 
-def table_row(v: Verdict, blocks: bool, suite: Suite | None) -> str:
-    """One verdict's row of a suite's table (the comment's and its check run's)."""
+def table_row(v: Verdict, blocks: bool, suite: Suite | None, *, repo: str = "",
+              server: str = DEFAULT_SERVER) -> str:
+    """One verdict's row of a suite's table (the comment's and its check run's); its evidence
+    links the Actions run and job that failed it, when the history holds them."""
     mark = f"**{v.label}** :x:" if blocks else v.label
     failed = f"{v.outcome}: {v.reason}" if v.reason else v.outcome
+    ran = run_link(server, repo, v.gh_run_id, v.gh_run_attempt, v.gh_job)
     return (f"| {code(v.entry_id, 200)} | {mark} (rule {code(v.rule, 40)}) | {code(failed)}; "
-            f"{code(v.evidence)} | {reproduce(v, suite)} |")
+            f"{code(v.evidence)}{'; ' + ran if ran else ''} | {reproduce(v, suite)} |")
 
 
 def markdown(verdicts: Sequence[Verdict], blocked: Sequence[Verdict], *, title: str, note: str,
              suites: Mapping[str, Suite], rules: Mapping[str, SuiteRules], local: str = "",
-             checks: str = "") -> str:
+             checks: str = "", repo: str = "", server: str = DEFAULT_SERVER) -> str:
     """The comment (and step summary): the gate's outcome, then one table per suite.
 
     Everything a test or a PR's run wrote (entry ids, reasons, the evidence that quotes them)
@@ -173,7 +177,7 @@ def markdown(verdicts: Sequence[Verdict], blocked: Sequence[Verdict], *, title: 
                   "| entry | verdict | evidence | reproduce |", "|---|---|---|---|"]
         ours = sorted((v for v in verdicts if v.suite == suite),
                       key=lambda v: (KINDS.index(v.kind), v.entry_id))
-        lines += [table_row(v, v in blocked, suites.get(suite)) for v in ours]
+        lines += [table_row(v, v in blocked, suites.get(suite), repo=repo, server=server) for v in ours]
     if checks:
         lines += ["", checks]
     lines += ["", "<sub>Verdict rules: docs/verdicts.md; locally: `python -m ci why --pr N`.</sub>"]
@@ -334,11 +338,14 @@ def main(argv: Sequence[str]) -> int:
     elif judged and base is None:
         note = f"No merge base given: judged against `{args.branch}`'s latest trusted runs{source}."
     local = f"`python -m ci why --pr {args.pr}` prints it all." if args.pr is not None else ""
+    repo = gh.repo if gh is not None else (args.repo or os.environ.get("GITHUB_REPOSITORY", "")).strip()
+    server = os.environ.get("GITHUB_SERVER_URL", "").strip() or DEFAULT_SERVER
     runs: list[CheckRun] = []
     links: dict[str, str] = {}
     if args.checks:
         locations = read_junit(args.junit, root) if args.junit is not None else {}
-        rows = {v: table_row(v, v in blocked, suites.get(v.suite)) for v in verdicts}
+        rows = {v: table_row(v, v in blocked, suites.get(v.suite), repo=repo, server=server)
+                for v in verdicts}
         runs = build(sorted({r.suite for r in judged}), verdicts, blocked, rows=rows, locations=locations)
         head = args.head or (judged[-1].commit if judged else "")
         if gh is not None and runs and head:
@@ -351,7 +358,7 @@ def main(argv: Sequence[str]) -> int:
             print("warning: no commit to put the check runs on; pass --head SHA", file=sys.stderr)
     checks = links_line(runs, links) if runs else ""
     body = markdown(verdicts, blocked, title=title, note=note, suites=suites, rules=rules, local=local,
-                    checks=checks)
+                    checks=checks, repo=repo, server=server)
     log = Log.from_env()
     if args.checks and args.dry_run and args.json:
         print(json.dumps([r.preview() for r in runs], indent=1))

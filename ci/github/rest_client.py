@@ -30,6 +30,21 @@ MAX_NUMBER = 2**31 - 1  # an issue or pull request number (and the store's INTEG
 _OPENER = same_origin_opener()
 
 
+class _Refuse(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *_args: Any, **_kw: Any) -> None:
+        return None  # the 3xx is the answer: `download` follows it itself, without the token
+
+
+_NO_REDIRECT = urllib.request.build_opener(_Refuse)
+
+
+def _bounded(answer: Any, limit: int, path: str) -> bytes:
+    data = answer.read(limit + 1)
+    if len(data) > limit:
+        raise GitHubError(f"the download of {path} is larger than {limit >> 20} MiB; not read")
+    return bytes(data)
+
+
 def pr_number(text: str) -> int:
     """An argparse type: a pull request (or issue) number, 1 .. 2**31-1."""
     try:
@@ -93,6 +108,33 @@ class GitHub:
             return json.loads(raw) if raw else None
         except ValueError:
             raise GitHubError(f"GitHub's answer to {method} {urllib.parse.urlsplit(url).path} is not JSON") \
+                from None
+
+    def download(self, path: str, *, limit: int) -> bytes:
+        """The bytes GitHub serves at `path` (an artifact's zip), at most `limit` of them.
+
+        GitHub answers such a request with a redirect to a signed address on another host: that
+        one is fetched without the token (it needs none, and the token stays with the API)."""
+        url = f"{self.api}/repos/{self.repo}{path}"
+        request = urllib.request.Request(url, method="GET", headers={
+            "Authorization": f"Bearer {self._token}", "Accept": "application/vnd.github+json",
+            "X-GitHub-Api-Version": "2022-11-28", "User-Agent": "slime-ci"})
+        try:
+            try:
+                with _NO_REDIRECT.open(request, timeout=_TIMEOUT_S) as answer:
+                    return _bounded(answer, limit, path)
+            except urllib.error.HTTPError as exc:
+                where = exc.headers.get("Location", "") if exc.code in (301, 302, 303, 307, 308) else ""
+                if not where.startswith("https://"):
+                    raise GitHubError(f"GitHub answered HTTP {exc.code} to GET {path}", exc.code) from None
+                blob = urllib.request.Request(where, headers={"User-Agent": "slime-ci"})
+                with _NO_REDIRECT.open(blob, timeout=_TIMEOUT_S) as answer:
+                    return _bounded(answer, limit, path)
+        except urllib.error.HTTPError as exc:
+            raise GitHubError(f"GitHub answered HTTP {exc.code} to the download of {path}",
+                              exc.code) from None
+        except (OSError, urllib.error.URLError, http.client.HTTPException) as exc:
+            raise GitHubError(f"GitHub's API at {self.api} could not be reached ({exc.__class__.__name__})") \
                 from None
 
     def pages(self, path: str) -> list[Any]:

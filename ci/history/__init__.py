@@ -7,5 +7,6 @@ judges e2e metrics against it, `record` reads it before a run and writes it afte
 observed; `observer` holds the history's observers (the recorder, the metric gates,
 the quarantine); `queries` the `history` commands; `ingest` the trust boundary (runs
 of pull requests' code exported by their jobs, validated and recorded untrusted by a
-trusted one, and the trusted snapshot GPU jobs read).
+trusted one, and the trusted snapshot GPU jobs read); `failure_site` where a failed
+test's assertion is, read from its JUnit report when the attempt ends.
 """

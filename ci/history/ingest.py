@@ -36,6 +36,8 @@ EXPORT_DIR = ".ci-cache/history-export"
 # What the ingest job hands back to GPU jobs: the trusted runs, as a SQLite file in the Actions
 # cache (the default branch's scope, which every PR and dispatch run may read and none write).
 SNAPSHOT_KEY = "slime-ci-history-trusted-"
+# The same snapshot as an artifact of the ingest job, for `python -m ci history pull` (a laptop).
+SNAPSHOT_ARTIFACT = "slime-ci-history-trusted"
 SNAPSHOT_RUNS = 300  # per suite and hardware: what a run reads before it plans (record.read_before)
 # The comment commands' one-file workflow (ci.github.gateway.RUN_FILE_WORKFLOW, which cannot be
 # imported from this layer; a test holds the two equal): every run of it checks out a PR's head.
@@ -75,6 +77,7 @@ class Trigger:
     trusted: bool
     pr: int | None
     head_sha: str = ""  # the commit it ran; a trusted run's records must name this one
+    run_attempt: int | None = None  # the event's `run_attempt`
     doubt: str = ""  # why a run that looked like the default branch's is not trusted
 
     def describe(self) -> str:
@@ -115,6 +118,9 @@ def trigger(payload: Any, *, run_file: str, trusted_workflow: str, on_branch: On
     run_id = _field(run, "id", int, where)
     workflow = _field(run, "path", str, where)
     event = _field(run, "event", str, where)
+    raw_attempt = run.get("run_attempt")
+    attempt = (raw_attempt if isinstance(raw_attempt, int) and not isinstance(raw_attempt, bool)
+               and 0 < raw_attempt <= 10_000 else None)
     head_branch = run.get("head_branch") or ""
     raw_sha = run.get("head_sha")
     head_sha = raw_sha if isinstance(raw_sha, str) else ""
@@ -128,16 +134,19 @@ def trigger(payload: Any, *, run_file: str, trusted_workflow: str, on_branch: On
         if len(found) != 1 or title.count("for PR #") != 1:
             raise UsageError(f"{where}: a {run_file} run whose name states no single PR "
                              f"({str(run.get('display_title', ''))[:80]!r}); nothing ingested")
-        return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=False, pr=int(found[0]))
+        return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=False, pr=int(found[0]),
+                       run_attempt=attempt)
     if event in ("pull_request", "pull_request_target"):
         numbers = [p.get("number") for p in run.get("pull_requests") or () if isinstance(p, dict)]
         if len(numbers) == 1 and isinstance(numbers[0], int) and not isinstance(numbers[0], bool):
             pr = numbers[0]
-        return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=False, pr=pr)
+        return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=False, pr=pr,
+                       run_attempt=attempt)
     default = repo.get("default_branch")
     if not (event in TRUSTED_EVENTS and own and isinstance(default, str) and default
             and head_branch == default):
-        return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=False, pr=None)
+        return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=False, pr=None,
+                       run_attempt=attempt)
     # It looks like the default branch's own run: now check what the name cannot prove.
     doubt = ""
     if workflow != trusted_workflow:
@@ -148,7 +157,7 @@ def trigger(payload: Any, *, run_file: str, trusted_workflow: str, on_branch: On
         doubt = (f"its head {head_sha[:12]} is not on {default} (a tag or a commit of no branch "
                  f"named {head_branch!r})")
     return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=not doubt, pr=None,
-                   head_sha=head_sha if not doubt else "", doubt=doubt)
+                   head_sha=head_sha if not doubt else "", doubt=doubt, run_attempt=attempt)
 
 
 # --- the strict schema of an exported record --------------------------------------------------
@@ -160,6 +169,7 @@ _RUN: dict[str, tuple[str, float]] = {
     "event": (_STR, 64), "host": (_STR, 256), "runner": (_STR, 256), "backend": (_STR, 256),
     "hardware": (_STR, 64), "started_at": (_TIME, 0), "ended_at": (_TIME, 0),
     "exit_code": (_INT, 1 << 16), "trusted": (_BOOL, 0), "pr": (_OPT_INT, _INT32),
+    "gh_run_id": (_STR, 20), "gh_run_attempt": (_OPT_INT, 10_000), "gh_job": (_STR, 128),
     "attempts": ("list", MAX_ATTEMPTS), "metrics": ("list", MAX_METRICS),
 }
 _ATTEMPT: dict[str, tuple[str, float]] = {
@@ -168,9 +178,11 @@ _ATTEMPT: dict[str, tuple[str, float]] = {
     "skipped": (_INT, _INT32), "num_gpus": (_INT, 4096), "devices": (_STR, 256),
     "node": (_STR, 256), "seconds": (_FLOAT, 1e8), "reason": (_STR, 500),
     "exit_code": (_OPT_INT, _INT32),  # the process's own status (schema 4)
+    "fail_path": (_STR, 1024), "fail_line": (_OPT_INT, _INT32),  # its failure's site (schema 6)
 }
 # Keys an exporter older than the key may leave out (a PR branched before it), with their value then.
-_ATTEMPT_LATER = {"exit_code": None}
+_ATTEMPT_LATER: dict[str, object] = {"exit_code": None, "fail_path": "", "fail_line": None}
+_RUN_LATER: dict[str, object] = {"gh_run_id": "", "gh_run_attempt": None, "gh_job": ""}
 _METRIC: dict[str, tuple[str, float]] = {
     "entry_id": (_STR, 1024), "step": (_INT, STEP_MAX), "name": (_STR, 256), "value": (_FLOAT, math.inf),
 }
@@ -237,7 +249,12 @@ def parse_record(text: str, *, trigger: Trigger, now: float) -> RunRecord:
         data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+    if isinstance(data, dict):
+        for key, value in _RUN_LATER.items():
+            data.setdefault(key, value)
     _check(data, _RUN, "the run", now=now)
+    if data["gh_run_id"] and not data["gh_run_id"].isdigit():
+        raise ValueError("the run: `gh_run_id` is not an Actions run id (digits)")
     if not _UID.fullmatch(data["uid"]):
         raise ValueError("the run: `uid` is not 32 hex digits")
     if data["trusted"] is not False:
@@ -268,9 +285,13 @@ def parse_record(text: str, *, trigger: Trigger, now: float) -> RunRecord:
             raise ValueError(f"metric point {i}: step {m['step']} of {m['name'][:80]!r} is listed twice")
         points.add((m["entry_id"], m["step"], m["name"]))
     # Whose run it was is the event's word: trust, pull request and event never come from the file.
+    # So is the Actions run it came from, where the event names one (the job is the file's word).
+    ran = ({"gh_run_id": str(trigger.run_id), "gh_run_attempt": trigger.run_attempt} if trigger.run_id
+           else {"gh_run_id": data["gh_run_id"], "gh_run_attempt": data["gh_run_attempt"]})
     return RunRecord(
         **{k: data[k] for k in _RUN if k not in ("attempts", "metrics", "trusted", "pr", "event",
-                                                 "started_at", "ended_at")},
+                                                 "started_at", "ended_at", "gh_run_id", "gh_run_attempt")},
+        **ran,
         started_at=float(data["started_at"]), ended_at=float(data["ended_at"]),
         trusted=trigger.trusted, pr=trigger.pr, event=trigger.event,
         attempts=tuple(AttemptRecord(**{**a, "seconds": float(a["seconds"])}) for a in data["attempts"]),

@@ -16,7 +16,7 @@ from typing import Literal
 from ci.durations import DurationStore
 from ci.errors import StoreError, UsageError
 from ci.history.record import JOURNAL, hardware_kind, new_uid, replay, run_context, write_after
-from ci.history.rows import RunRecord
+from ci.history.rows import RunRecord, gh_run_attempt, gh_run_id
 from ci.history.store import HistoryStore, RecordRefused, open_store
 
 JobStatus = Literal["success", "failure", "cancelled"]
@@ -109,7 +109,10 @@ def record_job(root: Path, url: str | None, *, suite: str, needs_gpus: bool, sta
                          event=context["event"], host=context["host"], runner=context["runner"],
                          backend="workflow (the session recorded nothing)",
                          hardware=hardware_kind(needs_gpus=needs_gpus, emulated=False, env=env),
-                         started_at=now, ended_at=now, exit_code=_EXIT[status])
+                         started_at=now, ended_at=now, exit_code=_EXIT[status],
+                         gh_run_id=gh_run_id(context["gh_run_id"]),
+                         gh_run_attempt=gh_run_attempt(context["gh_run_attempt"]),
+                         gh_job=context["gh_job"][:128])
         write_after(url, stub, root=root, durations={}, warn=warn, note=note)
         uids.append(stub.uid)
     (root / JOURNAL).unlink(missing_ok=True)

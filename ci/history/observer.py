@@ -150,7 +150,7 @@ def finish(run: HistoryRun, results: Sequence[Result], exit_code: int, *, root: 
     context = {**run.context, "hardware": run.hardware, "backend": backend}
     record = build_run(uid=run.uid, suite=run.suite.name, results=results, started_at=run.started_at,
                        ended_at=time.time(), exit_code=exit_code, context=context,
-                       metrics={r.entry.id: r.metrics for r in results})
+                       metrics={r.entry.id: r.metrics for r in results}, root=root)
     return write_after(run.url, record, root=root, durations=durations, warn=warn, note=note,
                        known_error=run.before.error)
 

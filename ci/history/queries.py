@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help="merge DIR/*/history.sqlite and DIR/*/durations.json (a sharded job's "
                                 "caches) into this checkout's store and durations")
     merge.add_argument("dir", type=Path, help="the folder holding one subfolder per shard")
+    # Handled by ci.github.history_pull (through `python -m ci`): listed here for --help.
+    sub.add_parser("pull", add_help=False,
+                   help="download main's trusted snapshot (the ingest job's artifact) for `why --last`; "
+                        "`python -m ci history pull --help`")
     imp = sub.add_parser("import-durations", parents=[common],
                          help=f"import {DURATIONS_FILE} as one run (done automatically on a new store)")
     imp.add_argument("--hardware-kind", default="cpu", help="the hardware they were measured on")
@@ -269,6 +273,8 @@ def _snapshot(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
+    if args.command == "pull":
+        raise UsageError("`history pull` runs as `python -m ci history pull` (it talks to GitHub)")
     root = args.root.resolve()
     url = resolve_url(args.history, os.environ, root)
     if url is None:

@@ -66,6 +66,11 @@ def run_context(root: Path, env: Mapping[str, str]) -> dict[str, str]:
         "event": env.get("GITHUB_EVENT_NAME") or "local",
         "runner": env.get("RUNNER_NAME", ""),
         "host": socket.gethostname(),
+        # The Actions run and job, for links to the evidence (the ingest takes the run from
+        # GitHub's event where it has one).
+        "gh_run_id": env.get("GITHUB_RUN_ID", ""),
+        "gh_run_attempt": env.get("GITHUB_RUN_ATTEMPT", ""),
+        "gh_job": env.get("GITHUB_JOB", ""),
     }
 
 

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ci.history.failure_site import failure_site
 from ci.results import MetricPoint, Result
 
 METRICS_FILE = "metrics.jsonl"
@@ -41,6 +42,9 @@ class AttemptRecord:
     seconds: float = 0.0
     reason: str = ""
     exit_code: int | None = None  # the process's status; negative: killed by that signal
+    # Where its failure's assertion is (ci/history/failure_site.py): "" and None when unknown.
+    fail_path: str = ""
+    fail_line: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +65,10 @@ class RunRecord:
     exit_code: int
     trusted: bool = True  # False: a pull request's code ran (see ci/history/schema.py)
     pr: int | None = None
+    # The GitHub Actions run (its id, attempt) and job that ran it; "" and None: not in Actions.
+    gh_run_id: str = ""
+    gh_run_attempt: int | None = None
+    gh_job: str = ""
     attempts: tuple[AttemptRecord, ...] = ()
     metrics: tuple[MetricPoint, ...] = ()
 
@@ -90,22 +98,33 @@ def _exit_code(code: int | None) -> int | None:
     return code if code is None or -(2**31) <= code < 2**31 else None
 
 
-def _attempt(result: Result, number: int, final: bool) -> AttemptRecord:
+def _site(result: Result, root: Path | None) -> tuple[str, int | None]:
+    """Where a failed pytest attempt's assertion is, from its own JUnit report; ("", None) else."""
+    if result.outcome in ("passed", "deselected", "skipped") or result.entry.kind != "pytest":
+        return "", None
+    found = failure_site(result.junit_path, result.entry.path, root)
+    return (storable(found[0], 1024), found[1]) if found is not None else ("", None)
+
+
+def _attempt(result: Result, number: int, final: bool, root: Path | None = None) -> AttemptRecord:
+    fail_path, fail_line = _site(result, root)
     return AttemptRecord(
         entry_id=storable(result.entry.id), path=storable(result.entry.path), attempt=number, final=final,
         outcome=result.outcome, passed=result.passed, failed=result.failed,
         skipped=result.skipped, num_gpus=result.entry.num_gpus,
         devices=storable(",".join(map(str, result.devices)), 256), node=storable(result.node, 256),
         seconds=_seconds(result.seconds), reason=storable(result.reason, 500),
-        exit_code=_exit_code(result.returncode))
+        exit_code=_exit_code(result.returncode), fail_path=fail_path, fail_line=fail_line)
 
 
-def attempt_records(results: Iterable[Result]) -> tuple[AttemptRecord, ...]:
-    """Every attempt of every entry: the retries first, then the one the run reported."""
+def attempt_records(results: Iterable[Result], root: Path | None = None) -> tuple[AttemptRecord, ...]:
+    """Every attempt of every entry: the retries first, then the one the run reported.
+
+    `root`: the checkout pytest ran in, stripped from an absolute path of a failure's site."""
     out: list[AttemptRecord] = []
     for r in results:
-        out += [_attempt(e, i, False) for i, e in enumerate(r.earlier, 1)]
-        out.append(_attempt(r, len(r.earlier) + 1, True))
+        out += [_attempt(e, i, False, root) for i, e in enumerate(r.earlier, 1)]
+        out.append(_attempt(r, len(r.earlier) + 1, True, root))
     return tuple(out)
 
 
@@ -175,9 +194,18 @@ def read_metrics(entry_id: str, out_dir: Path) -> tuple[MetricPoint, ...]:
     return ()
 
 
+def gh_run_id(raw: str) -> str:
+    """An Actions run id as the history keeps it: digits only, else "" (never part of a link)."""
+    return raw if raw.isascii() and raw.isdigit() and len(raw) <= 20 else ""
+
+
+def gh_run_attempt(raw: str) -> int | None:
+    return int(raw) if raw.isascii() and raw.isdigit() and 0 < int(raw) <= 10_000 else None
+
+
 def build_run(*, uid: str, suite: str, results: Sequence[Result], started_at: float, ended_at: float,
               exit_code: int, context: Mapping[str, str],
-              metrics: Mapping[str, tuple[MetricPoint, ...]]) -> RunRecord:
+              metrics: Mapping[str, tuple[MetricPoint, ...]], root: Path | None = None) -> RunRecord:
     """The record of one run from its results, its context (commit, branch…) and metric series."""
     return RunRecord(
         uid=uid, suite=suite, started_at=started_at, ended_at=ended_at, exit_code=exit_code,
@@ -185,6 +213,9 @@ def build_run(*, uid: str, suite: str, results: Sequence[Result], started_at: fl
         event=storable(context.get("event", "local"), 64), host=storable(context.get("host", ""), 256),
         runner=storable(context.get("runner", ""), 256), backend=storable(context.get("backend", ""), 256),
         hardware=storable(context.get("hardware", "cpu"), 64),
-        attempts=attempt_records(results),
+        gh_run_id=gh_run_id(context.get("gh_run_id", "")),
+        gh_run_attempt=gh_run_attempt(context.get("gh_run_attempt", "")),
+        gh_job=storable(context.get("gh_job", ""), 128),
+        attempts=attempt_records(results, root),
         metrics=tuple(p for r in results for p in metrics.get(r.entry.id, ())),
     )

@@ -55,6 +55,12 @@ runs = Table(
     # monitor. `pr` is the pull request's number where there is one.
     Column("trusted", Boolean, nullable=False, server_default=true()),
     Column("pr", Integer, nullable=True),
+    # The GitHub Actions run, its attempt and job that ran it, for links to the evidence
+    # ("" and None: a local run, or one recorded before version 6). The run id is text: GitHub's
+    # ids outgrew 32 bits.
+    Column("gh_run_id", String(32), nullable=False, server_default=""),
+    Column("gh_run_attempt", Integer, nullable=True),
+    Column("gh_job", String(128), nullable=False, server_default=""),
     Index("runs_by_suite", "suite", "hardware", "started_at"),
     Index("runs_by_branch", "branch", "started_at"),
 )
@@ -79,6 +85,11 @@ attempts = Table(
     # The attempt's own exit status as the runner saw it (a negative number: killed by that
     # signal); None for attempts recorded before version 3, or that never started a process.
     Column("exit_code", Integer, nullable=True),
+    # Where its failure's assertion is, from its JUnit report (ci/history/failure_site.py): a
+    # file of the repository and its line; "" and None when it passed, had no report, or was
+    # recorded before version 6.
+    Column("fail_path", Text, nullable=False, server_default=""),
+    Column("fail_line", Integer, nullable=True),
     UniqueConstraint("run_id", "entry_id", "attempt", name="attempt_once"),
     Index("attempts_by_entry", "entry_id"),
 )
@@ -168,6 +179,19 @@ def _v5(conn: Connection) -> None:
     lifts.create(conn, checkfirst=True)
 
 
+def _v6(conn: Connection) -> None:
+    # Stores made at version 6 have the columns already; older ones gain them, their rows
+    # empty (no failure site, no Actions run known).
+    for table, added in (("attempts", (("fail_path", "TEXT NOT NULL DEFAULT ''"), ("fail_line", "INTEGER"))),
+                         ("runs", (("gh_run_id", "VARCHAR(32) NOT NULL DEFAULT ''"),
+                                   ("gh_run_attempt", "INTEGER"),
+                                   ("gh_job", "VARCHAR(128) NOT NULL DEFAULT ''")))):
+        present = {c["name"] for c in inspect(conn).get_columns(table)}
+        for name, kind in added:
+            if name not in present:
+                conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {kind}"))
+
+
 # (version, what it does, the step). Append only: a store at version N runs N+1… in order.
 MIGRATIONS: tuple[tuple[int, str, Callable[[Connection], None]], ...] = (
     (1, "runs, entry attempts and e2e metric series", _v1),
@@ -175,5 +199,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[Connection], None]], ...] = (
     (3, "bisect answers (`python -m ci bisect`): range, first bad commit or rate rise, cost", _v3),
     (4, "attempts keep their own exit status (`exit_code`: a signal, the OOM killer's kill)", _v4),
     (5, "quarantine lifts: an entry's issue closed by hand forgets its flakes before then", _v5),
+    (6, "attempts keep their failure's file and line (`fail_path`, `fail_line`); runs their "
+        "Actions run, attempt and job (`gh_run_id`, `gh_run_attempt`, `gh_job`)", _v6),
 )
 LATEST = MIGRATIONS[-1][0]

@@ -34,7 +34,8 @@ _SQLITE_WAIT_S = 60.0
 
 # The columns of a run row, as RunRecord names them.
 _RUN_FIELDS = ("uid", "suite", "commit", "branch", "event", "host", "runner", "backend", "hardware",
-               "started_at", "ended_at", "exit_code", "trusted", "pr")
+               "started_at", "ended_at", "exit_code", "trusted", "pr", "gh_run_id", "gh_run_attempt",
+               "gh_job")
 
 
 def default_url(root: Path) -> str:
@@ -139,6 +140,25 @@ class AttemptRow:
     exit_code: int | None = None  # the attempt's own exit status (schema 3); None: not recorded
     node: str = ""
     backend: str = ""  # where its run ran (`runs.backend`: "docker IMAGE", "local", ...)
+    fail_path: str = ""  # where its failure's assertion is (schema 6); "" when unknown
+    fail_line: int | None = None
+    gh_run_id: str = ""  # the Actions run, attempt and job of its run (schema 6); "": not known
+    gh_run_attempt: int | None = None
+    gh_job: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BisectRow:
+    """One finished bisect: the entry, the range it searched, and its one-line answer."""
+
+    suite: str
+    entry_id: str
+    good: str
+    bad: str
+    kind: str  # first-bad, rate-rose, undetermined, refused
+    commit: str  # the answer; "" when there is none
+    summary: str
+    started_at: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -334,7 +354,8 @@ class HistoryStore:
         query = (select(r.c.uid, r.c.suite, r.c.commit, r.c.branch, r.c.event, r.c.hardware,
                         r.c.started_at, r.c.trusted, r.c.pr, a.c.entry_id, a.c.path, a.c.attempt,
                         a.c.final, a.c.outcome,
-                        a.c.seconds, a.c.reason, a.c.num_gpus, a.c.exit_code, a.c.node, r.c.backend)
+                        a.c.seconds, a.c.reason, a.c.num_gpus, a.c.exit_code, a.c.node, r.c.backend,
+                        a.c.fail_path, a.c.fail_line, r.c.gh_run_id, r.c.gh_run_attempt, r.c.gh_job)
                  .join(a, a.c.run_id == r.c.id)
                  .where(r.c.id.in_(newest.scalar_subquery()))
                  .order_by(r.c.started_at, r.c.id, a.c.entry_id, a.c.attempt))
@@ -348,10 +369,12 @@ class HistoryStore:
                                    hardware=hardware, started_at=started_at, entry_id=entry_id, path=path,
                                    attempt=attempt, final=bool(final), outcome=outcome, seconds=seconds,
                                    reason=reason, num_gpus=num_gpus, trusted=bool(trusted), pr=pr,
-                                   exit_code=exit_code, node=node, backend=backend)
+                                   exit_code=exit_code, node=node, backend=backend, fail_path=fail_path,
+                                   fail_line=fail_line, gh_run_id=gh_run_id, gh_run_attempt=gh_run_attempt,
+                                   gh_job=gh_job)
                         for (uid, suite, commit, branch, event, hardware, started_at, trusted, pr, entry_id,
                              path, attempt, final, outcome, seconds, reason, num_gpus, exit_code, node,
-                             backend)
+                             backend, fail_path, fail_line, gh_run_id, gh_run_attempt, gh_job)
                         in conn.execute(query).tuples().all()]
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
@@ -370,6 +393,24 @@ class HistoryStore:
                                     .limit(1)).first() is not None
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
+
+    def bisects(self) -> list[BisectRow]:
+        """Every bisect answer (table `bisects`), oldest first."""
+        from sqlalchemy import select
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ci.history import schema
+
+        b = schema.bisects
+        query = (select(b.c.suite, b.c.entry_id, b.c.good, b.c.bad, b.c.kind, b.c.commit, b.c.summary,
+                        b.c.started_at).order_by(b.c.started_at, b.c.id))
+        try:
+            with self.engine.connect() as conn:
+                return [BisectRow(suite=s, entry_id=e, good=g, bad=bad, kind=k, commit=c, summary=text,
+                                  started_at=at)
+                        for s, e, g, bad, k, c, text, at in conn.execute(query).tuples()]
+        except SQLAlchemyError as exc:
+            raise StoreError(f"history store: cannot read its bisects: {str(exc).splitlines()[0]}") from None
 
     def metric_series(self, entry_id: str, *, hardware: str, names: Sequence[str],
                       last_runs: int = 15, exclude_uid: str = "") -> list[MetricRow]:
@@ -494,7 +535,7 @@ class HistoryStore:
 
 
 _ATTEMPT_FIELDS = ("entry_id", "path", "attempt", "final", "outcome", "passed", "failed", "skipped",
-                   "num_gpus", "devices", "node", "seconds", "reason", "exit_code")
+                   "num_gpus", "devices", "node", "seconds", "reason", "exit_code", "fail_path", "fail_line")
 # PostgreSQL's INTEGER is 32-bit; SQLite's would take more, but a store may move.
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 

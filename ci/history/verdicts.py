@@ -155,6 +155,13 @@ class Verdict:
     reason: str
     run_uid: str
     commit: str
+    # Where the deciding failure's assertion is, as its run recorded it ("" and None: unknown),
+    # and the Actions run, attempt and job of that run ("" and None: not run in Actions).
+    fail_path: str = ""
+    fail_line: int | None = None
+    gh_run_id: str = ""
+    gh_run_attempt: int | None = None
+    gh_job: str = ""
 
     @property
     def label(self) -> str:
@@ -459,7 +466,10 @@ def judge(judged: Sequence[AttemptRow], history: Sequence[AttemptRow], *, base: 
         failed = t.failures[-1] if t.failures else t.final
         out.append(Verdict(suite=t.suite, entry_id=t.entry_id, path=t.final.path, kind=rule.verdict,
                            rule=rule.id, evidence=evidence, outcome=t.final.outcome,
-                           reason=failed.reason, run_uid=t.final.run_uid, commit=t.final.commit))
+                           reason=failed.reason, run_uid=t.final.run_uid, commit=t.final.commit,
+                           fail_path=failed.fail_path, fail_line=failed.fail_line,
+                           gh_run_id=t.final.gh_run_id, gh_run_attempt=t.final.gh_run_attempt,
+                           gh_job=t.final.gh_job))
     return out
 
 

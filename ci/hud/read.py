@@ -12,21 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ci.errors import StoreError
-from ci.history.store import AttemptRow, HistoryStore, MetricRow
-
-
-@dataclass(frozen=True, kw_only=True)
-class BisectRow:
-    """One finished bisect: the entry, the range it searched, and its one-line answer."""
-
-    suite: str
-    entry_id: str
-    good: str
-    bad: str
-    kind: str  # first-bad, rate-rose, undetermined, refused
-    commit: str  # the answer; "" when there is none
-    summary: str
-    started_at: float
+from ci.history.store import AttemptRow, BisectRow, HistoryStore, MetricRow
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,21 +41,7 @@ class History:
 
 def bisects(store: HistoryStore) -> list[BisectRow]:
     """Every bisect answer, oldest first."""
-    from sqlalchemy import select
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from ci.history import schema
-
-    b = schema.bisects
-    query = (select(b.c.suite, b.c.entry_id, b.c.good, b.c.bad, b.c.kind, b.c.commit, b.c.summary,
-                    b.c.started_at).order_by(b.c.started_at, b.c.id))
-    try:
-        with store.engine.connect() as conn:
-            return [BisectRow(suite=s, entry_id=e, good=g, bad=bad, kind=k, commit=c, summary=text,
-                              started_at=at)
-                    for s, e, g, bad, k, c, text, at in conn.execute(query).tuples()]
-    except SQLAlchemyError as exc:
-        raise StoreError(f"history store: cannot read its bisects: {str(exc).splitlines()[0]}") from None
+    return store.bisects()
 
 
 def gpu_attempts(store: HistoryStore, *, since: float) -> list[GpuAttempt]:

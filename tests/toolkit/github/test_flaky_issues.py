@@ -183,5 +183,34 @@ def test_owner_comes_from_the_registry_then_the_last_matching_codeowners_rule(tm
     assert owner_of("x.py", "", "", []) == ""
 
 
+def _bisect_answer(url, *, bad, commit, kind, at):
+    """A row of the `bisects` table as `python -m ci bisect` writes it (ci.bisect.answer.record_answer);
+    written directly: this test is about the issue, the bisect's own tests run real searches."""
+    import uuid
+
+    from ci.history import schema
+
+    with open_store(url) as store, store.engine.begin() as conn:
+        conn.execute(schema.bisects.insert().values(
+            uid=uuid.uuid4().hex, suite="gpu", entry_id=BROKEN, good=sha(8), bad=bad, kind=kind, commit=commit,
+            candidates=commit, confidence=0.99, attempts_per_commit=2, width=1, rounds=2, steps=4,
+            trigger="monitor", started_at=at, ended_at=at + 1, summary=f"{kind}: {commit[:10] or 'none'}"))
+
+
+def test_the_broken_main_issue_names_the_commit_a_bisect_of_its_streak_found(store_url, tmp_path, issues):
+    root = write(tmp_path / "repo", {"ci/registry/repo_suites.py": REGISTRY, ".github/CODEOWNERS": CODEOWNERS})
+    plant(store_url)
+    _bisect_answer(store_url, bad=sha(11), commit=sha(9), kind="first-bad", at=T0 + 2000)
+    # A newer answer of an older range (its bad end passed on main since): not this streak's.
+    _bisect_answer(store_url, bad=sha(3), commit=sha(2), kind="first-bad", at=T0 + 3000)
+    with fake_github() as (api, gh):
+        done = issues(root, store_url, env=env_for(api))
+        assert done.returncode == 0, done.stderr
+        [broken] = [i for i in gh.issues if f"entry={BROKEN} " in i["body"]]
+    culprit = f"- **culprit**: [{sha(9)[:10]}](https://github.com/{REPO}/commit/{sha(9)}), found by"
+    assert culprit in broken["body"], broken["body"]
+    assert sha(2) not in broken["body"], "an answer whose bad end is outside the streak was taken"
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q"]))

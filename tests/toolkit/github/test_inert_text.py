@@ -60,10 +60,10 @@ def assert_inert(body: str, foreign: list[str], *, markers: int = 1, links: str 
     assert len(cells) == 4 * rows, "a row lost or gained a cell"
 
 
-def verdict(reason: str, entry: str) -> Verdict:
+def verdict(reason: str, entry: str, job: str = "") -> Verdict:
     return Verdict(suite="gpu", entry_id=entry, path=entry, kind="new", rule="new",
                    evidence=f"failed {reason} here; main passed it", outcome="failed", reason=reason,
-                   run_uid="r", commit="abc")
+                   run_uid="r", commit="abc", gh_run_id="912" if job else "", gh_run_attempt=2, gh_job=job)
 
 
 _text = st.one_of(st.sampled_from(HOSTILE), st.text(max_size=60),
@@ -78,12 +78,19 @@ def test_the_verdict_comment_quotes_every_reason_and_entry_inert(reasons, entry)
     verdicts = [verdict(r, f"{entry}{i}") for i, r in enumerate(reasons)]
     body = markdown(verdicts, verdicts, title="PR #1", note="", suites={}, rules={})
     assert_inert(body, [*reasons, entry])
+    # The job's name comes from the record too: its link's text quotes it inert, and the only
+    # link is the run's.
+    linked = [verdict(r, f"{entry}{i}", job=f"{entry}j") for i, r in enumerate(reasons)]
+    body = markdown(linked, linked, title="PR #1", note="", suites={}, rules={}, repo="acme/slime")
+    assert_inert(body, [*reasons, entry], links="https://github.com/acme/slime/actions/runs/912/attempts/2")
+    assert body.count("](https://github.com/acme/slime/actions/runs/912/attempts/2)") == len(reasons)
 
 
 def _row(n, entry, reason):
     return AttemptRow(run_uid=f"main-{n}", suite="gpu", commit=f"{n:040x}", branch="main", event="push",
                       hardware="cuda", started_at=float(n), entry_id=entry, path=entry.split(" ")[0],
-                      attempt=1, final=True, outcome="failed", seconds=1.0, reason=reason, num_gpus=1)
+                      attempt=1, final=True, outcome="failed", seconds=1.0, reason=reason, num_gpus=1,
+                      gh_run_id=str(7000 + n), gh_run_attempt=1, gh_job=entry)
 
 
 @settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -94,7 +101,10 @@ def test_an_issue_body_quotes_every_reason_and_entry_inert(tmp_path_factory, rea
                   entries=(Entry(path="tests/e2e/test_x.py"),))
     rows = [_row(n, entry, r) for n, r in enumerate(reasons, 1)]
     [w] = wanted_issues(rows, [suite], tmp_path_factory.mktemp("repo"), repo="acme/slime")
-    assert_inert(w.body, [*reasons[-3:], entry], links="https://github.com/acme/slime/commit/")
+    assert_inert(w.body, [*reasons[-3:], entry], links="https://github.com/acme/slime/")
+    for n in range(len(reasons) - 2, len(reasons) + 1):  # each failure links its commit and its run
+        assert f"(https://github.com/acme/slime/commit/{n:040x})" in w.body, w.body
+        assert f"](https://github.com/acme/slime/actions/runs/{7000 + n}/attempts/1)" in w.body, w.body
     assert "@" not in w.title.replace("@\u2060", ""), w.title
 
 

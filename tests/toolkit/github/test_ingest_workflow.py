@@ -55,7 +55,7 @@ def test_it_watches_both_test_workflows_by_their_names_and_reads_what_they_uploa
         'nox -s history -- ingest "$RUNNER_TEMP/history" --event-file "$GITHUB_EVENT_PATH" '
         f"--trusted-workflow {WORKFLOW_PATH}")  # only the test workflow's own file is trusted
     # The secret only in the environment of the steps that open the store.
-    snap, save = steps[5:]
+    snap, save, publish = steps[5:]
     assert [s for s in steps if "secrets." in json.dumps(s)] == [record, snap]
     for step in (record, snap):
         assert step["env"] == {"SLIME_CI_HISTORY_URL": "${{ secrets.SLIME_CI_HISTORY_URL }}"}
@@ -69,6 +69,10 @@ def test_it_watches_both_test_workflows_by_their_names_and_reads_what_they_uploa
                 if s.get("name") == "Restore the trusted history (the ingest job's snapshot)"}
     (restore,) = [json.loads(r) for r in restores]
     assert save["with"]["key"].startswith(restore["restore-keys"]) and restore["path"] == save["with"]["path"]
+    # And the same file, as the artifact `python -m ci history pull` takes (after a trusted run only).
+    assert publish["uses"].startswith("actions/upload-artifact@") and publish["if"] == snap["if"]
+    assert publish["with"] == {"name": "slime-ci-history-trusted", "path": ".ci-cache/history.sqlite",
+                               "retention-days": 30, "if-no-files-found": "error"}
 
 
 def test_cpu_jobs_alone_get_the_ingest_workflow_and_no_one_file_watch_without_comments() -> None:

@@ -94,6 +94,45 @@ def test_a_newer_schema_is_refused_and_left_alone(store_url):
         open_store(store_url)
 
 
+def _drop_version_6(conn):
+    from sqlalchemy import text
+
+    for table, column in (("attempts", "fail_path"), ("attempts", "fail_line"), ("runs", "gh_run_id"),
+                          ("runs", "gh_run_attempt"), ("runs", "gh_job")):
+        conn.execute(text(f"ALTER TABLE {table} DROP COLUMN {column}"))
+
+
+def test_a_version_5_store_gains_failure_sites_and_actions_runs_its_old_rows_empty(store_url):
+    from sqlalchemy import text
+
+    from ci.history import schema
+
+    with open_store(store_url) as store, store.engine.begin() as conn:
+        _drop_version_6(conn)
+        conn.execute(schema.meta.update().values(value="5"))
+        conn.execute(text("INSERT INTO runs (uid, suite, \"commit\", branch, event, host, runner, backend, "
+                          "hardware, started_at, ended_at, exit_code) VALUES ('old', 's', 'c', 'main', "
+                          "'push', 'h', 'r', 'local', 'cpu', 1.0, 2.0, 1)"))
+        conn.execute(text("INSERT INTO attempts (run_id, entry_id, path, attempt, final, outcome, passed, failed, "
+                          "skipped, num_gpus, devices, node, seconds, reason) SELECT id, 'tests/t.py', "
+                          "'tests/t.py', 1, TRUE, 'failed', 0, 1, 0, 0, '', '', 1.0, 'AssertionError' FROM runs"))
+    failed = AttemptRecord(entry_id="tests/t.py", path="tests/t.py", attempt=1, final=True, outcome="failed",
+                           failed=1, seconds=1.0, reason="AssertionError", fail_path="tests/t.py", fail_line=12)
+    new = RunRecord(uid="new", suite="s", commit="d" * 40, branch="main", hardware="cpu", started_at=5.0,
+                    ended_at=6.0, exit_code=1, gh_run_id="12345678901", gh_run_attempt=2, gh_job="cpu_unit",
+                    attempts=(failed,))
+    with open_store(store_url) as store:
+        assert store.version == LATEST
+        assert store.record(new)
+        got = {r.run_uid: r for r in store.attempts()}
+        runs = {r.uid: r for r in store.runs()}
+    assert (got["old"].fail_path, got["old"].fail_line, got["old"].gh_run_id, got["old"].gh_run_attempt) == \
+        ("", None, "", None)
+    assert (got["new"].fail_path, got["new"].fail_line) == ("tests/t.py", 12)
+    assert (got["new"].gh_run_id, got["new"].gh_run_attempt, got["new"].gh_job) == ("12345678901", 2, "cpu_unit")
+    assert runs["new"] == new, "what the snapshot and the export copy must come back whole"
+
+
 def _version_1_store(url):
     """A store as version 1 of the schema left it: `runs` without `trusted` and `pr`, one run."""
     from sqlalchemy import text
@@ -106,6 +145,7 @@ def _version_1_store(url):
         conn.execute(text("DROP TABLE bisects"))  # version 3's
         conn.execute(text("ALTER TABLE attempts DROP COLUMN exit_code"))  # version 4's
         conn.execute(text("DROP TABLE quarantine_lifts"))  # version 5's
+        _drop_version_6(conn)
         conn.execute(schema.meta.update().values(value="1"))
         conn.execute(text("INSERT INTO runs (uid, suite, \"commit\", branch, event, host, runner, backend, "
                           "hardware, started_at, ended_at, exit_code) VALUES ('old', 's', 'c', 'main', "
