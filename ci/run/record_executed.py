@@ -15,6 +15,7 @@ entry keeps its earlier record: it stopped early and executed less than it would
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -24,9 +25,11 @@ from pathlib import Path
 from ci.errors import UsageError
 from ci.history.run_observer import Hints, RunEnd, RunObserver, RunStart
 from ci.log import Log
+from ci.run import coverage_flush
 from ci.select import executed
 
 RCFILE = "coveragerc"
+FLUSH_PLUGIN = "slime_ci_coverage_flush"  # ci/run/coverage_flush.py, as the processes import it
 MIN_COVERAGE = (7, 13)  # the first release that installs its own startup .pth
 
 
@@ -41,6 +44,10 @@ def rcfile_text(data_dir: Path, root: Path) -> str:
         "patch = subprocess, fork, execv, _exit",
         "sigterm = true",
         "disable_warnings = no-data-collected, module-not-measured, no-ctracer",
+        f"plugins = {FLUSH_PLUGIN}",
+        "",
+        f"[{FLUSH_PLUGIN}]",
+        f"interval = {coverage_flush.DEFAULT_INTERVAL}",
         "",
     ))
 
@@ -67,11 +74,12 @@ def head_commit(root: Path) -> str:
     return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
-def measured_by_entry(data_dir: Path, rcfile: Path) -> dict[str, dict[str, list[int]]]:
-    """Every process's data file combined, then lines per file for each entry's context."""
+def measured_by_entry(data_dir: Path) -> dict[str, dict[str, list[int]]]:
+    """Every process's data file combined, then lines per file for each entry's context. Not
+    with the entries' rcfile: its flush plugin is importable only on the entries' PYTHONPATH."""
     import coverage
 
-    cov = coverage.Coverage(data_file=str(data_dir / "cov"), config_file=str(rcfile))
+    cov = coverage.Coverage(data_file=str(data_dir / "cov"), config_file=False)
     cov.combine([str(data_dir)], keep=False, strict=False)
     data = cov.get_data()
     out: dict[str, dict[str, list[int]]] = {}
@@ -107,7 +115,9 @@ class ExecutedRecorder(RunObserver):
         self.data_dir.mkdir(parents=True)
         rc = self.data_dir / RCFILE
         rc.write_text(rcfile_text(self.data_dir, self.root), encoding="utf-8")
-        return Hints(env={"COVERAGE_PROCESS_START": str(rc)})
+        shutil.copyfile(Path(coverage_flush.__file__), self.data_dir / f"{FLUSH_PLUGIN}.py")
+        path = os.pathsep.join(p for p in (str(self.data_dir), start.env.get("PYTHONPATH", "")) if p)
+        return Hints(env={"COVERAGE_PROCESS_START": str(rc), "PYTHONPATH": path})
 
     def run_ended(self, end: RunEnd) -> None:
         if not self.on:
@@ -119,7 +129,7 @@ class ExecutedRecorder(RunObserver):
 
     def _store(self, end: RunEnd) -> None:
         note = self.log.line if self.log is not None else print
-        measured = measured_by_entry(self.data_dir, self.data_dir / RCFILE)
+        measured = measured_by_entry(self.data_dir)
         records, skipped = [], []
         now = time.time()
         for r in end.judgement.results:

@@ -274,6 +274,8 @@ TESTED_ELSEWHERE: dict[str, tuple[str, str, str]] = {
     "ci/actions/github_api.py": ("github/test_pr_verdicts.py", "fake_github", "the REST stand-in, served"),
     "ci/suites.py": ("registry/test_loader.py", "ci.suites", "a re-export: the previous release's registry"),
     "ci/nox_sessions.py": ("registry/test_loader.py", "ci.nox_sessions", "a re-export: the previous noxfile"),
+    "ci/run/coverage_flush.py": ("run/test_record_executed_actors.py", "ray.kill",
+                                 "loaded by coverage in every process of a recorded entry"),
 }
 # Test files named after no module: what they test instead.
 CROSS_CUTTING: dict[str, str] = {

@@ -1,0 +1,109 @@
+"""Benchmark selection by executed code: recall on the plants, GPU-seconds on real commits.
+
+    python benchmarks/selection.py                  # the checkout's records, its last 100 slime/ commits
+    python benchmarks/selection.py --records FILE --commits 50
+
+For every planted break under tests/e2e/plants/ it replays the selection as `python -m ci
+select-audit` does (the patch is the diff; one of the entries its `only:` names must be
+picked). For each of the repository's last N commits that touch slime/ (fewer when there
+are fewer; the output says how many), the commit's own diff against its first parent is
+the pull request: every GPU suite's entries are picked by the rule in
+`ci.select.by_execution`, and the GPU-seconds of the picked entries (duration times GPUs,
+from the measured durations over tests/durations.json) are set against those of all
+entries. The goal: recall 1.0 on the plants, at most 0.4 of the GPU-seconds on the commits.
+Entries without a record always run, so before a recording run the ratio is 1.0: the
+output says how many entries have a record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ci.durations import DURATIONS_FILE, DurationStore  # noqa: E402
+from ci.durations import baseline as baseline_durations  # noqa: E402
+from ci.quality.plants import discover as discover_plants  # noqa: E402
+from ci.quality.select_audit import replay  # noqa: E402
+from ci.registry.loader import load_registry  # noqa: E402
+from ci.select import executed  # noqa: E402
+from ci.select.by_execution import Change, changes, parse_diff, pick  # noqa: E402
+from ci.select.discover import discover  # noqa: E402
+from ci.select.entries import resolve  # noqa: E402
+
+GOAL_RECALL, GOAL_RATIO = 1.0, 0.4
+
+
+def git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False)
+
+
+def commit_changes(sha: str) -> tuple[Change, ...]:
+    """What one commit changed against its first parent, function by function."""
+    diff = git("diff", "-U0", "-M", "--no-color", "--no-ext-diff", f"{sha}^", sha).stdout
+
+    def show(rev: str):
+        def read(path: str) -> str | None:
+            out = git("show", f"{rev}:{path}")
+            return out.stdout if out.returncode == 0 else None
+        return read
+
+    return changes(parse_diff(diff), show(f"{sha}^"), show(sha))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=Path, default=ROOT / executed.RECORDS_FILE)
+    parser.add_argument("--commits", type=int, default=100)
+    args = parser.parse_args()
+    registry = load_registry(ROOT)
+    records = executed.load(args.records)
+    durations = {**baseline_durations(ROOT), **DurationStore(ROOT / DURATIONS_FILE).load()}
+    files = discover(ROOT)
+    gpu = [s for s in registry.suites if s.needs_gpus and not s.dynamic]
+    entries = {s.name: resolve(s, files, registry=registry.name) for s in gpu}
+    ids = {e.id for es in entries.values() for e in es}
+    print(f"records: {len(ids & set(records))} of {len(ids)} GPU entries ({args.records})")
+
+    print("\nplants")
+    cases = [replay(ROOT, registry, p, records, durations) for p in discover_plants(ROOT)]
+    for c in cases:
+        print(f"  {c.plant:<55} {'yes' if c.selected else 'MISSED':<6} {c.picked:>2} of {c.total:<2} {c.why}")
+    recall = sum(c.selected for c in cases) / len(cases) if cases else 1.0
+    print(f"recall {recall:.2f} on {len(cases)} plants (goal {GOAL_RECALL:.1f})")
+
+    shas = git("log", "--no-merges", "--format=%H", f"-n{args.commits}", "--", "slime/").stdout.split()
+    shas = [s for s in shas if git("rev-parse", "--verify", "-q", f"{s}^").returncode == 0]
+    print(f"\ncommits: the last {len(shas)} that touch slime/ (asked for {args.commits})")
+    picked_s = all_s = 0.0
+    reasons: Counter[str] = Counter()
+    for sha in shas:
+        diff = commit_changes(sha)
+        chosen = total = 0
+        for suite in gpu:
+            es = entries[suite.name]
+            for p, e in zip(pick([(e.id, e.path) for e in es], diff, records, registry.selection),
+                            es, strict=True):
+                cost = durations.get(e.id, 0.0) * e.num_gpus
+                all_s += cost
+                total += 1
+                if p.runs:
+                    picked_s += cost
+                    chosen += 1
+                    leak_or_none = p.reason.startswith(("leak", "no record"))
+                    reasons[p.reason if leak_or_none else p.reason.split(" ")[0]] += 1
+        subject = git("log", "-1", "--format=%s", sha).stdout.strip()[:60]
+        print(f"  {sha[:10]} {chosen:>3} of {total:<3} {subject}")
+    ratio = picked_s / all_s if all_s else float("nan")
+    print(f"GPU-seconds selected / all: {picked_s:.0f} / {all_s:.0f} = {ratio:.2f} (goal <= {GOAL_RATIO})")
+    print("reasons an entry ran: " + ", ".join(f"{k} {n}" for k, n in reasons.most_common()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
