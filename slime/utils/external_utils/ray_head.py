@@ -10,6 +10,7 @@ processes that carry the token or descend from it, and nothing else (never `ray 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import random
@@ -341,6 +342,60 @@ class HeadStartTimeout(RuntimeError):
     """`ray start` gave up waiting for its own raylet (a loaded host; worth another attempt)."""
 
 
+# The raylet gives the dashboard agent it spawns a fixed 15 s to write its port files (Ray 2.60:
+# not RAY_agent_register_timeout_ms, nor any other setting) and aborts when it misses them, and
+# `ray start` then reports "timed out during startup". The agent needs about 2.7 CPU-seconds of
+# imports; a head starts some 15 Python processes at once, so five heads starting together on
+# 2 cores left it under a fifth of a core and every attempt of all five missed the 15 s. The
+# private heads of one host therefore start one at a time: each holds this lock (flock, let go
+# by the kernel if its holder dies) from `ray start` until its node is up.
+START_LOCK_VAR = "SLIME_CI_RAY_START_LOCK"
+DEFAULT_START_LOCK = "/tmp/slime-ci-ray-head-start.lock"
+
+
+def start_lock_path(env: Mapping[str, str]) -> Path:
+    """The host's start lock: `SLIME_CI_RAY_START_LOCK`, else one fixed path in /tmp (not TMPDIR:
+    every entry gets its own)."""
+    return Path(env.get(START_LOCK_VAR) or DEFAULT_START_LOCK)
+
+
+@contextlib.contextmanager
+def start_turn(path: Path, *, timeout: float, poll: float = 0.2) -> Iterator[float]:
+    """Hold the host's start lock; yields the seconds spent waiting for it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:  # another account's lock file: a shared lock needs no write access
+        fd = os.open(path, os.O_RDONLY)
+    start = time.monotonic()
+    try:
+        announced = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - start
+                if waited > timeout:
+                    raise TimeoutError(f"another Ray head on this host has been starting for over "
+                                       f"{timeout:.0f} s (it holds {path}); is a `ray start` "
+                                       "hanging? Stop it, or point SLIME_CI_RAY_START_LOCK "
+                                       "elsewhere") from None
+                if not announced:
+                    print(f"waiting for another Ray head on this host to finish starting ({path})",
+                          flush=True)
+                    announced = True
+                time.sleep(poll)
+        with contextlib.suppress(OSError):  # the holder's pid, for whoever looks
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            yield time.monotonic() - start
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def _start(argv: tuple[str, ...], *, env: Mapping[str, str], ports: RayPorts, temp_dir: Path,
            token: str, log_path: Path) -> tuple[RayHead, subprocess.Popen[bytes], Guard]:
     guard = process_guard()
@@ -365,8 +420,10 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
                  ray_cli: str | None = None) -> Iterator[RayHead]:
     """Start a head on loopback as a process group we own; always stop it on exit.
 
-    A head whose `ray start` timed out waiting for its own raylet is stopped and started
-    again, up to `start_attempts` times in all, within `start_timeout` seconds overall.
+    The heads of one host start one at a time (`start_turn`). A head whose `ray start` timed
+    out waiting for its own raylet is stopped and started again, up to `start_attempts` times
+    in all, within `start_timeout` seconds of start-up overall (the waits for the host's turn,
+    each bounded by `start_timeout` too, are not counted).
     """
     ports = ports or ports_from_env(env)
     busy = _busy_ports(ports, wait=busy_wait)
@@ -406,7 +463,8 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
     argv = ray_start_argv(ray_cli or ray_executable(), ports=ports, temp_dir=str(temp_dir),
                           num_gpus=num_gpus)
     print(f"+ {' '.join(argv)}", flush=True)
-    deadline = time.monotonic() + start_timeout
+    budget = start_timeout  # seconds of start-up, not counting the waits for the host's turn
+    lock = start_lock_path(env)
     started = False
     # A runner ends a timed-out entry with SIGTERM, then SIGKILL seconds later. Python's default
     # SIGTERM ends the process without `finally`, leaving the head to the guard's SIGKILL and its
@@ -419,10 +477,16 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
     try:
         for attempt in range(1, max(1, start_attempts) + 1):
             log_path = temp_dir / ("head.log" if attempt == 1 else f"head.{attempt}.log")
-            head, proc, guard = _start(argv, env=head_env, ports=ports, temp_dir=temp_dir,
-                                       token=token, log_path=log_path)
+            proc = None
             try:
-                _wait_ready(head, proc, max(1.0, deadline - time.monotonic()))
+                with start_turn(lock, timeout=start_timeout):
+                    began = time.monotonic()
+                    head, proc, guard = _start(argv, env=head_env, ports=ports, temp_dir=temp_dir,
+                                               token=token, log_path=log_path)
+                    try:
+                        _wait_ready(head, proc, max(1.0, budget))
+                    finally:
+                        budget -= time.monotonic() - began
             except HeadStartTimeout as exc:
                 pids |= _stop(head, proc, guard)
                 if attempt >= start_attempts:
@@ -434,7 +498,8 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
                 _busy_ports(ports, wait=busy_wait)
                 continue
             except BaseException:
-                pids |= _stop(head, proc, guard)
+                if proc is not None:  # else no head was started: the wait for its turn ended
+                    pids |= _stop(head, proc, guard)
                 raise
             started = True
             try:

@@ -323,5 +323,109 @@ def test_a_head_timing_out_every_time_gives_up_after_its_attempts(tmp_path):
     assert len(os.listdir(marker)) == 2
 
 
+
+# Holds the host's start lock (a path of the test's own) until told to let go, as another
+# entry's head does while it starts; prints when it holds it and when it let go.
+LOCK_HOLDER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from slime.utils.external_utils.ray_head import start_turn
+    with start_turn(Path(sys.argv[1]), timeout=60):
+        print("holding", flush=True)
+        while not Path(sys.argv[2]).exists():
+            time.sleep(0.05)
+        released = time.time()
+    print(f"released {released!r}", flush=True)
+""")
+
+# A `ray` that notes when it was started, then is the real one.
+TIMED_RAY = textwrap.dedent("""\
+    #!{python}
+    import os, sys, time
+    with open({stamps!r}, "a") as fh:
+        fh.write(f"{{time.time()!r}}\\n")
+    os.execv({ray!r}, [{ray!r}, *sys.argv[1:]])
+""")
+
+
+def _timed_ray(tmp_path):
+    from slime.utils.external_utils import ray_head as RH
+
+    stamps = tmp_path / "ray-started"
+    cli = tmp_path / "ray"
+    cli.write_text(TIMED_RAY.format(python=sys.executable, stamps=str(stamps), ray=RH.ray_executable()))
+    cli.chmod(0o755)
+    return cli, stamps
+
+
+def _hold_lock(tmp_path, lock):
+    import subprocess
+
+    go = tmp_path / "let-go"
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(lock), str(go)],
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                              text=True)
+    assert holder.stdout.readline().strip() == "holding"
+    return holder, go
+
+
+def test_a_head_waits_for_the_host_start_lock_and_starts_after_it_is_released(tmp_path, capfd):
+    """No `ray start` runs while another head of the host is starting (they starved each other)."""
+    from slime.utils.external_utils import ray_head as RH
+
+    lock = tmp_path / "start.lock"
+    cli, stamps = _timed_ray(tmp_path)
+    env = {**os.environ, "TMPDIR": str(tmp_path), RH.START_LOCK_VAR: str(lock)}
+    env.pop("SLIME_CI_PORT_BASE", None)
+    holder, go = _hold_lock(tmp_path, lock)
+    threading.Timer(3.0, go.touch).start()
+    try:
+        with RH.private_head(num_gpus=0, env=env, ray_cli=str(cli)) as head:
+            assert "Ray runtime started." in head.log_path.read_text()
+    finally:
+        go.touch()
+        out, _ = holder.communicate(timeout=30)
+    released = float(out.split("released ")[1])
+    (started,) = map(float, stamps.read_text().split())
+    assert started >= released, f"ray start ran {released - started:.2f} s before the lock was let go"
+    assert "waiting for another Ray head on this host to finish starting" in capfd.readouterr().out
+
+
+def test_a_start_lock_held_too_long_is_one_line_and_starts_nothing(tmp_path):
+    from slime.utils.external_utils import ray_head as RH
+
+    lock = tmp_path / "start.lock"
+    cli, stamps = _timed_ray(tmp_path)
+    env = {**os.environ, "TMPDIR": str(tmp_path), RH.START_LOCK_VAR: str(lock)}
+    env.pop("SLIME_CI_PORT_BASE", None)
+    holder, go = _hold_lock(tmp_path, lock)
+    try:
+        with pytest.raises(TimeoutError, match=r"another Ray head on this host has been starting for "
+                                               r"over 2 s \(it holds .*start.lock\)"), \
+                RH.private_head(num_gpus=0, env=env, ray_cli=str(cli), start_timeout=2.0):
+            pytest.fail("the head must not start")
+    finally:
+        go.touch()
+        holder.communicate(timeout=30)
+    assert not stamps.exists(), "ray start ran while another head held the host's start lock"
+
+
+def test_the_start_lock_of_a_killed_holder_is_free_at_once(tmp_path):
+    import signal
+    import time
+
+    from slime.utils.external_utils import ray_head as RH
+
+    lock = tmp_path / "start.lock"
+    holder, _ = _hold_lock(tmp_path, lock)
+    holder.send_signal(signal.SIGKILL)
+    holder.communicate(timeout=10)
+    t = time.monotonic()
+    with RH.start_turn(lock, timeout=5) as waited:
+        assert waited < 1.0
+    assert time.monotonic() - t < 1.0
+    assert int(lock.read_text()) == os.getpid()  # the holder's pid, for whoever looks
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
