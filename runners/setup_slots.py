@@ -31,6 +31,7 @@ the one it started (left alone).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import grp
 import json
 import os
@@ -165,7 +166,8 @@ def check_host(cfg: Config) -> None:
         raise HostLacks("run it as root: it creates users and their engines (or pass --dry-run)")
     for tool in ("podman", "newuidmap", "newgidmap", "useradd", "usermod", "runc"):
         if shutil.which(tool) is None:
-            pkg = {"newuidmap": "uidmap", "newgidmap": "uidmap", "useradd": "passwd", "usermod": "passwd"}.get(tool, tool)
+            pkg = {"newuidmap": "uidmap", "newgidmap": "uidmap",
+                   "useradd": "passwd", "usermod": "passwd"}.get(tool, tool)
             raise HostLacks(f"{tool} not found: apt-get install {pkg}")
     if cfg.image_tar is not None and not cfg.image_tar.is_file():
         raise BadInput(f"--image-tar {cfg.image_tar}: no such file")
@@ -192,7 +194,8 @@ def check_host(cfg: Config) -> None:
         except KeyError:
             group = None
         if group not in (None, slot.user):
-            raise BadInput(f"gid {slot.uid} belongs to group {group}, not {slot.user}; pass another --uid-base")
+            raise BadInput(f"gid {slot.uid} belongs to group {group}, not {slot.user}; "
+                           "pass another --uid-base")
         if existing not in (None, slot.uid):
             raise BadInput(f"user {slot.user} exists with uid {existing}, not {slot.uid}; "
                            "pass another --prefix or --uid-base")
@@ -371,18 +374,21 @@ def ensure_image(cfg: Config, slot: Slot) -> None:
         if exists.returncode == 0:
             return
     saved = _is_docker_save(cfg.image_tar)
-    _say(cfg, f"{'load' if saved else 'import'} {cfg.image_tar} into {slot.user}'s engine as {cfg.image_name}")
+    verb = "load" if saved else "import"
+    _say(cfg, f"{verb} {cfg.image_tar} into {slot.user}'s engine as {cfg.image_name}")
     if cfg.dry_run:
         return
     # Root opens the archive and hands it over on stdin: the slot user needs no access to it.
     with open(cfg.image_tar, "rb") as tar:
         if saved:
-            out = _run(["podman", "load"], stdin=tar.fileno(), slot=slot, what=f"slot {slot.index}: podman load")
+            out = _run(["podman", "load"], stdin=tar.fileno(), slot=slot,
+                       what=f"slot {slot.index}: podman load")
             # A `docker save` archive keeps its own name; tag it with the one jobs use too.
             loaded = [line.split(":", 1)[1].strip().split(",")[0] for line in out.splitlines()
                       if line.startswith("Loaded image")]
             if loaded and loaded[0] != cfg.image_name:
-                _run(["podman", "tag", loaded[0], cfg.image_name], slot=slot, what=f"slot {slot.index}: podman tag")
+                _run(["podman", "tag", loaded[0], cfg.image_name], slot=slot,
+                     what=f"slot {slot.index}: podman tag")
         else:
             _run(["podman", "import", "-", cfg.image_name], stdin=tar.fileno(), slot=slot,
                  what=f"slot {slot.index}: podman import")
@@ -500,7 +506,8 @@ def stop_slot(cfg: Config, slot: Slot, *, remove: bool) -> None:
         if proc_start(rec["pid"]) is not None and not engine_alive(slot):
             # The pid was reused by another process: never signal it.
             if not remove:
-                raise NotOurs(f"slot {slot.index}: pid {rec['pid']} is no longer the engine it started; left alone")
+                raise NotOurs(f"slot {slot.index}: pid {rec['pid']} is no longer the engine it started; "
+                              "left alone")
         elif engine_alive(slot):
             _say(cfg, f"stop {slot.user}'s engine (pid {rec['pid']})")
             if not cfg.dry_run:
@@ -516,10 +523,8 @@ def stop_slot(cfg: Config, slot: Slot, *, remove: bool) -> None:
     if ppid > 0 and proc_uid(ppid) == slot.uid:
         _say(cfg, f"stop {slot.user}'s podman pause process (pid {ppid})")
         if not cfg.dry_run:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(ppid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     if not remove:
         return
     _say(cfg, f"remove user {slot.user}, its ranges, home, work folder and runtime directory")
@@ -557,7 +562,7 @@ def table(cfg: Config) -> str:
         rows.append((str(s.index), s.user, str(s.uid), f"{s.subid_start}+{SUBID_COUNT}", str(s.socket),
                      str(s.work), state))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -575,13 +580,16 @@ def _parser() -> argparse.ArgumentParser:
                    "engines this script started; status: the table only")
     p.add_argument("--slots", type=int, default=4, help="number of slots (default 4, one per runner)")
     p.add_argument("--root", type=Path, default=Path("/srv/slime-ci"),
-                   help="base directory: work/<i>, data/{models,datasets}, home/, slots/ (default /srv/slime-ci)")
+                   help="base directory: work/<i>, data/{models,datasets}, home/, slots/ "
+                        "(default /srv/slime-ci)")
     p.add_argument("--prefix", default="slime-ci-slot", help="slot user name prefix (default slime-ci-slot)")
-    p.add_argument("--uid-base", type=int, default=61000, help="slot i gets uid and gid BASE+i (default 61000)")
+    p.add_argument("--uid-base", type=int, default=61000,
+                   help="slot i gets uid and gid BASE+i (default 61000)")
     p.add_argument("--subid-base", type=int, default=1_000_000_000,
                    help="slot i's subordinate range starts at BASE+(i-1)*65536 (default 1000000000)")
     p.add_argument("--image-tar", type=Path,
-                   help="load this image into every slot's engine: a `docker save` archive or a rootfs tarball")
+                   help="load this image into every slot's engine: a `docker save` archive "
+                        "or a rootfs tarball")
     p.add_argument("--image-name", default="localhost/slime-ci-local:bookworm",
                    help="the name a rootfs tarball is imported as")
     p.add_argument("--network", choices=NETWORKS, default="none",
@@ -608,7 +616,8 @@ def parse(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
         raise BadInput(f"--root {args.root}: give an absolute path")
     if not args.prefix or not args.prefix.replace("-", "").isalnum() or not args.prefix[0].isalpha() \
             or len(args.prefix) > 24:
-        raise BadInput(f"--prefix {args.prefix!r}: letters, digits and '-', starting with a letter, at most 24")
+        raise BadInput(f"--prefix {args.prefix!r}: letters, digits and '-', starting with a letter, "
+                       "at most 24")
     if not 1000 <= args.uid_base <= 2**31 - 100:
         raise BadInput(f"--uid-base {args.uid_base}: give 1000 or more (slot users are not system users)")
     if not 100_000 <= args.subid_base <= 2**32 - 65 * SUBID_COUNT:
