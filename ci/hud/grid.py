@@ -16,9 +16,8 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from ci.history.stats import after_lifts, auto_quarantine, flakiness, recovered
-from ci.history.store import AttemptRow
+from ci.history.store import AttemptRow, BisectRow
 from ci.history.verdicts import OK, SuiteRules, infra_cause, judge, short
-from ci.hud.read import BisectRow
 
 CellKind = Literal["pass", "fail", "flaky", "infra", "quarantined", "not-run"]
 CELL_KINDS: tuple[CellKind, ...] = ("pass", "fail", "flaky", "infra", "quarantined", "not-run")

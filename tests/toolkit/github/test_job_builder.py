@@ -78,3 +78,7 @@ def test_a_hosted_runner_of_several_labels_reaches_every_hosted_job() -> None:
                 assert labels == ["ubuntu-latest", "large"], (name, job_id, labels)
                 hosted += 1
     assert hosted >= 12
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, *sys.argv[1:]]))

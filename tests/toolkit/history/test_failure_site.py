@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import write
 
@@ -47,3 +49,7 @@ def test_a_report_that_says_nothing_usable_gives_no_site(tmp_path):
         odd.write_text(f'<testsuite><testcase classname="lib" name="t"><failure message="m">{where}:3: '
                        'ValueError</failure></testcase></testsuite>')
         assert failure_site(odd, "tests/test_y.py", root) is None, where
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, *sys.argv[1:]]))

@@ -291,3 +291,7 @@ def test_set_up_refuses_bad_input_in_one_line(slots: Slots) -> None:
     clash = _setup("up", "--slots", "2", "--root", str(slots.root), "--prefix", "other-",
                    "--uid-base", str(slots.a.uid - 1), "--dry-run")
     assert clash.returncode == 2 and "belongs to" in clash.stderr
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, *sys.argv[1:]]))
