@@ -287,6 +287,7 @@ CROSS_CUTTING: dict[str, str] = {
     "test_tasks.py": "tasks.py: the invoke tasks",
     "test_docs.py": "README.md and docs/: links, length",
     "test_netns_hosts.py": "the namespace-host fixture (_netns_hosts.py): names, clean-up",
+    "runners/test_rootless_slots.py": "runners/setup_slots.py: two rootless slots and what a job reaches",
     "u/test_u_selfcontained.py": "U as a whole: stdlib only, its generated copies in sync",
 }
 U_DIR = REPO / "slime" / "utils" / "external_utils"

@@ -198,10 +198,8 @@ def test_adopt_writes_everything_and_reports(adopted, repo: Path) -> None:
     assert "runs-on: [self-hosted]" in workflow
     # Every suite job ends by recording its run, as this repository's do; the monitor runs hourly.
     # CPU and GPU alike, each exports its runs for the ingest workflow.
-    # The adopted CPU tier is sized by a target, so it is a matrix job: each shard keeps its own.
-    shard = ' --keep-in \\".ci-cache/shards/$SHARD\\"'
-    for session, keep in (("cpu_unit", shard), ("megatron", ""), ("changed", "")):
-        assert (f'run: "nox -s history -- record --suite {session} --status \\"$STATUS\\"{keep} '
+    for session in ("cpu_unit", "megatron", "changed"):
+        assert (f'run: "nox -s history -- record --suite {session} --status \\"$STATUS\\" '
                 '--export .ci-cache/history-export"') in workflow, session
     assert "\n  monitor:\n" in workflow and "run: nox -s monitor\n" in workflow
     # Only the monitor holds the store's secret there; GPU jobs export their runs to the ingest.
