@@ -644,19 +644,15 @@ def main(argv: Sequence[str]) -> int:
         elif args.action == "down":
             down(cfg, remove=args.remove)
         print(table(cfg))
-    except BadInput as exc:
+    except (BadInput, HostLacks, StepFailed, NotOurs) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except HostLacks as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
-    except StepFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 4
-    except NotOurs as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 5
+        return EXIT_CODES[type(exc)]
     return 0
+
+
+# One exit code per kind of failure (runners/README.md): bad input, a missing host tool, a
+# failed step, a recorded pid that is no longer ours.
+EXIT_CODES: dict[type[Exception], int] = {BadInput: 2, HostLacks: 3, StepFailed: 4, NotOurs: 5}
 
 
 if __name__ == "__main__":
