@@ -140,23 +140,37 @@ def markdown(answer: Answer) -> str:
         f"Reproduce: `{answer.reproduce()}`"])
 
 
-def record_answer(url: str, answer: Answer) -> None:
-    """Write the answer as one row of the history's `bisects` table (schema version 3)."""
-    from ci.history import schema
-    from ci.history.store import open_store
-
+def answer_row(answer: Answer, *, ended_at: float) -> dict[str, object]:
+    """The answer as one row of the history's `bisects` table (schema version 3)."""
     v = answer.outcome.verdict
     commit = answer.commit
-    with open_store(url) as store, store.engine.begin() as conn:
-        conn.execute(schema.bisects.insert().values(
-            uid=uuid.uuid4().hex, suite=answer.suite, entry_id=answer.entry,
-            good=answer.commits[0].sha, bad=answer.commits[-1].sha, kind=answer.kind,
-            commit=commit.sha if commit else "",
-            candidates=" ".join(answer.commits[i].sha for i in v.candidates),
-            confidence=answer.reached, attempts_per_commit=answer.k, width=answer.outcome.search.width,
-            rounds=len(answer.outcome.search.rounds), steps=len(answer.outcome.attempts),
-            trigger=answer.trigger, started_at=answer.started_at, ended_at=time.time(),
-            summary=answer.headline()))
+    return {"uid": uuid.uuid4().hex, "suite": answer.suite, "entry_id": answer.entry,
+            "good": answer.commits[0].sha, "bad": answer.commits[-1].sha, "kind": answer.kind,
+            "commit": commit.sha if commit else "",
+            "candidates": " ".join(answer.commits[i].sha for i in v.candidates),
+            "confidence": answer.reached, "attempts_per_commit": answer.k,
+            "width": answer.outcome.search.width, "rounds": len(answer.outcome.search.rounds),
+            "steps": len(answer.outcome.attempts), "trigger": answer.trigger,
+            "started_at": answer.started_at, "ended_at": ended_at, "summary": answer.headline()}
+
+
+def record_answer(url: str, answer: Answer) -> None:
+    """Write the answer as one row of the history's `bisects` table."""
+    from ci.history.store import open_store
+
+    with open_store(url) as store:
+        store.record_bisects([answer_row(answer, ended_at=time.time())])
+
+
+def export_answer(answer: Answer, folder: Path) -> Path:
+    """The answer as FOLDER/<uid>.json (`{"bisect": row}`), for the ingest job: a bisect on a
+    GPU runner holds no store URL, so its artifact carries the answer to the shared store
+    like every other GPU result (ci/history/ingest.py checks it and the run that made it)."""
+    row = answer_row(answer, ended_at=time.time())
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{row['uid']}.json"
+    path.write_text(json.dumps({"bisect": row}, indent=1) + "\n", encoding="utf-8")
+    return path
 
 
 def post_to_streak_issue(answer: Answer, folder: Path) -> Path:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ci.args import Parser, existing_dir, seconds
-from ci.bisect.answer import Answer, markdown, post_to_streak_issue, record_answer, text
+from ci.bisect.answer import Answer, export_answer, markdown, post_to_streak_issue, record_answer, text
 from ci.bisect.driver import (
     STEP_TIMEOUT,
     StepPlan,
@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "on a GPU runner a folder of its work dir, which Docker can mount")
     p.add_argument("--answer-dir", type=Path, metavar="DIR",
                    help="also write the answer (Markdown with the streak issue's marker, and JSON) here")
+    p.add_argument("--export", type=Path, metavar="DIR",
+                   help="also write the answer as DIR/<uid>.json for the history ingest job (a GPU "
+                        "runner holds no store URL; its artifact carries the answer to the store)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (commits, rounds bound, attempts per commit) and run nothing")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="the repository checkout (default: .)")
@@ -278,6 +281,9 @@ def main(argv: Sequence[str]) -> int:
     log.summary(markdown(answer))
     if args.answer_dir is not None:
         log.line(f"answer for the streak's issue: {post_to_streak_issue(answer, args.answer_dir)}")
+    if args.export is not None:
+        folder = args.export if args.export.is_absolute() else root / args.export
+        log.line(f"answer exported for the history ingest: {export_answer(answer, folder)}")
     if url is not None:
         try:
             record_answer(url, answer)

@@ -9,9 +9,10 @@ The run checks out the default branch with its whole history, installs the suite
 session (`nox -s <suite> --install-only`) and runs the bisect with that environment's
 Python, so every step runs the entry as the suite's session does: GPU suites on a GPU
 runner under the host's GPU lock, CPU suites on a hosted runner. The answer goes to the
-step summary and an artifact holding the body for the streak's issue, and, from the hosted
-runner only, to the history (the `bisects` table): a GPU job holds no secret, and reads the
-streak from the trusted snapshot the ingest job keeps.
+step summary and an artifact holding the body for the streak's issue, and to the history
+(the `bisects` table): the hosted job records it; a GPU job holds no secret, reads the
+streak from the trusted snapshot the ingest job keeps, and exports its answer as the
+artifact `history-bisect`, which the ingest job (it watches this workflow) checks and records.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from collections.abc import Mapping
 
 from ci.github import job_builder as build
 from ci.github.gateway import BISECT_WORKFLOW
-from ci.github.ingest_workflow import restore_snapshot
+from ci.github.ingest_workflow import restore_snapshot, upload_history
 from ci.github.job_plan import Job
 from ci.github.yaml_writer import UPLOAD_ARTIFACT, Node, Note, Script, _expr, _uses
+from ci.history.ingest import ARTIFACT_PREFIX, EXPORT_DIR
 from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_SECRET
 from ci.registry.job_timeouts import LOCK_TIMEOUT_ENV, LOCK_WAIT_MINUTES
 from ci.registry.model import CPU_TIER, GPU_TIER, MONITOR_BISECT_PLAN, MONITOR_SESSION
@@ -30,6 +32,8 @@ from ci.registry.workflow_style import Style
 
 BISECT_PATH = f".github/workflows/{BISECT_WORKFLOW}"
 ANSWER_DIR = ".ci-cache/bisect"
+# A GPU job's answer, for the ingest job (`history-*`, like every exported run).
+BISECT_ARTIFACT = f"{ARTIFACT_PREFIX}bisect"
 # A bisect runs the entry up to ~⌈log2 n⌉ + 2 times per attempt per commit: a day's worth of a
 # GPU job's timeout is its bound, as for the stability job.
 BISECT_MINUTES = 720
@@ -46,9 +50,14 @@ INPUTS: dict[str, tuple[str, bool]] = {
 
 # The worktrees go under RUNNER_TEMP: inside the runner's work dir, which a GPU runner maps
 # to the same path on its host, so the steps' `docker run -v` can mount them.
+def _run(gpu: bool) -> tuple[str, ...]:
+    """The bisect step's script; a GPU job also exports its answer for the history ingest."""
+    export = f" --export {EXPORT_DIR}" if gpu else ""
+    return (f'set -- --suite "$SUITE" --entry "$ENTRY" --trigger "${{TRIGGER:-monitor}}" '
+            f'--answer-dir {ANSWER_DIR} --work-dir "$RUNNER_TEMP"{export}', *_RUN)
+
+
 _RUN = (
-    'set -- --suite "$SUITE" --entry "$ENTRY" --trigger "${TRIGGER:-monitor}" '
-    f'--answer-dir {ANSWER_DIR} --work-dir "$RUNNER_TEMP"',
     # Either way only commits of the default branch run here (--from-monitor checks its own).
     'if [ -n "$GOOD" ]; then set -- "$@" --good "$GOOD" --bad "${BAD:-HEAD}" --branch-only; '
     'else set -- "$@" --from-monitor; fi',
@@ -67,6 +76,11 @@ DISPATCH = (
     '  echo "dispatched a bisect of $(jq -r .entry <<<"$row")"',
     f'done < {MONITOR_BISECT_PLAN}',
 )
+
+
+def bisect_name(style: Style) -> str:
+    """The workflow's `name:`, which the ingest workflow watches (`workflow_run`)."""
+    return f"{style.title} bisect"
 
 
 def has_bisect(job: Job) -> bool:
@@ -118,11 +132,13 @@ def bisect_workflow(style: Style, *, cpu_env: Mapping[str, str]) -> dict[str, No
                 build.install(style),
                 {"name": "Install the suite's session", "env": {"SUITE": _expr("inputs.suite")},
                  "run": 'nox -s "$SUITE" --install-only'},
-                {"name": "python -m ci bisect", "env": env, "run": Script(_RUN)},
+                {"name": "python -m ci bisect", "env": env, "run": Script(_run(gpu))},
+                # The ingest job (it watches this workflow) records the answer in the store.
+                *([upload_history(BISECT_ARTIFACT)] if gpu else []),
                 {"name": f"Upload {ANSWER_DIR}", "if": "always()", "uses": _uses(UPLOAD_ARTIFACT),
                  "with": {"name": "bisect-answer", "path": ANSWER_DIR,
                           "if-no-files-found": Note("ignore", "a refused range writes none")}},
             ])
-    return build.workflow_file(f"{style.title} bisect", {"workflow_dispatch": {"inputs": {
+    return build.workflow_file(bisect_name(style), {"workflow_dispatch": {"inputs": {
         name: {"description": text, "required": required, "type": "string"}
         for name, (text, required) in INPUTS.items()}}}, out)

@@ -20,7 +20,7 @@ from ci.args import Parser, existing_dir
 from ci.durations import DURATIONS_FILE
 from ci.errors import UsageError
 from ci.github import job_builder as build
-from ci.github.bisect_workflow import BISECT_PATH, bisect_workflow, dispatch_step, has_bisect
+from ci.github.bisect_workflow import BISECT_PATH, bisect_name, bisect_workflow, dispatch_step, has_bisect
 from ci.github.gateway import BISECT_WORKFLOW
 from ci.github.ingest_workflow import (
     DOWNLOADED,
@@ -496,6 +496,7 @@ def render(jobs: Sequence[Job], style: Style | None = None) -> dict[str, str]:
     if any(starts_bisects(j, style) for j in jobs):
         flow = bisect_workflow(style, cpu_env={"SLIME_CI_TORCH_INDEX": TORCH_CPU_INDEX})
         bisect[BISECT_PATH] = build.render_file(flow, style)
+        watched = (*watched, bisect_name(style))  # its GPU job exports the answer
     return {
         **comment_files(jobs, style),
         **ingest_files(style, watched),

@@ -46,6 +46,11 @@ ONE_FILE_WORKFLOW = "run-ci-file.yml"
 # WORKFLOW_PATH, held equal by a test): another file that takes the same `name:` (any writer
 # can push one on a branch or a tag) triggers the ingest too, and is never trusted.
 TRUSTED_WORKFLOW = ".github/workflows/pr-test.yml"
+# The bisect workflow (ci.github.bisect_workflow.BISECT_PATH, held equal by a test): a dispatch
+# of it on the default branch tests only that branch's commits, so its answers (never its runs)
+# are recorded; a GPU bisect exports its answer because its runner holds no store URL.
+BISECT_WORKFLOW = ".github/workflows/bisect.yml"
+BISECT_KINDS = frozenset({"first-bad", "rate-rose", "undetermined", "refused"})
 ARTIFACT_PREFIX = "history-"
 # What one workflow run may hand to the ingest job.
 MAX_FILES = 256
@@ -79,9 +84,14 @@ class Trigger:
     head_sha: str = ""  # the commit it ran; a trusted run's records must name this one
     run_attempt: int | None = None  # the event's `run_attempt`
     doubt: str = ""  # why a run that looked like the default branch's is not trusted
+    # A dispatch of our bisect workflow on the default branch (`branch`): its bisect answers
+    # are recorded, each of their commits checked to be on that branch.
+    bisect: bool = False
+    branch: str = ""
 
     def describe(self) -> str:
-        trust = "trusted" if self.trusted else "untrusted" + (f", PR #{self.pr}" if self.pr else "")
+        trust = ("trusted" if self.trusted else f"a bisect of {self.branch}" if self.bisect
+                 else "untrusted" + (f", PR #{self.pr}" if self.pr else ""))
         return f"{self.workflow} run {self.run_id} ({self.event}, {trust})"
 
 
@@ -96,7 +106,8 @@ def _field(data: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
     return value
 
 
-def trigger(payload: Any, *, run_file: str, trusted_workflow: str, on_branch: OnBranch) -> Trigger:
+def trigger(payload: Any, *, run_file: str, trusted_workflow: str, on_branch: OnBranch,
+            bisect_workflow: str = "") -> Trigger:
     """Trust and pull request of the triggering run, from the `workflow_run` event payload.
 
     Trusted: a push, schedule or manual run of this repository, by our own workflow file
@@ -105,7 +116,9 @@ def trigger(payload: Any, *, run_file: str, trusted_workflow: str, on_branch: On
     `head_branch` too. Untrusted: everything else; a pull_request run carries its PR's
     number, and a run of `run_file` (the comment commands' one-file workflow, which checks
     out a PR's head) the number its `run-name` states (the dispatch's `pr` input, checked
-    against the PR by its resolve job).
+    against the PR by its resolve job). A `workflow_dispatch` of `bisect_workflow` of this
+    repository on the default branch, its head on that branch, vouches for the bisect answers
+    it exports (`Trigger.bisect`); its runs are untrusted like any other file's.
     """
     where = "event file"
     if not isinstance(payload, dict):
@@ -148,6 +161,11 @@ def trigger(payload: Any, *, run_file: str, trusted_workflow: str, on_branch: On
         return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=False, pr=None,
                        run_attempt=attempt)
     # It looks like the default branch's own run: now check what the name cannot prove.
+    if bisect_workflow and workflow == bisect_workflow and event == "workflow_dispatch":
+        vouched = SHA.fullmatch(head_sha) is not None and on_branch(head_sha, default)
+        return Trigger(run_id=run_id, workflow=workflow, event=event, trusted=False, pr=None,
+                       run_attempt=attempt, bisect=vouched, branch=default if vouched else "",
+                       doubt="" if vouched else f"its head {head_sha[:12]!r} is not on {default}")
     doubt = ""
     if workflow != trusted_workflow:
         doubt = f"it ran {workflow[:120]!r}, not our {trusted_workflow}"
@@ -186,6 +204,18 @@ _RUN_LATER: dict[str, object] = {"gh_run_id": "", "gh_run_attempt": None, "gh_jo
 _METRIC: dict[str, tuple[str, float]] = {
     "entry_id": (_STR, 1024), "step": (_INT, STEP_MAX), "name": (_STR, 256), "value": (_FLOAT, math.inf),
 }
+
+
+# A bisect answer (`{"bisect": {...}}`, ci.bisect.answer.export_answer): one row of `bisects`.
+_BISECT: dict[str, tuple[str, float]] = {
+    "uid": (_STR, 32), "suite": (_STR, 128), "entry_id": (_STR, 1024), "good": (_STR, 64),
+    "bad": (_STR, 64), "kind": (_STR, 32), "commit": (_STR, 64), "candidates": (_STR, 65 * 1024),
+    "confidence": (_FLOAT, 1.0), "attempts_per_commit": (_INT, _INT32), "width": (_INT, _INT32),
+    "rounds": (_INT, _INT32), "steps": (_INT, _INT32), "trigger": (_STR, 32),
+    "started_at": (_TIME, 0), "ended_at": (_TIME, 0), "summary": (_STR, 2000),
+}
+# Whether a commit is on the default branch the trigger's bisect ran on.
+OnDefault = Callable[[str], bool]
 
 
 def _text(value: object, bound: float) -> bool:
@@ -242,13 +272,44 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number")
 
 
+def _load(text: str) -> Any:
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def parse_bisect(text: str, *, trigger: Trigger, now: float, on_default: OnDefault) -> dict[str, Any]:
+    """One exported bisect answer, checked field by field: only from a dispatch of our bisect
+    workflow on the default branch (`trigger.bisect`), and every commit it names (its range,
+    its answer, its candidates) on that branch. ValueError says what is wrong."""
+    data = _load(text)
+    if not isinstance(data, dict) or set(data) != {"bisect"}:
+        raise ValueError("not a bisect answer ({\"bisect\": {...}})")
+    row = data["bisect"]
+    _check(row, _BISECT, "the bisect answer", now=now)
+    if not trigger.bisect:
+        raise ValueError(f"a bisect answer from {trigger.describe()}: only a dispatch of "
+                         f"{BISECT_WORKFLOW} on the default branch records one")
+    if not _UID.fullmatch(row["uid"]):
+        raise ValueError("the bisect answer: `uid` is not 32 hex digits")
+    if row["kind"] not in BISECT_KINDS:
+        raise ValueError(f"the bisect answer: `kind` {row['kind'][:32]!r} is not one of "
+                         f"{', '.join(sorted(BISECT_KINDS))}")
+    if not 0.0 <= row["confidence"] <= 1.0 or min(row[k] for k in ("attempts_per_commit", "width",
+                                                                   "rounds", "steps")) < 0:
+        raise ValueError("the bisect answer: a confidence outside 0..1 or a negative count")
+    named = [row["good"], row["bad"], *([row["commit"]] if row["commit"] else []), *row["candidates"].split()]
+    for sha in named:
+        if not SHA.fullmatch(sha) or not on_default(sha):
+            raise ValueError(f"the bisect answer names {sha[:40]!r}, not a commit of {trigger.branch}")
+    return dict(row)
+
+
 def parse_record(text: str, *, trigger: Trigger, now: float) -> RunRecord:
     """One exported run, checked field by field (times against `now`); ValueError says what
     is wrong. What it returns every store column holds (store.check_record agrees)."""
-    try:
-        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
+    data = _load(text)
     if isinstance(data, dict):
         for key, value in _RUN_LATER.items():
             data.setdefault(key, value)
@@ -347,14 +408,28 @@ def _zip_members(path: Path, label: str, budget: _Budget) -> list[tuple[str, byt
     return out
 
 
+@dataclass(frozen=True)
+class Batch:
+    """What one workflow run handed over, all valid: its runs and its bisect answers."""
+
+    runs: list[RunRecord]
+    bisects: list[dict[str, Any]]
+
+
 def collect(folder: Path, *, trigger: Trigger, now: float) -> list[RunRecord]:
+    """The runs of `collect_batch`, where no bisect answer may be (on_default refuses all)."""
+    return collect_batch(folder, trigger=trigger, now=now, on_default=lambda sha: False).runs
+
+
+def collect_batch(folder: Path, *, trigger: Trigger, now: float, on_default: OnDefault) -> Batch:
     """Every record under `folder`, all valid, or a UsageError: the artifacts' zip files as the
     API serves them (read in memory), or folders of `<uid>.json` files. Valid means the
-    store takes every one of them (store.check_record), so the batch is written whole."""
+    store takes every one of them (store.check_record), so the batch is written whole. A
+    file `{"bisect": {...}}` is a bisect answer (parse_bisect), any other a run."""
     from ci.history.store import RecordRefused, check_record
 
     if not folder.is_dir():
-        return []
+        return Batch([], [])
     items: list[tuple[str, bytes]] = []
     budget = _Budget()
     for dirpath, dirnames, filenames in os.walk(folder):  # never follows a link to a folder
@@ -377,24 +452,39 @@ def collect(folder: Path, *, trigger: Trigger, now: float) -> list[RunRecord]:
                 raise UsageError(f"ingest: {rel} is not an exported run (*.json) or an artifact "
                                  "(*.zip); nothing ingested")
     out: list[RunRecord] = []
+    answers: list[dict[str, Any]] = []
     seen: set[str] = set()
     for label, data in items:
         try:
-            run = parse_record(data.decode("utf-8"), trigger=trigger, now=now)
-            check_record(run)  # the columns' own word; parse_record's bounds agree with it
+            text = data.decode("utf-8")
+            loaded = _load(text)
+            if isinstance(loaded, dict) and "bisect" in loaded:
+                answer = parse_bisect(text, trigger=trigger, now=now, on_default=on_default)
+                uid = str(answer["uid"])
+                answers.append(answer)
+            else:
+                run = parse_record(text, trigger=trigger, now=now)
+                check_record(run)  # the columns' own word; parse_record's bounds agree with it
+                uid = run.uid
+                out.append(run)
         except (ValueError, UnicodeDecodeError, RecordRefused) as exc:
             reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
             raise UsageError(f"ingest: {label}: {reason}; nothing ingested") from None
-        if run.uid in seen:
-            raise UsageError(f"ingest: {label}: run {run.uid} appears twice; nothing ingested")
-        seen.add(run.uid)
-        out.append(run)
-    return out
+        if uid in seen:
+            raise UsageError(f"ingest: {label}: record {uid} appears twice; nothing ingested")
+        seen.add(uid)
+    return Batch(out, answers)
 
 
 def ingest(store: HistoryStore, runs: Sequence[RunRecord]) -> int:
     """Record the runs `collect` checked, all in one transaction; how many were new."""
     return store.record_all(runs)
+
+
+def ingest_batch(store: HistoryStore, batch: Batch) -> tuple[int, int]:
+    """Record a checked batch: its runs in one transaction, then its bisect answers in one;
+    how many of each were new."""
+    return store.record_all(batch.runs), store.record_bisects(batch.bisects)
 
 
 def read_event(path: Path) -> Any:

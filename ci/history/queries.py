@@ -211,11 +211,12 @@ def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
     """`ingest DIR --event-file F` (or `--pr N`, into a local store): validate every exported
     run, then record them all."""
     from ci.history.ingest import (
+        BISECT_WORKFLOW,
         ONE_FILE_WORKFLOW,
         TRUSTED_WORKFLOW,
         Trigger,
-        collect,
-        ingest,
+        collect_batch,
+        ingest_batch,
         read_event,
         trigger,
     )
@@ -242,17 +243,23 @@ def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
         # the branch's name (a tag can carry it).
         source = trigger(read_event(args.event_file), run_file=ONE_FILE_WORKFLOW,
                          trusted_workflow=args.trusted_workflow or TRUSTED_WORKFLOW,
-                         on_branch=lambda sha, branch: on_branch(root, sha, branch))
+                         on_branch=lambda sha, branch: on_branch(root, sha, branch),
+                         bisect_workflow=BISECT_WORKFLOW)
         if source.doubt:
             _warn(f"ingest: {source.describe()}: not trusted, {source.doubt}")
-    runs = collect(folder, trigger=source, now=time.time())
+    batch = collect_batch(folder, trigger=source, now=time.time(),
+                          on_default=lambda sha: on_branch(root, sha, source.branch))
+    runs = batch.runs
+    answers = f", {len(batch.bisects)} bisect answer(s)" if batch.bisects else ""
     if args.dry_run:
-        log.line(f"ingest: {source.describe()}: {len(runs)} valid run(s) would be recorded "
+        log.line(f"ingest: {source.describe()}: {len(runs)} valid run(s){answers} would be recorded "
                  f"({', '.join(sorted({r.suite for r in runs})) or 'none'}); nothing written")
         return EXIT_OK
     with open_store(url) as store:
-        added = ingest(store, runs)
-    log.line(f"ingest: {source.describe()}: {len(runs)} run(s), {added} new, in {describe(url)}")
+        added, bisected = ingest_batch(store, batch)
+    log.line(f"ingest: {source.describe()}: {len(runs)} run(s), {added} new"
+             + (f"; {len(batch.bisects)} bisect answer(s), {bisected} new" if batch.bisects else "")
+             + f", in {describe(url)}")
     log.output("trusted", str(added if source.trusted else 0))
     return EXIT_OK
 

@@ -394,6 +394,26 @@ class HistoryStore:
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
 
+    def record_bisects(self, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Write bisect answers (rows of table `bisects`, keyed by `uid`) in one transaction;
+        how many were new: an answer ingested twice (a rerun ingest job) is kept once."""
+        from sqlalchemy import select
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ci.history import schema
+
+        b = schema.bisects
+        try:
+            with self.engine.begin() as conn:
+                added = 0
+                for row in rows:
+                    if conn.execute(select(b.c.id).where(b.c.uid == row["uid"])).first() is None:
+                        conn.execute(b.insert().values(**row))
+                        added += 1
+                return added
+        except SQLAlchemyError as exc:
+            raise self._fail(exc, "record the bisect answer") from None
+
     def bisects(self) -> list[BisectRow]:
         """Every bisect answer (table `bisects`), oldest first."""
         from sqlalchemy import select

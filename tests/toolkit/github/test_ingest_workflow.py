@@ -12,6 +12,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 
+from ci.github.bisect_workflow import BISECT_PATH
 from ci.github.gateway_workflow import RUN_FILE_PATH
 from ci.github.ingest_workflow import INGEST_PATH
 from ci.github.job_plan import table
@@ -25,8 +26,14 @@ NUM_GPUS = 0
 def test_it_watches_both_test_workflows_by_their_names_and_reads_what_they_upload() -> None:
     files = render(table())
     ingest = yaml.safe_load(files[INGEST_PATH])
-    names = [yaml.safe_load(files[p])["name"] for p in (WORKFLOW_PATH, RUN_FILE_PATH)]
+    names = [yaml.safe_load(files[p])["name"] for p in (WORKFLOW_PATH, RUN_FILE_PATH, BISECT_PATH)]
     assert ingest["on"] == {"workflow_run": {"workflows": names, "types": ["completed"]}}
+    # The GPU bisect holds no store URL: it exports its answer under the prefix fetched below.
+    gpu_bisect = yaml.safe_load(files[BISECT_PATH])["jobs"]["bisect_gpu"]["steps"]
+    [answer] = [s for s in gpu_bisect if s.get("name") == "Upload this job's runs for the history ingest"]
+    assert answer["with"]["name"] == "history-bisect" and answer["with"]["path"] == ".ci-cache/history-export"
+    assert "--export .ci-cache/history-export" in next(s["run"] for s in gpu_bisect
+                                                       if s.get("name") == "python -m ci bisect")
     assert ingest["permissions"] == {}
     (job,) = ingest["jobs"].values()
     assert job["permissions"] == {"actions": "read"}  # downloads artifacts; writes nothing to GitHub
@@ -84,7 +91,7 @@ def test_cpu_jobs_alone_get_the_ingest_workflow_and_no_one_file_watch_without_co
     assert "--export .ci-cache/history-export" in cpu_only[WORKFLOW_PATH]
     quiet = Style(comment_commands=False)
     ingest = yaml.safe_load(render(table(), quiet)[INGEST_PATH])
-    assert ingest["on"]["workflow_run"]["workflows"] == [quiet.title]
+    assert ingest["on"]["workflow_run"]["workflows"] == [quiet.title, f"{quiet.title} bisect"]
 
 
 if __name__ == "__main__":
