@@ -18,6 +18,31 @@ from ci.history.rows import AttemptRecord, RunRecord
 from ci.history.store import open_store
 
 ENTRIES = ("new", "main", "flaky", "infra", "fresh", "ok")
+# A laptop's checkout for `why --last` and `history pull`: one CPU suite of two files.
+LAPTOP_REGISTRY = """
+    from ci.registry import Entry, Suite
+
+    SUITES = (
+        Suite(name="unit", tier="cpu", purpose="p", profile="e2e", entries=(
+            Entry(path="tests/test_a.py"), Entry(path="tests/test_b.py"))),
+    )
+"""
+FAILING = "NUM_GPUS = 0\n\n\ndef test_it():\n    assert 1 + 1 == 3, 'planted'\n"
+
+
+def laptop_run(base: Path) -> Path:
+    """A checkout under `base` where `ci run` just failed both files of LAPTOP_REGISTRY at their
+    assertion, as on a laptop (no GitHub variables, no store URL): it recorded into its own store."""
+    import os
+
+    from _ci import run_ci, write
+
+    root = write(base / "repo", {"ci/registry/repo_suites.py": LAPTOP_REGISTRY,
+                                 "tests/test_a.py": FAILING, "tests/test_b.py": FAILING})
+    env = {k: "" for k in os.environ if k.startswith("GITHUB_")} | {"SLIME_CI_HISTORY_URL": ""}
+    ran = run_ci("run", "--suite", "unit", "--root", str(root), "--no-prefork", "--no-docker", env=env)
+    assert ran.returncode == 1 and "history: recorded run" in ran.stdout, ran.stdout + ran.stderr
+    return root
 
 
 def registry(blocks: str = "", *, cpu: bool = False) -> str:

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
-from _ci import run_ci, write
+from _ci import run_ci
 from _github_api import env_for, fake_github
+from _verdict_store import laptop_run
 
 from ci.github.history_pull import MEMBER
 from ci.github.why_last import SNAPSHOT_FILE
@@ -27,15 +28,6 @@ from ci.history.rows import AttemptRecord, RunRecord
 from ci.history.store import open_store
 
 NUM_GPUS = 0
-REGISTRY = """
-    from ci.registry import Entry, Suite
-
-    SUITES = (
-        Suite(name="unit", tier="cpu", purpose="p", profile="e2e", entries=(
-            Entry(path="tests/test_a.py"), Entry(path="tests/test_b.py"))),
-    )
-"""
-FAILING = "NUM_GPUS = 0\n\n\ndef test_it():\n    assert 1 + 1 == 3, 'planted'\n"
 OURS = 4242  # the repository's id
 WANTED = {"tests/test_a.py": "new", "tests/test_b.py": "already-failing"}
 
@@ -46,12 +38,7 @@ def _env(**more: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def laptop(tmp_path_factory):
-    root = write(tmp_path_factory.mktemp("laptop") / "repo", {"ci/registry/repo_suites.py": REGISTRY,
-                                                              "tests/test_a.py": FAILING,
-                                                              "tests/test_b.py": FAILING})
-    ran = run_ci("run", "--suite", "unit", "--root", str(root), "--no-prefork", "--no-docker", env=_env())
-    assert ran.returncode == 1 and "history: recorded run" in ran.stdout, ran.stdout + ran.stderr
-    return root
+    return laptop_run(tmp_path_factory.mktemp("laptop"))
 
 
 def _snapshot_zip(folder: Path, run: str, b_outcome: str, mtime: float) -> None:

@@ -9,15 +9,14 @@ SLIME_CI_HISTORY_URL, which `why --last` must leave as it was.
 
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
-from _ci import PASSING, run_ci, write
-from _verdict_store import why_command
+from _ci import PASSING, write
+from _verdict_store import LAPTOP_REGISTRY, laptop_run, why_command
 
 from ci.github.why_last import SNAPSHOT_FILE
 from ci.history.ingest import snapshot
@@ -25,15 +24,6 @@ from ci.history.rows import AttemptRecord, RunRecord
 from ci.history.store import open_store
 
 NUM_GPUS = 0
-REGISTRY = """
-    from ci.registry import Entry, Suite
-
-    SUITES = (
-        Suite(name="unit", tier="cpu", purpose="p", profile="e2e", entries=(
-            Entry(path="tests/test_a.py"), Entry(path="tests/test_b.py"))),
-    )
-"""
-FAILING = "NUM_GPUS = 0\n\n\ndef test_it():\n    assert 1 + 1 == 3, 'planted'\n"
 
 
 @pytest.fixture
@@ -43,14 +33,7 @@ def why(capsys, monkeypatch):
 
 @pytest.fixture(scope="module")
 def laptop(tmp_path_factory):
-    """A checkout where `ci run` just failed both files, as on a laptop (no GitHub variables)."""
-    root = write(tmp_path_factory.mktemp("laptop") / "repo", {"ci/registry/repo_suites.py": REGISTRY,
-                                                              "tests/test_a.py": FAILING,
-                                                              "tests/test_b.py": FAILING})
-    env = {k: "" for k in os.environ if k.startswith("GITHUB_")} | {"SLIME_CI_HISTORY_URL": ""}
-    ran = run_ci("run", "--suite", "unit", "--root", str(root), "--no-prefork", "--no-docker", env=env)
-    assert ran.returncode == 1 and "history: recorded run" in ran.stdout, ran.stdout + ran.stderr
-    return root
+    return laptop_run(tmp_path_factory.mktemp("laptop"))
 
 
 def _main(url: str) -> None:
@@ -105,7 +88,7 @@ def test_without_a_baseline_one_line_and_exit_0(laptop, why):
 
 
 def test_no_local_run_is_one_line_of_what_to_do(tmp_path, why):
-    root = write(tmp_path / "repo", {"ci/registry/repo_suites.py": REGISTRY, "tests/test_a.py": PASSING})
+    root = write(tmp_path / "repo", {"ci/registry/repo_suites.py": LAPTOP_REGISTRY, "tests/test_a.py": PASSING})
     shared = tmp_path / "shared.sqlite"
     _main(f"sqlite:///{shared}")
     proc = why(root, None, "--last", env={"SLIME_CI_HISTORY_URL": f"sqlite:///{shared}"})
