@@ -4,10 +4,12 @@ This machine cannot reach GitHub. Jobs under act talk to this server through `GI
 (the toolkit's REST client, and the `gh` stand-in): a PR's comments (list, create, edit: the
 sticky verdict), reactions, labels, issues (the monitor's), check runs, a PR's head, a team
 membership, workflow dispatches, and a run's artifacts (listed from the state folder the
-upload stand-in writes). It keeps everything in memory and records every request, so what CI
-asked GitHub for is part of the answer of `python -m ci actions`. It binds 127.0.0.1 only.
-As GitHub does, it signs what the token writes with the token's bot user (`login`), refuses a
-body over 65,536 characters with HTTP 422, and answers 410 to a change of a deleted issue.
+upload stand-in writes; a download redirected, when asked, to a signed-URL host on another
+port, as GitHub redirects it to its blob storage). It keeps everything in memory and records
+every request, so what CI asked GitHub for is part of the answer of `python -m ci actions`.
+It binds 127.0.0.1 only. As GitHub does, it signs what the token writes with the token's bot
+user (`login`), refuses a body over 65,536 characters with HTTP 422, and answers 410 to a
+change of a deleted issue.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ class GitHubState:
     repo: str
     token: str
     artifacts: Path | None = None  # <state>/artifacts/<run id>/<name>.zip
+    # Where an artifact's zip download is redirected, as GitHub answers it: a 302 to a signed
+    # address on another host (`serve_blobs`); empty: the zip is served directly.
+    blob_url: str = ""
+    blob_requests: list[dict[str, Any]] = field(default_factory=list)  # path, authorization
     # The run each artifact folder is of, as the repository-wide listing describes it
     # (`workflow_run`: head_branch, head_sha, repository_id, head_repository_id); run id -> it.
     artifact_runs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -161,9 +167,15 @@ def _route(state: GitHubState, method: str, parts: list[str], query: dict[str, s
     if parts[:2] == ["actions", "artifacts"] and n == 4 and parts[3] == "zip":
         for i, _, z in state.artifact_files():
             if i == int(parts[2]):
+                if state.blob_url:
+                    return 302, {"Location": f"{state.blob_url}/artifacts/{i}.zip?sig={_signature(i)}"}
                 return 200, z.read_bytes()
         return 404, {"message": "Not Found"}
     return 404, {"message": "Not Found"}
+
+
+def _signature(ident: int) -> str:
+    return f"signed-{ident:08d}"
 
 
 def _check_run(state: GitHubState, method: str, parts: list[str], body: Any) -> tuple[int, Any]:
@@ -226,6 +238,8 @@ def _app(state: GitHubState) -> Any:
                                   dict(request.query), body)
         if isinstance(answer, bytes):
             return web.Response(body=answer, status=code, content_type="application/zip")
+        if code == 302:
+            return web.Response(status=code, headers=answer)
         if answer is None:
             return web.Response(status=code)
         return web.json_response(answer, status=code)
@@ -235,9 +249,47 @@ def _app(state: GitHubState) -> Any:
     return app
 
 
+def _blob_app(state: GitHubState) -> Any:
+    """The signed-URL host an artifact download is redirected to: it serves a zip to the right
+    signature alone and, as a blob store does, refuses (400) a request that also carries an
+    Authorization header; it records each request and the header it came with."""
+    from aiohttp import web
+
+    async def blob(request: web.Request) -> web.StreamResponse:
+        auth = request.headers.get("Authorization", "")
+        with state.lock:
+            state.blob_requests.append({"path": request.path_qs, "authorization": auth})
+            if auth:
+                return web.json_response({"message": "an Authorization header on a signed URL"}, status=400)
+            for i, _, z in state.artifact_files():
+                if request.path == f"/artifacts/{i}.zip":
+                    if request.query.get("sig") != _signature(i):
+                        return web.json_response({"message": "signature mismatch"}, status=403)
+                    return web.Response(body=z.read_bytes(), content_type="application/zip")
+        return web.json_response({"message": "Not Found"}, status=404)
+
+    app = web.Application()
+    app.router.add_route("GET", "/{tail:.*}", blob)
+    return app
+
+
 @contextlib.contextmanager
 def serve(state: GitHubState) -> Iterator[str]:
     """Run the stand-in on a free loopback port in a thread; its base URL (GITHUB_API_URL)."""
+    with _serve(_app(state), "github-stand-in") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve_blobs(state: GitHubState) -> Iterator[str]:
+    """The signed-URL host on another free loopback port (another origin); set `state.blob_url`
+    to its URL for artifact downloads to be redirected there."""
+    with _serve(_blob_app(state), "github-blob-stand-in") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _serve(app: Any, name: str) -> Iterator[str]:
     from aiohttp import web
 
     loop = asyncio.new_event_loop()
@@ -245,7 +297,7 @@ def serve(state: GitHubState) -> Iterator[str]:
     holder: dict[str, Any] = {}
 
     async def start() -> None:
-        runner = web.AppRunner(_app(state), access_log=None)
+        runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -258,10 +310,10 @@ def serve(state: GitHubState) -> Iterator[str]:
         loop.run_until_complete(start())
         loop.run_forever()
 
-    thread = threading.Thread(target=main, name="github-stand-in", daemon=True)
+    thread = threading.Thread(target=main, name=name, daemon=True)
     thread.start()
     if not ready.wait(10):
-        raise RuntimeError("the GitHub stand-in did not start in 10 s")
+        raise RuntimeError(f"the {name} did not start in 10 s")
     try:
         yield f"http://127.0.0.1:{holder['port']}"
     finally:

@@ -125,8 +125,15 @@ class GitHub:
                     return _bounded(answer, limit, path)
             except urllib.error.HTTPError as exc:
                 where = exc.headers.get("Location", "") if exc.code in (301, 302, 303, 307, 308) else ""
-                if not where.startswith("https://"):
+                if not where:
                     raise GitHubError(f"GitHub answered HTTP {exc.code} to GET {path}", exc.code) from None
+                # One redirect, to https (or to the API's own scheme: never a downgrade from
+                # https), fetched without the token; a further redirect is not followed.
+                target, own = urllib.parse.urlsplit(where), urllib.parse.urlsplit(self.api).scheme
+                if target.scheme not in ("https", own) or not target.netloc:
+                    raise GitHubError(f"GitHub answered HTTP {exc.code} to GET {path} with a redirect to "
+                                      f"{target.scheme or 'no'}:// that is not https; not followed",
+                                      exc.code) from None
                 blob = urllib.request.Request(where, headers={"User-Agent": "slime-ci"})
                 with _NO_REDIRECT.open(blob, timeout=_TIMEOUT_S) as answer:
                     return _bounded(answer, limit, path)

@@ -13,12 +13,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from ci.actions.github_api import ANNOTATIONS_PER_REQUEST, BODY_LIMIT, BOT, SUMMARY_LIMIT, GitHubState, serve
+from ci.actions.github_api import (
+    ANNOTATIONS_PER_REQUEST,
+    BODY_LIMIT,
+    BOT,
+    SUMMARY_LIMIT,
+    GitHubState,
+    serve,
+    serve_blobs,
+)
 
 TOKEN = "ghs_" + "V3rd1ct" * 5  # a fake job token
 REPO = "acme/slime"
 __all__ = ["ANNOTATIONS_PER_REQUEST", "BODY_LIMIT", "BOT", "REPO", "SUMMARY_LIMIT", "TOKEN", "env_for",
-           "fake_github"]
+           "fake_github", "serve_blobs"]
 
 
 @contextlib.contextmanager

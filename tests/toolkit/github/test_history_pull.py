@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import run_ci
-from _github_api import env_for, fake_github
+from _github_api import TOKEN, env_for, fake_github, serve_blobs
 from _verdict_store import laptop_run
 
 from ci.github.history_pull import MEMBER
@@ -92,6 +92,39 @@ def test_it_pulls_mains_own_snapshot_and_why_last_judges_against_it(laptop, tmp_
 
 def _id_of(gh, run: str) -> int:
     return next(i for i, r, _ in gh.artifact_files() if r == run)
+
+
+def test_the_download_follows_githubs_redirect_to_a_signed_url_without_the_token(laptop, tmp_path):
+    """GitHub answers the zip download with a 302 to a signed address on another host (its blob
+    storage, which refuses a request carrying an Authorization header): the pull follows that
+    one redirect, and the token goes to the API's origin only. Two loopback servers, two ports."""
+    state_dir = tmp_path / "state"
+    _snapshot_zip(state_dir, "500", "failed", 1_700_000_000)
+    try:
+        with fake_github() as (api, gh), serve_blobs(gh) as blobs:
+            gh.artifacts = state_dir / "artifacts"
+            gh.artifact_runs = {"500": {"head_branch": "main", "head_sha": "5" * 40, "repository_id": OURS,
+                                        "head_repository_id": OURS}}
+            gh.blob_url = blobs
+            assert blobs.rsplit(":", 1)[1] != api.rsplit(":", 1)[1], "the blob host is another origin"
+            pulled = run_ci("history", "pull", "--root", str(laptop), env=_env(**env_for(api)))
+            assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+            assert "2 trusted runs of main" in pulled.stdout, pulled.stdout
+            assert [r["path"] for r in gh.requests if r["path"].endswith("/zip")] == [
+                f"/repos/acme/slime/actions/artifacts/{_id_of(gh, '500')}/zip"]
+            [blob] = gh.blob_requests
+            assert blob["path"].startswith(f"/artifacts/{_id_of(gh, '500')}.zip?sig=signed-"), blob
+            assert blob["authorization"] == "" and TOKEN not in json.dumps(gh.blob_requests), (
+                "the token went to the signed URL's host")
+            # A redirect to a scheme other than https (or the API's own) is not followed.
+            (laptop / SNAPSHOT_FILE).unlink()
+            gh.blob_url = "ftp://127.0.0.1:21"
+            refused = run_ci("history", "pull", "--root", str(laptop), env=_env(**env_for(api)))
+            assert refused.returncode == 4 and refused.stderr.count("\n") == 1, refused.stderr
+            assert "with a redirect to ftp:// that is not https; not followed" in refused.stderr, refused.stderr
+            assert not (laptop / SNAPSHOT_FILE).exists() and len(gh.blob_requests) == 1
+    finally:
+        (laptop / SNAPSHOT_FILE).unlink(missing_ok=True)
 
 
 def test_no_network_and_no_snapshot_is_one_line_and_why_last_still_exits_0(laptop, tmp_path):
