@@ -70,8 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also write this job's runs to DIR as JSON files, marked untrusted, for "
                           "the trusted ingest job (a job that runs PR code holds no store credential)")
     ing = sub.add_parser("ingest", parents=[common],
-                         help="the trusted ingest job: record the runs another workflow run exported "
-                              "(DIR: its artifacts), trust and PR taken from its event")
+                         help="the trusted ingest job: record the runs (and a bisect's answer) another "
+                              "workflow run exported (DIR: its artifacts), trust and PR taken from its event")
     ing.add_argument("dir", type=Path,
                      help="the artifacts' zip files as the API serves them (or folders of <uid>.json)")
     source = ing.add_mutually_exclusive_group(required=True)
