@@ -46,7 +46,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypedDict
 
 SUBID_COUNT = 65536
 ENGINE_WAIT_S = 60.0
@@ -140,7 +140,7 @@ def _run(argv: Sequence[str], *, what: str, stdin: int | None = None, slot: Slot
     try:
         done = subprocess.run(list(argv), stdin=stdin if stdin is not None else subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=timeout, check=False,
-                              **(_as_user(slot) if slot else {}))
+                              **(_as_user(slot) if slot else AsUser()))
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise StepFailed(f"{what}: {exc}") from None
     if done.returncode != 0:
@@ -155,8 +155,18 @@ def _env(slot: Slot) -> dict[str, str]:
             "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
 
 
-def _as_user(slot: Slot) -> dict[str, object]:
-    return {"user": slot.uid, "group": slot.uid, "extra_groups": [], "env": _env(slot), "cwd": str(slot.home)}
+class AsUser(TypedDict, total=False):
+    """The keyword arguments of subprocess that run a command as a slot's user."""
+
+    user: int
+    group: int
+    extra_groups: list[int]
+    env: dict[str, str]
+    cwd: str
+
+
+def _as_user(slot: Slot) -> AsUser:
+    return AsUser(user=slot.uid, group=slot.uid, extra_groups=[], env=_env(slot), cwd=str(slot.home))
 
 
 # ---- checks -------------------------------------------------------------------------------
@@ -350,7 +360,7 @@ def ensure_engine(cfg: Config, slot: Slot) -> None:
     with open(log, "ab") as out:
         proc = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{slot.socket}"],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                start_new_session=True, **_as_user(slot))  # type: ignore[call-overload]
+                                start_new_session=True, **_as_user(slot))
     start = proc_start(proc.pid)
     rec = {"pid": proc.pid, "start": start, "uid": slot.uid}
     (slot.state / "engine.json").write_text(json.dumps(rec) + "\n")
@@ -370,7 +380,7 @@ def ensure_image(cfg: Config, slot: Slot) -> None:
         return
     if not cfg.dry_run:
         exists = subprocess.run(["podman", "image", "exists", cfg.image_name], stdin=subprocess.DEVNULL,
-                                capture_output=True, check=False, **_as_user(slot))  # type: ignore[call-overload]
+                                capture_output=True, check=False, **_as_user(slot))
         if exists.returncode == 0:
             return
     saved = _is_docker_save(cfg.image_tar)
@@ -500,7 +510,7 @@ def stop_slot(cfg: Config, slot: Slot, *, remove: bool) -> None:
         if not cfg.dry_run:
             for args in (("stop", "--all", "--time", "5"), ("rm", "--all", "--force")):
                 subprocess.run(["podman", *args], stdin=subprocess.DEVNULL, capture_output=True,
-                               check=False, timeout=120, **_as_user(slot))  # type: ignore[call-overload]
+                               check=False, timeout=120, **_as_user(slot))
     rec = recorded_engine(slot)
     if rec is not None:
         if proc_start(rec["pid"]) is not None and not engine_alive(slot):
@@ -541,9 +551,9 @@ def stop_slot(cfg: Config, slot: Slot, *, remove: bool) -> None:
         _run(["groupdel", slot.user], what=f"groupdel {slot.user}")
     except KeyError:
         pass
-    for path in (slot.home, slot.work, slot.runtime, slot.state):
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
+    for folder in (slot.home, slot.work, slot.runtime, slot.state):
+        if folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder)
 
 
 def down(cfg: Config, *, remove: bool) -> None:

@@ -199,7 +199,7 @@ def host_settings(env: Mapping[str, str]) -> HostSettings:
         raise ValueError(f"SLIME_CI_GPU_DEVICES={mode!r}: use one of {', '.join(GPU_DEVICE_MODES)} "
                          "(cdi for rootless Podman, runners/README.md)")
     return HostSettings(caches=caches, pull=pull, cache_writer=writer in ("1", "true"),
-                        gpu_devices=mode)  # type: ignore[arg-type]
+                        gpu_devices=mode)
 
 
 @dataclass(frozen=True, kw_only=True)
