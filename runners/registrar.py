@@ -76,6 +76,7 @@ class Config:
     prefix: str
     once: bool
     dry_run: bool
+    reset: tuple[str, ...] = ()  # --reset-command's words, `{slot}` in them; () for none
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,6 +198,22 @@ def child_env(env: Mapping[str, str], token: str, slot: Mapping[str, str]) -> di
     return {**kept, **slot}
 
 
+def reset_argv(cfg: Config, slot: int) -> list[str]:
+    """The --reset-command of one slot (pure)."""
+    return [word.replace("{slot}", str(slot)) for word in cfg.reset]
+
+
+def reset_slot(cfg: Config, token: str, slot: int) -> None:
+    """Run the reset command of the slot; a failure is Failed, and nothing is registered."""
+    try:
+        done = subprocess.run(reset_argv(cfg, slot), env=child_env(os.environ, token, slot_env(cfg, slot)),
+                              stdin=subprocess.DEVNULL, check=False, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Failed(f"slot {slot}: the reset command did not run ({exc}); no runner registered") from None
+    if done.returncode != 0:
+        raise Failed(f"slot {slot}: the reset command exited {done.returncode}; no runner registered")
+
+
 def serve_slot(cfg: Config, token: str, slot: int, stop: threading.Event, errors: list[str]) -> None:
     """`_serve_slot`, and a slot that ends on anything unforeseen is an error (exit 1 with
     --once), never a thread that died while the registrar exits 0."""
@@ -209,10 +226,16 @@ def serve_slot(cfg: Config, token: str, slot: int, stop: threading.Event, errors
 
 
 def _serve_slot(cfg: Config, token: str, slot: int, stop: threading.Event, errors: list[str]) -> None:
-    """Keep one runner slot filled: register, run one job, unregister; until stopped."""
+    """Keep one runner slot filled: reset it (--reset-command), register, run one job,
+    unregister; until stopped. No runner is registered on a slot whose reset failed."""
+    dirty = bool(cfg.reset)  # also at start: the registrar may have stopped after a job
     while not stop.is_set():
         try:
+            if dirty:
+                reset_slot(cfg, token, slot)
+                dirty = False
             reg = register(cfg, token, slot)
+            dirty = bool(cfg.reset)
             print(f"registrar: slot {slot}: runner {reg.name} (id {reg.runner_id}) waiting for a job",
                   flush=True)
             try:
@@ -258,6 +281,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--slot-uid-base", type=int, default=SLOT_UID_BASE,
                    help="slot N's runner runs as uid BASE+N, with that user's rootless engine "
                         f"(runners/setup_slots.py's --uid-base; default {SLOT_UID_BASE})")
+    p.add_argument("--reset-command", default="",
+                   help="run before each registration, {slot} replaced by the slot's number; no runner "
+                        "is registered on a slot it failed for. E.g. 'ssh ci@gpu-host sudo python3 "
+                        "/opt/slime-ci/runners/setup_slots.py reset --slot {slot}': what a job left in "
+                        "its slot's engine, home and work folder is gone before the next job")
     p.add_argument("--compose-file", type=Path, default=HERE / "docker-compose.yml")
     p.add_argument("--api-url", default=API_URL, help=argparse.SUPPRESS)  # a test's loopback stand-in
     p.add_argument("--prefix", default="slime-ci-gpu", help="runner and container name prefix")
@@ -283,12 +311,19 @@ def parse(argv: Sequence[str]) -> tuple[Config, Path]:
     if not 1000 <= args.slot_uid_base <= 2**31 - 100:
         raise BadInput(f"--slot-uid-base {args.slot_uid_base}: give 1000 or more, "
                        "as runners/setup_slots.py's --uid-base")
+    try:
+        reset = tuple(shlex.split(args.reset_command))
+    except ValueError as exc:
+        raise BadInput(f"--reset-command: {exc}") from None
+    if reset and not any("{slot}" in word for word in reset):
+        raise BadInput("--reset-command: name the slot with {slot}, so one slot's reset never stops "
+                       "another slot's job")
     if not args.compose_file.is_file():
         raise BadInput(f"--compose-file {args.compose_file}: no such file")
     cfg = Config(repo=args.repo, runners=args.runners, labels=labels, group=args.runner_group_id,
                  work_dir=args.work_dir.rstrip("/"), uid_base=args.slot_uid_base,
                  compose_file=args.compose_file, api_url=args.api_url,
-                 prefix=args.prefix, once=args.once, dry_run=args.dry_run)
+                 prefix=args.prefix, once=args.once, dry_run=args.dry_run, reset=reset)
     return cfg, args.token_file
 
 
@@ -298,6 +333,8 @@ def main(argv: Sequence[str]) -> int:
         if cfg.dry_run:
             for slot in range(1, cfg.runners + 1):
                 env = " ".join(f"{k}={v}" for k, v in slot_env(cfg, slot).items())
+                if cfg.reset:
+                    print(shlex.join(reset_argv(cfg, slot)))
                 print(env, shlex.join(runner_argv(cfg, slot, "<one-use JIT config>")))
             return 0
         token = read_token(token_file)

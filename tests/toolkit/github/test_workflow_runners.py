@@ -264,6 +264,44 @@ def test_the_registrar_dry_run_names_each_slot_and_registers_nothing(tmp_path: P
     assert bad.returncode == 2 and "--slot-uid-base 0" in bad.stderr and bad.stderr.count("\n") == 1
 
 
+def _reset_script(tmp_path: Path, code: int) -> Path:
+    """A stand-in for `ssh gpu-host sudo setup_slots.py reset --slot N`: it logs, then exits `code`."""
+    script = tmp_path / "reset.py"
+    calls = tmp_path / "docker-calls.jsonl"  # what the docker stand-in has recorded so far
+    script.write_text(f"import json, os, sys\ncalls = {str(calls)!r}\n"
+                      "ran = [json.loads(x)['env'].get('SLIME_CI_SLOT') for x in open(calls)] "
+                      "if os.path.exists(calls) else []\n"
+                      f"open({str(tmp_path / 'order.log')!r}, 'a').write(json.dumps("
+                      "{'reset': sys.argv[1], 'env': sorted(os.environ), 'ran_before': ran.count(sys.argv[1])})"
+                      " + '\\n')\n"
+                      f"raise SystemExit({code})\n")
+    return script
+
+
+def test_each_slot_is_reset_before_its_runner_is_registered(tmp_path: Path, fake_github) -> None:
+    api, seen = fake_github
+    script = _reset_script(tmp_path, 0)
+    done, calls = _registrar(tmp_path, api, "--runners", "2", "--once",
+                             "--reset-command", f"{sys.executable} {script} {{slot}}", env_extra=SECRETS)
+    assert done.returncode == 0, done.stderr
+    resets = [json.loads(x) for x in (tmp_path / "order.log").read_text().splitlines()]
+    assert sorted(r["reset"] for r in resets) == ["1", "2"]
+    assert [r["ran_before"] for r in resets] == [0, 0]  # before its slot's runner started
+    assert not [r for r in resets if set(r["env"]) & (set(SECRETS) - {"SLIME_CI_SLOT_UID"})]
+    assert len(calls) == 2 and len([s for s in seen if s["method"] == "POST"]) == 2
+
+
+def test_a_slot_whose_reset_fails_gets_no_runner(tmp_path: Path, fake_github) -> None:
+    api, seen = fake_github
+    script = _reset_script(tmp_path, 3)
+    done, calls = _registrar(tmp_path, api, "--runners", "1", "--once",
+                             "--reset-command", f"{sys.executable} {script} {{slot}}")
+    assert done.returncode == 1 and "slot 1: the reset command exited 3; no runner registered" in done.stderr
+    assert not seen and not calls  # nothing registered, nothing started
+    bad, _ = _registrar(tmp_path, api, "--once", "--reset-command", "setup_slots.py reset")
+    assert bad.returncode == 2 and "{slot}" in bad.stderr and bad.stderr.count("\n") == 1
+
+
 def test_the_registrar_and_compose_name_the_paths_setup_slots_makes() -> None:
     # Three files agree on one slot: its uid, its engine socket, its work folder.
     sys.path.insert(0, str(RUNNERS))
