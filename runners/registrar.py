@@ -7,8 +7,13 @@ for a one-use just-in-time configuration (`POST /repos/{repo}/actions/runners/
 generate-jitconfig`), starts the `runner` service of `docker-compose.yml` on the GPU host
 with that configuration and nothing else (`docker compose run`, DOCKER_HOST pointing at
 the host), waits for the container to exit after its one job, removes the registration,
-and starts the next. The token never leaves this process: not in the container, not in
-the environment of the docker CLI, not in a log line.
+and starts the next. Slot N's runner runs as slot N's user of `runners/setup_slots.py`
+(uid `--slot-uid-base` + N) with that slot's rootless engine socket and work folder: the
+docker CLI gets the slot's number, uid and work directory, which docker-compose.yml reads.
+The token never leaves this process: not in the container, not in the environment of the
+docker CLI, not in a log line. Nor does any other long-lived secret of the caller's
+environment: the docker CLI gets a short list of variables it needs (`child_env`), never
+WANDB_API_KEY or a cloud key, so no job can read one.
 
 Standard library only, so the control machine needs Python 3.10+ and the docker CLI.
 Exit codes: 0 done (`--once`) or stopped by a signal, 1 GitHub or docker failed (`--once`),
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import stat
 import subprocess
@@ -39,6 +45,13 @@ API_VERSION = "2022-11-28"
 SERVICE = "runner"  # the service of docker-compose.yml each runner container is made from
 RUN_SH = "/home/runner/run.sh"  # the actions-runner image's entry point
 BACKOFF_S = 30.0  # between failed attempts of one slot, so a bad token never hammers the API
+SLOT_UID_BASE = 61000  # runners/setup_slots.py's --uid-base: slot N is uid BASE + N
+# What the docker CLI may take from the caller's environment: where the GPU host's engine is
+# and how to reach it, the locale, and the data directory docker-compose.yml reads. Anything
+# else (a WANDB_API_KEY, cloud keys, tokens) stays here: compose could pass it into a runner.
+CLI_ENV = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "SSH_AUTH_SOCK",
+                     "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH",
+                     "DOCKER_TLS_VERIFY", "XDG_CONFIG_HOME", "XDG_RUNTIME_DIR", "SLIME_CI_DATA_DIR"})
 HERE = Path(__file__).resolve().parent
 
 
@@ -57,11 +70,13 @@ class Config:
     labels: tuple[str, ...]
     group: int
     work_dir: str
+    uid_base: int
     compose_file: Path
     api_url: str
     prefix: str
     once: bool
     dry_run: bool
+    reset: tuple[str, ...] = ()  # --reset-command's words, `{slot}` in them; () for none
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,9 +183,35 @@ def runner_argv(cfg: Config, slot: int, jit_config: str) -> list[str]:
             "--name", f"{cfg.prefix}-{slot}", SERVICE, RUN_SH, "--jitconfig", jit_config]
 
 
-def child_env(env: Mapping[str, str], token: str) -> dict[str, str]:
-    """The docker CLI's environment: the caller's, less anything that holds the token."""
-    return {k: v for k, v in env.items() if token not in v and "TOKEN" not in k.upper()}
+def slot_env(cfg: Config, slot: int) -> dict[str, str]:
+    """What docker-compose.yml needs to run slot N's runner as slot N (pure): its number, its
+    user's uid (whose rootless engine socket and tmpfs it gets) and the work directory."""
+    return {"SLIME_CI_SLOT": str(slot), "SLIME_CI_SLOT_UID": str(cfg.uid_base + slot),
+            "SLIME_CI_WORK_DIR": cfg.work_dir}
+
+
+def child_env(env: Mapping[str, str], token: str, slot: Mapping[str, str]) -> dict[str, str]:
+    """The docker CLI's environment: CLI_ENV (and LC_*) of the caller's, never a value that
+    holds the token, then the slot's variables."""
+    kept = {k: v for k, v in env.items()
+            if (k in CLI_ENV or k.startswith("LC_")) and token not in v}
+    return {**kept, **slot}
+
+
+def reset_argv(cfg: Config, slot: int) -> list[str]:
+    """The --reset-command of one slot (pure)."""
+    return [word.replace("{slot}", str(slot)) for word in cfg.reset]
+
+
+def reset_slot(cfg: Config, token: str, slot: int) -> None:
+    """Run the reset command of the slot; a failure is Failed, and nothing is registered."""
+    try:
+        done = subprocess.run(reset_argv(cfg, slot), env=child_env(os.environ, token, slot_env(cfg, slot)),
+                              stdin=subprocess.DEVNULL, check=False, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Failed(f"slot {slot}: the reset command did not run ({exc}); no runner registered") from None
+    if done.returncode != 0:
+        raise Failed(f"slot {slot}: the reset command exited {done.returncode}; no runner registered")
 
 
 def serve_slot(cfg: Config, token: str, slot: int, stop: threading.Event, errors: list[str]) -> None:
@@ -185,15 +226,21 @@ def serve_slot(cfg: Config, token: str, slot: int, stop: threading.Event, errors
 
 
 def _serve_slot(cfg: Config, token: str, slot: int, stop: threading.Event, errors: list[str]) -> None:
-    """Keep one runner slot filled: register, run one job, unregister; until stopped."""
+    """Keep one runner slot filled: reset it (--reset-command), register, run one job,
+    unregister; until stopped. No runner is registered on a slot whose reset failed."""
+    dirty = bool(cfg.reset)  # also at start: the registrar may have stopped after a job
     while not stop.is_set():
         try:
+            if dirty:
+                reset_slot(cfg, token, slot)
+                dirty = False
             reg = register(cfg, token, slot)
+            dirty = bool(cfg.reset)
             print(f"registrar: slot {slot}: runner {reg.name} (id {reg.runner_id}) waiting for a job",
                   flush=True)
             try:
                 done = subprocess.run(runner_argv(cfg, slot, reg.jit_config),
-                                      env=child_env(os.environ, token), check=False,
+                                      env=child_env(os.environ, token, slot_env(cfg, slot)), check=False,
                                       stdin=subprocess.DEVNULL)
             except OSError as exc:
                 raise Failed(f"cannot run the docker CLI ({exc.strerror})") from None
@@ -231,6 +278,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="runner group (default 1, the default group)")
     p.add_argument("--work-dir", default="/srv/slime-ci/work",
                    help="GPU host directory of the runners' work folders (mounted at the same path)")
+    p.add_argument("--slot-uid-base", type=int, default=SLOT_UID_BASE,
+                   help="slot N's runner runs as uid BASE+N, with that user's rootless engine "
+                        f"(runners/setup_slots.py's --uid-base; default {SLOT_UID_BASE})")
+    p.add_argument("--reset-command", default="",
+                   help="run before each registration, {slot} replaced by the slot's number; no runner "
+                        "is registered on a slot it failed for. E.g. 'ssh ci@gpu-host sudo python3 "
+                        "/opt/slime-ci/runners/setup_slots.py reset --slot {slot}': what a job left in "
+                        "its slot's engine, home and work folder is gone before the next job")
     p.add_argument("--compose-file", type=Path, default=HERE / "docker-compose.yml")
     p.add_argument("--api-url", default=API_URL, help=argparse.SUPPRESS)  # a test's loopback stand-in
     p.add_argument("--prefix", default="slime-ci-gpu", help="runner and container name prefix")
@@ -253,11 +308,22 @@ def parse(argv: Sequence[str]) -> tuple[Config, Path]:
         raise BadInput("--labels: name the labels besides self-hosted (GitHub adds that one)")
     if not args.work_dir.startswith("/"):
         raise BadInput(f"--work-dir {args.work_dir}: give an absolute path on the GPU host")
+    if not 1000 <= args.slot_uid_base <= 2**31 - 100:
+        raise BadInput(f"--slot-uid-base {args.slot_uid_base}: give 1000 or more, "
+                       "as runners/setup_slots.py's --uid-base")
+    try:
+        reset = tuple(shlex.split(args.reset_command))
+    except ValueError as exc:
+        raise BadInput(f"--reset-command: {exc}") from None
+    if reset and not any("{slot}" in word for word in reset):
+        raise BadInput("--reset-command: name the slot with {slot}, so one slot's reset never stops "
+                       "another slot's job")
     if not args.compose_file.is_file():
         raise BadInput(f"--compose-file {args.compose_file}: no such file")
     cfg = Config(repo=args.repo, runners=args.runners, labels=labels, group=args.runner_group_id,
-                 work_dir=args.work_dir.rstrip("/"), compose_file=args.compose_file, api_url=args.api_url,
-                 prefix=args.prefix, once=args.once, dry_run=args.dry_run)
+                 work_dir=args.work_dir.rstrip("/"), uid_base=args.slot_uid_base,
+                 compose_file=args.compose_file, api_url=args.api_url,
+                 prefix=args.prefix, once=args.once, dry_run=args.dry_run, reset=reset)
     return cfg, args.token_file
 
 
@@ -266,7 +332,10 @@ def main(argv: Sequence[str]) -> int:
         cfg, token_file = parse(argv)
         if cfg.dry_run:
             for slot in range(1, cfg.runners + 1):
-                print(" ".join(runner_argv(cfg, slot, "<one-use JIT config>")))
+                env = " ".join(f"{k}={v}" for k, v in slot_env(cfg, slot).items())
+                if cfg.reset:
+                    print(shlex.join(reset_argv(cfg, slot)))
+                print(env, shlex.join(runner_argv(cfg, slot, "<one-use JIT config>")))
             return 0
         token = read_token(token_file)
     except BadInput as exc:

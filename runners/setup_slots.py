@@ -18,6 +18,11 @@ skipped when already done:
 - with `--image-tar`, the test image loaded into the slot's engine (a `docker save` archive,
   or a root filesystem tarball, imported), since jobs do not pull from registries here.
 
+`reset [--slot N]` gives a slot back as `up` made it, for its next job: it stops the engine
+and its containers, wipes the engine's storage, the user's home and the work folder, and
+starts the engine with the image again (runners/registrar.py runs it before each
+registration, `--reset-command`).
+
 Why Podman: on the machine this was built on, rootless Podman ran containers (runc, the
 cgroupfs manager, native overlay) while rootless dockerd did not start: rootlesskit's
 network drivers need /dev/net/tun, which only root may open there (docs/security.md).
@@ -46,7 +51,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypedDict
 
 SUBID_COUNT = 65536
 ENGINE_WAIT_S = 60.0
@@ -140,7 +145,7 @@ def _run(argv: Sequence[str], *, what: str, stdin: int | None = None, slot: Slot
     try:
         done = subprocess.run(list(argv), stdin=stdin if stdin is not None else subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=timeout, check=False,
-                              **(_as_user(slot) if slot else {}))
+                              **(_as_user(slot) if slot else AsUser()))
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise StepFailed(f"{what}: {exc}") from None
     if done.returncode != 0:
@@ -155,8 +160,18 @@ def _env(slot: Slot) -> dict[str, str]:
             "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
 
 
-def _as_user(slot: Slot) -> dict[str, object]:
-    return {"user": slot.uid, "group": slot.uid, "extra_groups": [], "env": _env(slot), "cwd": str(slot.home)}
+class AsUser(TypedDict, total=False):
+    """The keyword arguments of subprocess that run a command as a slot's user."""
+
+    user: int
+    group: int
+    extra_groups: list[int]
+    env: dict[str, str]
+    cwd: str
+
+
+def _as_user(slot: Slot) -> AsUser:
+    return AsUser(user=slot.uid, group=slot.uid, extra_groups=[], env=_env(slot), cwd=str(slot.home))
 
 
 # ---- checks -------------------------------------------------------------------------------
@@ -350,7 +365,7 @@ def ensure_engine(cfg: Config, slot: Slot) -> None:
     with open(log, "ab") as out:
         proc = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{slot.socket}"],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                start_new_session=True, **_as_user(slot))  # type: ignore[call-overload]
+                                start_new_session=True, **_as_user(slot))
     start = proc_start(proc.pid)
     rec = {"pid": proc.pid, "start": start, "uid": slot.uid}
     (slot.state / "engine.json").write_text(json.dumps(rec) + "\n")
@@ -370,7 +385,7 @@ def ensure_image(cfg: Config, slot: Slot) -> None:
         return
     if not cfg.dry_run:
         exists = subprocess.run(["podman", "image", "exists", cfg.image_name], stdin=subprocess.DEVNULL,
-                                capture_output=True, check=False, **_as_user(slot))  # type: ignore[call-overload]
+                                capture_output=True, check=False, **_as_user(slot))
         if exists.returncode == 0:
             return
     saved = _is_docker_save(cfg.image_tar)
@@ -500,7 +515,7 @@ def stop_slot(cfg: Config, slot: Slot, *, remove: bool) -> None:
         if not cfg.dry_run:
             for args in (("stop", "--all", "--time", "5"), ("rm", "--all", "--force")):
                 subprocess.run(["podman", *args], stdin=subprocess.DEVNULL, capture_output=True,
-                               check=False, timeout=120, **_as_user(slot))  # type: ignore[call-overload]
+                               check=False, timeout=120, **_as_user(slot))
     rec = recorded_engine(slot)
     if rec is not None:
         if proc_start(rec["pid"]) is not None and not engine_alive(slot):
@@ -541,9 +556,9 @@ def stop_slot(cfg: Config, slot: Slot, *, remove: bool) -> None:
         _run(["groupdel", slot.user], what=f"groupdel {slot.user}")
     except KeyError:
         pass
-    for path in (slot.home, slot.work, slot.runtime, slot.state):
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
+    for folder in (slot.home, slot.work, slot.runtime, slot.state):
+        if folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder)
 
 
 def down(cfg: Config, *, remove: bool) -> None:
@@ -551,6 +566,42 @@ def down(cfg: Config, *, remove: bool) -> None:
         raise HostLacks("run it as root: it stops the slot users' engines (or pass --dry-run)")
     for slot in cfg.slots:
         stop_slot(cfg, slot, remove=remove)
+
+
+# ---- reset --------------------------------------------------------------------------------
+
+def _empty(folder: Path) -> None:
+    """Remove everything inside `folder`, never following a link out of it."""
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def reset(cfg: Config, only: int | None) -> None:
+    """Give slots back as `up` made them, for the next job: whatever a job left in its slot's
+    engine (containers, images, a retagged or rewritten test image: the storage is wiped, the
+    image loaded again), its work folder and its user's home is gone."""
+    if not cfg.dry_run and os.geteuid() != 0:
+        raise HostLacks("run it as root: it resets the slot users' engines (or pass --dry-run)")
+    check_host(cfg)
+    for slot in cfg.slots:
+        if only is not None and slot.index != only:
+            continue
+        if not pwd_exists(slot.user):
+            raise StepFailed(f"slot {slot.index}: no user {slot.user}; run `up` first")
+        stop_slot(cfg, slot, remove=False)
+        _say(cfg, f"wipe {slot.user}'s engine storage, home and work folder {slot.work}")
+        if not cfg.dry_run:
+            _run(["podman", "system", "reset", "--force"], slot=slot,
+                 what=f"slot {slot.index}: podman system reset")
+            for folder in (slot.home, slot.work):
+                if folder.is_dir() and not folder.is_symlink():
+                    _empty(folder)
+        ensure_engine_config(cfg, slot)
+        ensure_engine(cfg, slot)
+        ensure_image(cfg, slot)
 
 
 # ---- command line -------------------------------------------------------------------------
@@ -575,9 +626,11 @@ def _parser() -> argparse.ArgumentParser:
         "Create (up) or stop (down) the GPU host's runner slots: one unprivileged user, "
         "subordinate id range, rootless Podman engine and work folder per slot, and "
         "root-owned caches no slot can write. Idempotent; run as root."))
-    p.add_argument("action", nargs="?", choices=("up", "down", "status"), default="up",
+    p.add_argument("action", nargs="?", choices=("up", "down", "reset", "status"), default="up",
                    help="up (default): create what is missing and start the engines; down: stop the "
-                   "engines this script started; status: the table only")
+                   "engines this script started; reset: wipe what jobs left in a slot (engine storage, "
+                   "home, work folder) and bring it up again with the image; status: the table only")
+    p.add_argument("--slot", type=int, help="with reset: that slot only (default every slot)")
     p.add_argument("--slots", type=int, default=4, help="number of slots (default 4, one per runner)")
     p.add_argument("--root", type=Path, default=Path("/srv/slime-ci"),
                    help="base directory: work/<i>, data/{models,datasets}, home/, slots/ "
@@ -628,6 +681,8 @@ def parse(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
         raise BadInput(f"--lock-path-pattern {args.lock_path_pattern!r}: an absolute path with {{gpu_id}}")
     if args.remove and args.action != "down":
         raise BadInput("--remove goes with down")
+    if args.slot is not None and (args.action != "reset" or not 1 <= args.slot <= args.slots):
+        raise BadInput(f"--slot {args.slot}: goes with reset, and names one of slots 1 to {args.slots}")
     slots = slot_plan(args.root, args.slots, prefix=args.prefix, uid_base=args.uid_base,
                       subid_base=args.subid_base)
     cfg = Config(root=args.root, slots=slots, image_tar=args.image_tar, image_name=args.image_name,
@@ -643,6 +698,8 @@ def main(argv: Sequence[str]) -> int:
             up(cfg)
         elif args.action == "down":
             down(cfg, remove=args.remove)
+        elif args.action == "reset":
+            reset(cfg, args.slot)
         print(table(cfg))
     except (BadInput, HostLacks, StepFailed, NotOurs) as exc:
         print(f"error: {exc}", file=sys.stderr)

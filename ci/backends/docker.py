@@ -62,6 +62,7 @@ class DockerBackend(LocalBackend):
         self.pull: Pull = pull or host.pull or "always"  # type: ignore[assignment]
         self._caches = host.caches
         self._cache_writer = host.cache_writer
+        self._gpu_devices = host.gpu_devices
         self._limits = read_host_limits()
         self._root = Path(root)
         self._note = note
@@ -84,6 +85,7 @@ class DockerBackend(LocalBackend):
         # imports the checkout's framework, not the image's installed copy (ci/backends/checkout.py).
         name = container_name(entry.id, uuid.uuid4().hex[:8])
         options = DockerOptions(image=self.image, workspace=self._root, devices=devices,
+                                gpu_devices=self._gpu_devices,
                                 env=inner_env, caches=self._caches, pull=self.pull, name=name,
                                 isolation=entry.container, privileged=entry.container == "framework",
                                 writable_caches=self._cache_writer)

@@ -27,6 +27,15 @@ from ci.registry.model import Isolation
 
 Pull = Literal["always", "missing", "never"]
 PULL_POLICIES: tuple[Pull, ...] = ("always", "missing", "never")
+# How the lock's holder hands its GPUs to the container (SLIME_CI_GPU_DEVICES, runners/README.md):
+# "gpus" `--gpus "device=…"` (a root dockerd, or rootless dockerd, with the NVIDIA runtime);
+# "cdi" one `--device nvidia.com/gpu=N` per GPU (rootless Podman with the CDI spec that
+# `nvidia-ctk cdi generate` writes); "nodes" one `--device /dev/nvidiaN` per GPU and the
+# driver's control nodes (an engine with neither, and an image carrying the driver's libraries).
+GpuDevices = Literal["gpus", "cdi", "nodes"]
+GPU_DEVICE_MODES: tuple[GpuDevices, ...] = ("gpus", "cdi", "nodes")
+# Every CUDA process opens these besides its GPUs' own /dev/nvidiaN (nvidia-container-cli's list).
+NVIDIA_CONTROL_NODES: tuple[str, ...] = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 # Variables handed from the host to every entry by name: `-e NAME` lets docker read the
 # value itself, so secrets never appear in the argv (ps, logs, --dry-run).
@@ -49,6 +58,7 @@ class DockerOptions:
     image: str
     workspace: Path
     devices: tuple[int, ...] = ()  # host GPU ids this entry holds; () runs without GPUs
+    gpu_devices: GpuDevices = "gpus"  # how they are handed to the container (GPU_DEVICE_MODES)
     env: Mapping[str, str] = field(default_factory=dict)
     passthrough: tuple[str, ...] = DEFAULT_PASSTHROUGH
     caches: Mapping[str, str] = field(default_factory=dict)  # host path -> container path
@@ -62,17 +72,28 @@ class DockerOptions:
     shm_size: str = "16g"
 
 
-def gpus_flag(devices: tuple[int, ...]) -> tuple[str, ...]:
-    """`--gpus "device=0,1"` for the held GPUs; nothing for none.
+def gpus_flag(devices: tuple[int, ...], mode: GpuDevices = "gpus") -> tuple[str, ...]:
+    """The flags that give the container the held GPUs and no other; nothing for none.
 
-    The inner double quotes are part of the value: docker reads --gpus as CSV, and
-    without them `device=0,1` would be split at the comma.
+    "gpus": `--gpus "device=0,1"`; the inner double quotes are part of the value: docker
+    reads --gpus as CSV, and without them `device=0,1` would be split at the comma.
+    "cdi": `--device nvidia.com/gpu=0 --device nvidia.com/gpu=1`, the CDI spec's names.
+    "nodes": `--device /dev/nvidia0 --device /dev/nvidia1` and the control nodes.
+    The container sees only these GPUs, numbered from 0 in this order (`container_env`).
     """
     if not devices:
         return ()
     if len(set(devices)) != len(devices) or min(devices) < 0:
         raise ValueError(f"GPU ids must be distinct and non-negative, got {devices}")
-    return ("--gpus", '"device=' + ",".join(str(d) for d in devices) + '"')
+    if mode == "gpus":
+        return ("--gpus", '"device=' + ",".join(str(d) for d in devices) + '"')
+    if mode == "cdi":
+        names = [f"nvidia.com/gpu={d}" for d in devices]
+    elif mode == "nodes":
+        names = [f"/dev/nvidia{d}" for d in devices] + list(NVIDIA_CONTROL_NODES)
+    else:
+        raise ValueError(f"GPU hand-off {mode!r}: use one of {', '.join(GPU_DEVICE_MODES)}")
+    return tuple(flag for name in names for flag in ("--device", name))
 
 
 def container_env(opts: DockerOptions) -> dict[str, str]:
@@ -108,10 +129,10 @@ def docker_run_argv(opts: DockerOptions, inner: tuple[str, ...]) -> tuple[str, .
         if opts.privileged:
             argv.append("--privileged")
         argv += ["--cap-add", "SYS_NICE", "--security-opt", "seccomp=unconfined", "--network", "host",
-                 *gpus_flag(opts.devices), "--ipc=host"]
+                 *gpus_flag(opts.devices, opts.gpu_devices), "--ipc=host"]
     elif opts.isolation == "minimal":
         # A process of the test cannot gain privileges (setuid binaries, file capabilities).
-        argv += ["--security-opt", "no-new-privileges", *gpus_flag(opts.devices)]
+        argv += ["--security-opt", "no-new-privileges", *gpus_flag(opts.devices, opts.gpu_devices)]
     else:
         raise ValueError(f"container isolation {opts.isolation!r}: use minimal or framework")
     argv += [
@@ -152,11 +173,12 @@ class HostSettings:
     caches: Mapping[str, str]
     pull: Pull | None  # None: let the caller choose (always in CI)
     cache_writer: bool = False  # SLIME_CI_CACHE_WRITER=1: this run may write the caches
+    gpu_devices: GpuDevices = "gpus"  # SLIME_CI_GPU_DEVICES: how GPUs reach the container
 
 
 def host_settings(env: Mapping[str, str]) -> HostSettings:
     """Cache mounts, pull policy and cache writing from SLIME_CI_MODELS_DIR, SLIME_CI_DATASETS_DIR,
-    SLIME_CI_DATA_DIR, SLIME_CI_DOCKER_PULL and SLIME_CI_CACHE_WRITER."""
+    SLIME_CI_DATA_DIR, SLIME_CI_DOCKER_PULL, SLIME_CI_CACHE_WRITER and SLIME_CI_GPU_DEVICES."""
     caches = {
         env.get("SLIME_CI_MODELS_DIR") or CONTAINER_MODELS_DIR: CONTAINER_MODELS_DIR,
         env.get("SLIME_CI_DATASETS_DIR") or CONTAINER_DATASETS_DIR: CONTAINER_DATASETS_DIR,
@@ -172,7 +194,12 @@ def host_settings(env: Mapping[str, str]) -> HostSettings:
     writer = env.get("SLIME_CI_CACHE_WRITER", "").strip().lower()
     if writer not in ("", "0", "1", "true", "false"):
         raise ValueError(f"SLIME_CI_CACHE_WRITER={writer!r}: use 1 or 0")
-    return HostSettings(caches=caches, pull=pull, cache_writer=writer in ("1", "true"))
+    mode = env.get("SLIME_CI_GPU_DEVICES") or "gpus"
+    if mode not in GPU_DEVICE_MODES:
+        raise ValueError(f"SLIME_CI_GPU_DEVICES={mode!r}: use one of {', '.join(GPU_DEVICE_MODES)} "
+                         "(cdi for rootless Podman, runners/README.md)")
+    return HostSettings(caches=caches, pull=pull, cache_writer=writer in ("1", "true"),
+                        gpu_devices=mode)
 
 
 @dataclass(frozen=True, kw_only=True)

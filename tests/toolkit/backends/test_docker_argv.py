@@ -69,6 +69,51 @@ def test_gpus_are_the_held_devices_quoted_for_docker_csv():
         gpus_flag((1, 1))
 
 
+def test_cdi_hand_off_names_each_held_gpu_and_no_other():
+    # Rootless Podman: the lock's holder passes CDI names of the GPUs it holds (no GPU here:
+    # the argv is checked, never run; the names are those `nvidia-ctk cdi generate` writes).
+    for isolation in ("minimal", "framework"):
+        argv = docker_run_argv(_opts(devices=(3, 5), gpu_devices="cdi", isolation=isolation), INNER)
+        head = argv[: argv.index("slimerl/slime:latest")]
+        assert _pairs(head, "--device") == ["nvidia.com/gpu=3", "nvidia.com/gpu=5"]
+        assert "--gpus" not in head and not any(a.startswith("/dev/") for a in head)
+    assert "--device" not in docker_run_argv(_opts(gpu_devices="cdi"), INNER)
+
+
+def test_node_hand_off_passes_the_held_gpus_nodes_and_the_control_nodes():
+    # These /dev/nvidia* paths are not real here (no GPU): the argv is checked, never run.
+    argv = docker_run_argv(_opts(devices=(2,), gpu_devices="nodes"), INNER)
+    assert _pairs(argv, "--device") == ["/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm",
+                                        "/dev/nvidia-uvm-tools"]
+    assert "/dev/nvidia0" not in argv and "--gpus" not in argv
+    # The container numbers what it got from 0, whichever hand-off gave it.
+    assert "CUDA_VISIBLE_DEVICES=0" in _pairs(argv, "-e")
+    with pytest.raises(ValueError, match="GPU hand-off 'all'"):
+        gpus_flag((0,), "all")  # type: ignore[arg-type]
+
+
+def test_the_hand_off_comes_from_slime_ci_gpu_devices():
+    assert host_settings({}).gpu_devices == "gpus"
+    assert host_settings({"SLIME_CI_GPU_DEVICES": "cdi"}).gpu_devices == "cdi"
+    with pytest.raises(ValueError, match="SLIME_CI_GPU_DEVICES='cuda': use one of gpus, cdi, nodes"):
+        host_settings({"SLIME_CI_GPU_DEVICES": "cuda"})
+
+
+def test_the_docker_backend_hands_its_granted_gpus_over_as_configured(monkeypatch, tmp_path):
+    from ci.backends.docker import DockerBackend
+    from ci.backends.launch import EntryEnv
+    from ci.select.entries import ResolvedEntry
+
+    monkeypatch.setenv("SLIME_CI_GPU_DEVICES", "cdi")
+    backend = DockerBackend(gpus=8, image="img:1", pull="never", root=str(tmp_path),
+                            lock_path_pattern=None, note=lambda _: None)
+    entry = ResolvedEntry(id="tests/e2e/test_x.py", path="tests/e2e/test_x.py", timeout=60, num_gpus=2,
+                          kind="pytest")
+    launch = backend.launch(entry, ("python", "tests/e2e/test_x.py"), EntryEnv(inherited={}, own={}),
+                            devices=(6, 1))
+    assert _pairs(launch.argv, "--device") == ["nvidia.com/gpu=6", "nvidia.com/gpu=1"]
+
+
 def test_cuda_visible_devices_is_renumbered_inside_the_container():
     env = {"CUDA_VISIBLE_DEVICES": "3,5", "NUM_GPUS": "2", "SLIME_CI_GPUS": "3,5"}
     argv = docker_run_argv(_opts(devices=(3, 5), env=env), INNER)

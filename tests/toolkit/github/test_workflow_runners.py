@@ -33,13 +33,29 @@ RUNNERS = ROOT / "runners"
 TOKEN = "github_pat_" + "A1b2C3d4" * 4  # a fake admin token: what no runner may ever see
 
 
-def _defaults(text: str) -> str:
-    """Resolve `${VAR:-default}` as compose does when VAR is unset."""
-    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)
+SLOT_1 = {"SLIME_CI_SLOT": "1", "SLIME_CI_SLOT_UID": "61001", "SLIME_CI_WORK_DIR": "/srv/slime-ci/work"}
 
 
-def _runner() -> dict[str, Any]:
-    compose: dict[str, Any] = yaml.safe_load(_defaults((RUNNERS / "docker-compose.yml").read_text()))
+def _interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's `${VAR}`, `${VAR:-default}` and `${VAR:?error}`, the forms docker-compose.yml
+    uses (no compose CLI here): an unset or empty VAR takes the default, or is an error."""
+
+    def one(match: re.Match[str]) -> str:
+        name, op, arg = match.group(1), match.group(2) or "", match.group(3) or ""
+        value = env.get(name, "")
+        if value:
+            return value
+        if op == ":?":
+            raise LookupError(f"{name}: {arg}")
+        return arg
+
+    return re.sub(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", one, text)
+
+
+def _runner(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The runner service as compose renders it for the docker CLI's environment `env`."""
+    text = (RUNNERS / "docker-compose.yml").read_text()
+    compose: dict[str, Any] = yaml.safe_load(_interpolate(text, SLOT_1 if env is None else env))
     assert list(compose["services"]) == ["runner"]
     service: dict[str, Any] = compose["services"]["runner"]
     return service
@@ -57,7 +73,7 @@ def test_runners_share_dev_shm_and_same_path_mounts_caches_read_only() -> None:
     assert DEFAULT_PATTERN.startswith("/dev/shm/")  # what `ipc: host` shares
     service = _runner()
     assert service["ipc"] == "host" and "no-new-privileges:true" in service["security_opt"]
-    assert "/var/run/docker.sock:/var/run/docker.sock" in service["volumes"]
+    assert service["cap_drop"] == ["ALL"] and "privileged" not in service and "cap_add" not in service
     for volume in service["volumes"]:
         host, inside = volume.split(":")[:2]
         assert host == inside, f"{volume} must mount at the same path"
@@ -144,7 +160,7 @@ def test_each_runner_gets_only_its_one_use_config_never_the_token(tmp_path: Path
         assert argv[-3:-1] == ["/home/runner/run.sh", "--jitconfig"]
         configs.add(argv[-1])
         assert TOKEN not in json.dumps(call), "the admin token reached the docker CLI"
-        assert call["env"].get("WANDB_API_KEY") == "w"
+        assert "WANDB_API_KEY" not in call["env"] and "GH_TOKEN" not in call["env"]
     assert configs == {"JIT-1-one-use", "JIT-2-one-use"}
     assert TOKEN not in done.stdout + done.stderr
 
@@ -182,6 +198,128 @@ def test_guide_covers_jit_registration_and_lock_status() -> None:
     ignored = subprocess.run(["git", "check-ignore", "-q", "runners/admin.token"], cwd=ROOT,
                              capture_output=True, timeout=30, check=False)
     assert ignored.returncode == 0, "a token file dropped in runners/ must be ignored by git"
+
+
+# Long-lived secrets a control machine's environment may hold: none may reach a runner.
+SECRETS = {"WANDB_API_KEY": "wandb-long-lived", "GH_TOKEN": "gho_long_lived", "GITHUB_TOKEN": "ghs_job",
+           "AWS_SECRET_ACCESS_KEY": "aws-long-lived", "HF_TOKEN": "hf_long_lived",
+           "SLIME_CI_HISTORY_URL": "postgresql://ci:pw@db/ci", "SLIME_CI_SLOT_UID": "0"}
+
+
+def test_each_runner_runs_as_its_slot_with_its_slot_socket_and_no_secret(tmp_path: Path, fake_github) -> None:
+    # The registrar's real code path (a loopback GitHub, a recording docker CLI); each recorded
+    # call's environment is what compose interpolates docker-compose.yml with.
+    api, _ = fake_github
+    done, calls = _registrar(tmp_path, api, "--runners", "2", "--once", "--slot-uid-base", "62000",
+                             env_extra={**SECRETS, "DOCKER_HOST": "ssh://ci@gpu-host", "LC_ALL": "C.UTF-8"})
+    assert done.returncode == 0, done.stderr
+    assert len(calls) == 2
+    seen_uids = set()
+    for call in calls:
+        env, argv = call["env"], call["argv"]
+        slot = env["SLIME_CI_SLOT"]
+        uid = env["SLIME_CI_SLOT_UID"]
+        assert uid == str(62000 + int(slot)), "the caller's SLIME_CI_SLOT_UID must not win"
+        assert argv[argv.index("--name") + 1] == f"slime-ci-gpu-{slot}"
+        assert env["DOCKER_HOST"] == "ssh://ci@gpu-host" and env["LC_ALL"] == "C.UTF-8"
+        for name, value in SECRETS.items():
+            if name != "SLIME_CI_SLOT_UID":
+                assert name not in env and value not in json.dumps(call), name
+        service = _runner(env)
+        assert service["user"] == f"{uid}:{uid}"
+        sock = f"/run/user/{uid}/podman/podman.sock"
+        assert service["environment"]["DOCKER_HOST"] == f"unix://{sock}"
+        mounts = [v.split(":")[0] for v in service["volumes"]]
+        # The slot's own socket, its own work folder, the caches; no other socket or folder.
+        assert sorted(mounts) == sorted([sock, f"/srv/slime-ci/work/{slot}", "/srv/slime-ci/data"])
+        assert not [m for m in mounts if m.endswith("docker.sock") or m in ("/", "/run", "/var/run")]
+        assert "/srv/slime-ci/data:/srv/slime-ci/data:ro" in service["volumes"]
+        assert service["environment"]["SLIME_CI_GPU_DEVICES"] == "cdi"
+        assert not [k for k in service["environment"] if re.search("TOKEN|KEY|SECRET|PASSWORD|URL", k)]
+        assert service["tmpfs"] == [f"/home/runner/_diag:uid={uid},gid={uid},mode=0700"]
+        seen_uids.add(uid)
+    assert seen_uids == {"62001", "62002"}
+
+
+def test_the_runner_service_refuses_to_start_without_a_slot() -> None:
+    # `docker compose run runner` by hand, without the registrar's slot: compose stops at the
+    # `:?` before it starts anything, instead of running the runner as the image's user.
+    for missing in ("SLIME_CI_SLOT_UID", "SLIME_CI_SLOT"):
+        env = {k: v for k, v in SLOT_1.items() if k != missing}
+        with pytest.raises(LookupError, match=f"{missing}: .*runners/registrar.py"):
+            _runner(env)
+
+
+def test_the_registrar_dry_run_names_each_slot_and_registers_nothing(tmp_path: Path, fake_github) -> None:
+    api, seen = fake_github
+    done, calls = _registrar(tmp_path, api, "--runners", "2", "--dry-run")
+    assert done.returncode == 0 and not seen and not calls, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2
+    for slot, line in enumerate(lines, start=1):
+        assert line.startswith(f"SLIME_CI_SLOT={slot} SLIME_CI_SLOT_UID={61000 + slot} "
+                               "SLIME_CI_WORK_DIR=/srv/slime-ci/work docker compose -f ")
+        assert line.endswith("'<one-use JIT config>'")
+    bad, _ = _registrar(tmp_path, api, "--slot-uid-base", "0", "--dry-run")
+    assert bad.returncode == 2 and "--slot-uid-base 0" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def _reset_script(tmp_path: Path, code: int) -> Path:
+    """A stand-in for `ssh gpu-host sudo setup_slots.py reset --slot N`: it logs, then exits `code`."""
+    script = tmp_path / "reset.py"
+    calls = tmp_path / "docker-calls.jsonl"  # what the docker stand-in has recorded so far
+    script.write_text(f"import json, os, sys\ncalls = {str(calls)!r}\n"
+                      "ran = [json.loads(x)['env'].get('SLIME_CI_SLOT') for x in open(calls)] "
+                      "if os.path.exists(calls) else []\n"
+                      f"open({str(tmp_path / 'order.log')!r}, 'a').write(json.dumps("
+                      "{'reset': sys.argv[1], 'env': sorted(os.environ), 'ran_before': ran.count(sys.argv[1])})"
+                      " + '\\n')\n"
+                      f"raise SystemExit({code})\n")
+    return script
+
+
+def test_each_slot_is_reset_before_its_runner_is_registered(tmp_path: Path, fake_github) -> None:
+    api, seen = fake_github
+    script = _reset_script(tmp_path, 0)
+    done, calls = _registrar(tmp_path, api, "--runners", "2", "--once",
+                             "--reset-command", f"{sys.executable} {script} {{slot}}", env_extra=SECRETS)
+    assert done.returncode == 0, done.stderr
+    resets = [json.loads(x) for x in (tmp_path / "order.log").read_text().splitlines()]
+    assert sorted(r["reset"] for r in resets) == ["1", "2"]
+    assert [r["ran_before"] for r in resets] == [0, 0]  # before its slot's runner started
+    assert not [r for r in resets if set(r["env"]) & (set(SECRETS) - {"SLIME_CI_SLOT_UID"})]
+    assert len(calls) == 2 and len([s for s in seen if s["method"] == "POST"]) == 2
+
+
+def test_a_slot_whose_reset_fails_gets_no_runner(tmp_path: Path, fake_github) -> None:
+    api, seen = fake_github
+    script = _reset_script(tmp_path, 3)
+    done, calls = _registrar(tmp_path, api, "--runners", "1", "--once",
+                             "--reset-command", f"{sys.executable} {script} {{slot}}")
+    assert done.returncode == 1 and "slot 1: the reset command exited 3; no runner registered" in done.stderr
+    assert not seen and not calls  # nothing registered, nothing started
+    bad, _ = _registrar(tmp_path, api, "--once", "--reset-command", "setup_slots.py reset")
+    assert bad.returncode == 2 and "{slot}" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def test_the_registrar_and_compose_name_the_paths_setup_slots_makes() -> None:
+    # Three files agree on one slot: its uid, its engine socket, its work folder.
+    sys.path.insert(0, str(RUNNERS))
+    try:
+        import registrar
+        import setup_slots
+    finally:
+        sys.path.remove(str(RUNNERS))
+    plan = setup_slots.slot_plan(Path("/srv/slime-ci"), 2, prefix="slime-ci-slot",
+                                 uid_base=setup_slots._parser().get_default("uid_base"), subid_base=10**9)
+    cfg, _ = registrar.parse(["--repo", "acme/slime", "--token-file", "/nonexistent", "--runners", "2"])
+    for made in plan:
+        env = registrar.slot_env(cfg, made.index)
+        assert env["SLIME_CI_SLOT_UID"] == str(made.uid)
+        service = _runner(env)
+        assert f"{made.socket}:{made.socket}" in service["volumes"]
+        assert f"{made.work}:{made.work}" in service["volumes"]
+        assert f"{cfg.work_dir}/{made.index}" == str(made.work)  # the JIT work_folder
 
 
 @pytest.mark.skipif(not (Path(sys.executable).parent / "check-jsonschema").exists(),

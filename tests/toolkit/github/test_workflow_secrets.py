@@ -158,8 +158,9 @@ def on_gpu_hosts(folder: Path) -> list[str]:
 
 
 def test_no_job_on_a_gpu_host_holds_a_secret_not_even_mains(tmp_path: Path) -> None:
-    # A job there is root on the host and can read its neighbours (docs/security.md), so the
-    # scheduled runs of main hold no secret either.
+    # A job there leaves its slot's engine and work folder to the slot's next job, and shares
+    # the kernel and /dev/shm with every job (docs/security.md), so the scheduled runs of main
+    # hold no secret either.
     assert on_gpu_hosts(WORKFLOWS) == []
     old = "      (github.event_name == 'schedule' && (github.event.schedule == '41 3 * * 6'))\n"
     folder = _plant(tmp_path, "pr-test.yml", old, old + "    environment: ci-history\n")
@@ -171,11 +172,29 @@ def test_the_security_page_says_what_the_docker_socket_gives_a_job() -> None:
     compose = yaml.safe_load((REPO / "runners" / "docker-compose.yml").read_text(encoding="utf-8"))
     mounts = compose["services"]["runner"]["volumes"]
     page = " ".join((REPO / "docs" / "security.md").read_text(encoding="utf-8").split())
-    if any(m.startswith("/var/run/docker.sock:") for m in mounts):
+    if any(m.split(":")[0].endswith("docker.sock") for m in mounts):
         # The host's socket: the page must say plainly what that gives every job.
         for claim in ("it is root on the GPU host", "`docker inspect` every container",
                       "mount the model and dataset caches read-write", "A socket proxy does not close this"):
             assert claim in page, claim
+    else:
+        assert "the only engine it reaches is its slot's" in page
+
+
+def test_every_line_of_what_a_job_can_touch_names_a_test_that_exists() -> None:
+    text = (REPO / "docs" / "security.md").read_text(encoding="utf-8")
+    section = text.split("## What such a job can touch", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| a job")]
+    assert len(rows) >= 9, rows
+    files = [REPO / "tests" / "toolkit" / f for f in ("runners/test_rootless_slots.py",
+                                                      "github/test_workflow_runners.py",
+                                                      "backends/test_docker_argv.py")]
+    defined = set(re.findall(r"^def (test_\w+)", "".join(f.read_text(encoding="utf-8") for f in files), re.M))
+    for row in rows:
+        named = re.findall(r"`(test_\w+)`", row.rsplit("|", 2)[1])
+        assert named, f"no test named: {row[:80]}"
+        missing = [n for n in named if n not in defined]
+        assert not missing, f"{missing} named by docs/security.md do not exist"
 
 
 def _plant(tmp_path: Path, name: str, old: str, new: str) -> Path:

@@ -293,5 +293,44 @@ def test_set_up_refuses_bad_input_in_one_line(slots: Slots) -> None:
     assert clash.returncode == 2 and "belongs to" in clash.stderr
 
 
+def test_reset_takes_away_what_a_job_left_for_its_slot_next_job(slots: Slots) -> None:
+    # Last in the file: it resets slot B. A hostile job of B leaves a running container, a
+    # test image rewritten in place (`docker commit` over its tag), a file in the work folder
+    # and an engine setting in its user's home (through a mount: root inside is B's uid).
+    b = slots.b
+    home = slots.root / "home" / pwd.getpwuid(b.uid).pw_name
+    left = as_slot(b, ["docker", "run", "-d", "--name", "left-behind", *NET, IMAGE, "sleep", "600"])
+    assert left.returncode == 0, left.stderr
+    made = as_slot(b, ["docker", "run", "--name", "poisoner", *NET, IMAGE, "sh", "-c", "echo bad > /poisoned"])
+    assert made.returncode == 0, made.stderr
+    # Podman 4.3's Docker API cannot decode this docker CLI's commit; its own API client can.
+    commit = as_slot(b, ["podman", "--remote", "--url", f"unix://{b.socket}", "commit", "poisoner", IMAGE])
+    assert commit.returncode == 0, commit.stderr
+    planted = job_container(b, "-v", f"{home}:/h", "-v", f"{b.work}:/w",
+                            script="echo '[registries]' > /h/.config/containers/registries.conf; "
+                            "echo next > /w/for-the-next-job; mkdir /w/_tool")
+    assert planted.returncode == 0 and not planted.stderr, planted.stderr
+    kept = job_container(slots.a, "-v", f"{slots.a.work}:/w", script="echo mine > /w/slot-a-kept")
+    assert kept.returncode == 0, kept.stderr
+    poisoned = job_container(b, script="cat /poisoned")
+    assert poisoned.stdout == "bad\n"  # the next job would meet it
+
+    done = _setup("reset", *slots.args, "--slot", "2", "--image-tar", str(ROOTFS))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    listed = as_slot(b, ["docker", "ps", "-a", "--format", "{{.Names}}"])
+    assert listed.returncode == 0 and listed.stdout.strip() == "", listed.stdout
+    clean = job_container(b, script="cat /poisoned; echo fresh")
+    assert "No such file" in clean.stderr and clean.stdout == "fresh\n", clean.stdout + clean.stderr
+    assert os.listdir(b.work) == []
+    assert sorted(os.listdir(home / ".config" / "containers")) == ["containers.conf", "storage.conf"]
+    st = os.stat(b.work)
+    assert st.st_uid == b.uid and stat.S_IMODE(st.st_mode) == 0o700
+    # Slot A was not touched: its engine and its work folder's files are still there.
+    assert _can_connect(slots.a.socket) and (slots.a.work / "slot-a-kept").read_text() == "mine\n"
+    bad = _setup("reset", *slots.args, "--slot", "3")
+    assert bad.returncode == 2 and "--slot 3" in bad.stderr and bad.stderr.count("\n") == 1
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, *sys.argv[1:]]))
