@@ -37,6 +37,7 @@ class EventSpec:
     added: str | None = None
     fork: bool = False
     paths: tuple[str, ...] | None = None  # None: the checkout's own diff against the base
+    patch: Path | None = None  # the PR's change as a diff applied on the base (a planted break, say)
     cron: str | None = None
     comment: str | None = None
     actor: str = "octocat"
@@ -109,12 +110,27 @@ def touch_paths(clone: Path, base: str, paths: Sequence[str]) -> str:
     return _git(clone, "rev-parse", "HEAD")
 
 
+def apply_patch(clone: Path, base: str, patch: Path) -> str:
+    """A head commit on `base` made of `patch` (`git apply`: text before its first diff, such
+    as a plant's header lines, is skipped; the clone only)."""
+    _git(clone, "checkout", "-q", "--detach", base)
+    done = subprocess.run(["git", "-C", str(clone), "apply", "--index", str(patch.resolve())],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise UsageError(f"--patch {patch}: it does not apply on the base "
+                         f"({done.stderr.strip()[:200]}); rebase the patch")
+    _git(clone, "commit", "-q", "-m", f"the pull request's change (from --patch {patch.name})")
+    return _git(clone, "rev-parse", "HEAD")
+
+
 def prepare(root: Path, clone: Path, spec: EventSpec) -> Shas:
     """Make the event's commits in the clone and leave HEAD (and its branch) where act reads them."""
     head = _git(clone, "rev-parse", "HEAD")
     if spec.name == "pull_request":
         base = _base(root, clone)
-        if spec.paths is not None:
+        if spec.patch is not None:
+            head = apply_patch(clone, base, spec.patch)
+        elif spec.paths is not None:
             head = touch_paths(clone, base, spec.paths)
         # A clone of a checkout on `main` has `main` checked out, and git moves no checked-out
         # branch: detach first (a fresh clone of main is exactly that case).

@@ -63,6 +63,8 @@ class Options:
     fail: Mapping[str, int] = field(default_factory=dict)
     real_sessions: Mapping[str, Sequence[Sequence[str]]] = field(default_factory=dict)
     gpu_sessions: Sequence[str] = ()  # --real: these run with --emulate-gpus
+    real_jobs: Sequence[str] = ()  # --real: only these job ids run real sessions; () every job
+    real_only: str | None = None  # --real: `--only` for the real GPU suites (one entry, say)
     state: Path | None = None  # kept across events (a push's caches, then a PR): tests pass one
     dry_run: bool = False
     concurrent_jobs: int = CONCURRENT_JOBS  # act's --concurrent-jobs
@@ -135,7 +137,8 @@ def jobs_of(workflow: triggers.Workflow, results: Mapping[str, list[str]],
         clean = [x.split("|")[0] for x in legs]
         result = "failure" if "failure" in clean else clean[0]
         out.append(JobRun(workflow=workflow.file, job=job_id, status="ran", result=result,
-                          commands=commands, env=env, seconds=seconds))
+                          commands=commands, env=env, seconds=seconds,
+                          real=any(r.get("depth") == "real" for r in mine)))
     return out
 
 
@@ -183,6 +186,13 @@ class Session:
             self.github.team_members[team] = set(logins)
         self.workflows = triggers.load(root)
         stand_ins.check_mapped(stand_ins.used_actions({w.file: w.doc for w in self.workflows}))
+        known = {j for w in self.workflows for j in w.jobs}
+        unknown = sorted(set(options.real_jobs) - known)
+        if unknown:
+            raise UsageError(f"--real-jobs: no job {', '.join(unknown)} in .github/workflows; "
+                             f"name job ids such as {', '.join(sorted(known)[:6])}")
+        if (options.real_jobs or options.real_only) and not options.real:
+            raise UsageError("--real-jobs and --real-only choose what --real runs: pass --real too")
         self._event_run = 0
         self._fail: dict[str, int] = dict(options.fail)
         runs = self.state / "runs"
@@ -235,6 +245,12 @@ class Session:
             self.github.pulls[events.PR_NUMBER] = events.pull_request(spec, shas)
         jobs: list[JobRun] = []
         notes: list[str] = [f"the event's commits were made in a clone ({clone}); the checkout is untouched"]
+        if self.options.real:
+            which = ", ".join(self.options.real_jobs) if self.options.real_jobs else "every job"
+            only = f" --only {self.options.real_only!r}" if self.options.real_only else ""
+            notes.append(f"real nox sessions in {which} (GPU suites with --emulate-gpus{only}); "
+                         + ("the other jobs' nox recorded its argv" if self.options.real_jobs else
+                            "nothing recorded in their place"))
         calls: list[ActCall] = []
         # (event, trigger, the finished run a workflow_run follows, the file a dispatch names)
         # A dispatch starts the one workflow it names (act would start every workflow that
@@ -315,6 +331,9 @@ class Session:
             nox = shutil.which("nox", path=self.options.host_env.get("PATH"))
             extra["SLIME_CI_ACTIONS_NOX"] = nox or "nox"
             extra["SLIME_CI_ACTIONS_EMULATE"] = json.dumps(list(self.options.gpu_sessions))
+            extra["SLIME_CI_ACTIONS_REAL_JOBS"] = json.dumps(list(self.options.real_jobs))
+            if self.options.real_only:
+                extra["SLIME_CI_ACTIONS_REAL_ONLY"] = self.options.real_only
         call = ActCall(workflow=workflow.file, argv=tuple(argv),
                        env=act_env(self.options.host_env, shims=self.shims, extra=extra))
         if self.options.dry_run:

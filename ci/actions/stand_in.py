@@ -41,6 +41,8 @@ FAIL_ENV = "SLIME_CI_ACTIONS_FAIL"  # JSON {session: exit status} for the record
 NOX_REAL_ENV = "SLIME_CI_ACTIONS_NOX"  # --real: the real nox executable
 PYTHON_ENV = "SLIME_CI_ACTIONS_PYTHON"  # the host's interpreter
 EMULATE_ENV = "SLIME_CI_ACTIONS_EMULATE"  # --real: JSON list of GPU sessions to run --emulate-gpus
+REAL_JOBS_ENV = "SLIME_CI_ACTIONS_REAL_JOBS"  # --real-jobs: JSON list of the job ids run for real
+REAL_ONLY_ENV = "SLIME_CI_ACTIONS_REAL_ONLY"  # --real-only: the `--only` selector of a real GPU suite
 
 
 def _state() -> Path:
@@ -73,12 +75,15 @@ def nox(argv: list[str]) -> int:
     session = argv[argv.index("-s") + 1] if "-s" in argv else ""
     posargs = argv[argv.index("--") + 1:] if "--" in argv else []
     real = json.loads(os.environ.get(REAL_ENV) or "{}")
-    if os.environ.get(NOX_REAL_ENV):
-        # --real: the real session; a GPU suite on this host's emulated GPUs, as `nox -s
-        # gpu_smoke` runs them, since a GPU job here has no GPU.
+    jobs = json.loads(os.environ.get(REAL_JOBS_ENV) or "[]")
+    if os.environ.get(NOX_REAL_ENV) and (not jobs or os.environ.get("GITHUB_JOB") in jobs):
+        # --real: the real session (--real-jobs: in the jobs named only); a GPU suite on this
+        # host's emulated GPUs, as `nox -s gpu_smoke` runs them, since a GPU job here has no GPU.
         if session in json.loads(os.environ.get(EMULATE_ENV) or "[]"):
-            argv = [*argv, "--emulate-gpus"] if "--" in argv else [*argv, "--", "--emulate-gpus"]
-        _record("nox", argv, real=True)
+            only = os.environ.get(REAL_ONLY_ENV, "")
+            extra = ["--emulate-gpus", *(["--only", only] if only else [])]
+            argv = [*argv, *extra] if "--" in argv else [*argv, "--", *extra]
+        _record("nox", argv, real=True, depth="real")
         return subprocess.call([os.environ[NOX_REAL_ENV], *argv])
     if session in real:
         _record("nox", argv, real=True)
