@@ -335,7 +335,8 @@ class Session:
             if self.options.real_only:
                 extra["SLIME_CI_ACTIONS_REAL_ONLY"] = self.options.real_only
         call = ActCall(workflow=workflow.file, argv=tuple(argv),
-                       env=act_env(self.options.host_env, shims=self.shims, extra=extra))
+                       env=act_env(self.options.host_env, shims=self.shims, extra=extra,
+                                   installs=self.options.real))
         if self.options.dry_run:
             return [], call
         start_records = len(_read_records(self.state / "records.jsonl", 0))

