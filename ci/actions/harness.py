@@ -195,6 +195,7 @@ class Session:
             raise UsageError("--real-jobs and --real-only choose what --real runs: pass --real too")
         self._event_run = 0
         self._fail: dict[str, int] = dict(options.fail)
+        self._plan_jobs: list[str] | None = None
         runs = self.state / "runs"
         # Run ids go on across sessions on one state folder, as a repository's run ids do.
         numbers = [int(p.name) for p in runs.glob("*") if p.name.isdigit()] if runs.is_dir() else []
@@ -204,10 +205,13 @@ class Session:
         if self._tmp is not None:
             self._tmp.cleanup()
 
-    def run(self, spec: events.EventSpec, fail: Mapping[str, int] | None = None) -> Outcome:
+    def run(self, spec: events.EventSpec, fail: Mapping[str, int] | None = None,
+            plan_jobs: Sequence[str] | None = None) -> Outcome:
         """Run one event (and the workflows it chains) through act; `fail`: sessions the
-        recording nox fails this time (default: the options')."""
+        recording nox fails this time (default: the options'); `plan_jobs`: a test's probe, the
+        plan job's `jobs` output replaced by these ids, so the `if:` rules alone decide."""
         self._fail = dict(self.options.fail if fail is None else fail)
+        self._plan_jobs = None if plan_jobs is None else list(plan_jobs)
         started = time.monotonic()
         first_request = len(self.github.requests)
         with github_api.serve(self.github) as url:
@@ -327,6 +331,8 @@ class Session:
             ("SLIME_CI_ACTIONS_REAL", json.dumps({k: [list(c) for c in v]
                                                   for k, v in self.options.real_sessions.items()})),
             ("SLIME_CI_ACTIONS_FAIL", json.dumps(self._fail)))}
+        if self._plan_jobs is not None:
+            extra["SLIME_CI_ACTIONS_PLAN_JOBS"] = json.dumps(self._plan_jobs)
         if self.options.real:
             nox = shutil.which("nox", path=self.options.host_env.get("PATH"))
             extra["SLIME_CI_ACTIONS_NOX"] = nox or "nox"

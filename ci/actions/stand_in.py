@@ -42,6 +42,7 @@ NOX_REAL_ENV = "SLIME_CI_ACTIONS_NOX"  # --real: the real nox executable
 PYTHON_ENV = "SLIME_CI_ACTIONS_PYTHON"  # the host's interpreter
 EMULATE_ENV = "SLIME_CI_ACTIONS_EMULATE"  # --real: JSON list of GPU sessions to run --emulate-gpus
 REAL_JOBS_ENV = "SLIME_CI_ACTIONS_REAL_JOBS"  # --real-jobs: JSON list of the job ids run for real
+PLAN_JOBS_ENV = "SLIME_CI_ACTIONS_PLAN_JOBS"  # a test's JSON list: the plan job's `jobs` output
 REAL_ONLY_ENV = "SLIME_CI_ACTIONS_REAL_ONLY"  # --real-only: the `--only` selector of a real GPU suite
 
 
@@ -207,6 +208,16 @@ def python(argv: list[str]) -> int:  # replaces this process, or returns 0
         _record("python", argv, skipped=True)
         print("stand-in: nox is already here (the recording nox, or the host's under --real)")
         return 0
+    planned = os.environ.get(PLAN_JOBS_ENV)
+    if planned and argv[:3] == ["-m", "ci", "plan"]:
+        # A test's probe of the `if:` rules alone: the real plan runs, then its `jobs` output is
+        # replaced (act reads the last value a key is given), so every job it lists reaches its
+        # own `if:` and only the rules the generator rendered decide.
+        _record("python", argv, plan_jobs=json.loads(planned))
+        code = subprocess.call([os.environ[PYTHON_ENV], *argv])
+        _output(jobs=planned)
+        print(f"stand-in: the plan's jobs output replaced by the test's {planned}")
+        return code
     _record("python", argv)
     os.execv(os.environ[PYTHON_ENV], [os.environ[PYTHON_ENV], *argv])
 

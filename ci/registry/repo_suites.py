@@ -261,7 +261,7 @@ SESSIONS: tuple[Check | Smoke, ...] = (
           commands=(("python", "-m", "ci", "actions"),)),
     # One PR through act with the ckpt job's real session on emulated GPUs and a planted break,
     # into the verdict comment: minutes, so nightly; the toolkit suite deselects `nightly` tests.
-    Check(name="actions_real", profiles=("dev",), tags=("cpu", "nightly"), cadences=("nightly",), minutes=45,
+    Check(name="actions_real", profiles=("dev",), tags=("nightly",), cadences=("nightly",), minutes=45,
           purpose="A PR through act with the ckpt job run for real on emulated GPUs (a planted break) into "
                   "the verdict comment; nightly",
           commands=(("python", "-m", "pytest", "-m", "nightly",
