@@ -10,6 +10,7 @@ that head into the base, which is what `github.sha` names and the `plan` job dif
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -195,15 +196,29 @@ def payload(spec: EventSpec, shas: Shas, finished: Mapping[str, Any] | None = No
 
 
 def finished_run(name: str, event: str, run_id: int, conclusion: str, spec: EventSpec,
-                 shas: Shas) -> dict[str, Any]:
-    """The `workflow_run` object GitHub sends when run `run_id` of workflow `name` ends (pure)."""
+                 shas: Shas, *, file: str = "", title: str = "") -> dict[str, Any]:
+    """The `workflow_run` object GitHub sends when run `run_id` of workflow `name` ends (pure):
+    `file` names the workflow file (its `path`), `title` is the run's name (`display_title`)."""
     pr = event == "pull_request"
     return {"id": run_id, "name": name, "event": event, "status": "completed", "conclusion": conclusion,
+            "path": f".github/workflows/{file}", "display_title": title or name,
             "head_sha": shas.head, "head_branch": HEAD_BRANCH if pr else BASE_BRANCH,
             "head_repository": {"full_name": FORK if spec.fork and pr else REPO},
             "repository": {"full_name": REPO},
             "pull_requests": [{"number": PR_NUMBER}] if pr and not spec.fork else [],
             "run_attempt": 1}
+
+
+_INPUT = re.compile(r"\$\{\{\s*inputs\.([A-Za-z_][A-Za-z0-9_-]*)\s*\}\}")
+
+
+def run_title(doc: Mapping[str, Any], spec: EventSpec) -> str:
+    """A run's name as GitHub shows it: the workflow's `run-name` with its `inputs.X` filled in
+    (the one kind of expression the generated run-names use), else the workflow's name (pure)."""
+    text = doc.get("run-name")
+    if not isinstance(text, str):
+        return str(doc.get("name", ""))
+    return _INPUT.sub(lambda m: str(spec.inputs.get(m.group(1), "")), text)
 
 
 def write_payload(path: Path, body: Mapping[str, Any]) -> Path:

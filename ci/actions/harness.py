@@ -286,7 +286,8 @@ class Session:
                     continue
                 failed = any(j.result == "failure" for j in ran)
                 done = events.finished_run(workflow.name, trigger.event, run_id,
-                                           "failure" if failed else "success", current, shas)
+                                           "failure" if failed else "success", current, shas,
+                                           file=workflow.file, title=events.run_title(workflow.doc, current))
                 follow = triggers.Trigger(event="workflow_run", workflow=workflow.name)
                 if any(triggers.starts(w, follow)[0] for w in self.workflows):
                     notes.append(f"workflow_run of {workflow.name} (run {run_id}, "
