@@ -251,8 +251,8 @@ class Session:
         notes: list[str] = [f"the event's commits were made in a clone ({clone}); the checkout is untouched"]
         if self.options.real:
             which = ", ".join(self.options.real_jobs) if self.options.real_jobs else "every job"
-            only = f" --only {self.options.real_only!r}" if self.options.real_only else ""
-            notes.append(f"real nox sessions in {which} (GPU suites with --emulate-gpus{only}); "
+            selector = f" --only {self.options.real_only!r}" if self.options.real_only else ""
+            notes.append(f"real nox sessions in {which} (GPU suites with --emulate-gpus{selector}); "
                          + ("the other jobs' nox recorded its argv" if self.options.real_jobs else
                             "nothing recorded in their place"))
         calls: list[ActCall] = []
