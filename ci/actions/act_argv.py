@@ -19,6 +19,12 @@ from ci.registry.workflow_style import Style
 RUNNER_LABELS = tuple(dict.fromkeys((*Style().hosted_runner, *Style().gpu_runner)))
 # What a job may read of the host's environment: enough to run git, Python and jq.
 KEPT_ENV = ("HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME")
+# What a real session's install reads on the host (--real): where packages come from and which
+# certificates to trust. uv verifies TLS against SSL_CERT_FILE, so without it an index behind a
+# proxy's certificate fails with "invalid peer certificate: UnknownIssuer".
+INSTALL_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PYENV_ROOT",
+               "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+INSTALL_PREFIXES = ("PIP_", "UV_")
 # Jobs act runs at once when their `needs` allow (a PR's CPU jobs, after the plan): most of a
 # job's time is process start-up and git, so two overlap well even on two cores
 # (benchmarks/act_events.py measures it against one at a time).
@@ -57,9 +63,14 @@ def act_argv(*, act: str, event: str, workflow_file: Path, event_file: Path, clo
     return argv
 
 
-def act_env(host: Mapping[str, str], *, shims: Path, extra: Mapping[str, str]) -> dict[str, str]:
-    """The environment act (and so every job) runs with: the shims first on PATH (pure)."""
+def act_env(host: Mapping[str, str], *, shims: Path, extra: Mapping[str, str],
+            installs: bool = False) -> dict[str, str]:
+    """The environment act (and so every job) runs with: the shims first on PATH (pure).
+    `installs` (--real: real sessions build their venvs) keeps the host's package-index and
+    certificate settings too, and still no token."""
     env = {k: host[k] for k in KEPT_ENV if k in host}
+    if installs:
+        env.update({k: v for k, v in host.items() if k in INSTALL_ENV or k.startswith(INSTALL_PREFIXES)})
     env["PATH"] = f"{shims}:{host.get('PATH', '/usr/bin:/bin')}"
     env.update(extra)
     return env

@@ -5,11 +5,15 @@
     python -m ci actions schedule --cron '17 2 * * *'
     python -m ci actions issue_comment --comment '/rerun-test tests/test_x.py' --actor octocat
     python -m ci actions pull_request --dry-run    # the act command lines, nothing run
+    python -m ci actions pull_request --labels run-ci-ckpt --real --real-jobs ckpt \
+        --real-only 'gpu --load-optimizer cpu' \
+        --patch tests/e2e/plants/test_tiny_ckpt/scheduler-step-lost.patch
 
 Every job runs on this host (act's host mode); GitHub's actions, `gh` and the REST API are
 local stand-ins, each saying it is one; `nox` records its argv and exits 0, except the
 sessions that only wire CI (history, verdict, monitor), which run their real commands.
-`--real` runs the real sessions instead. Exit 0 when every job that ran succeeded, 1 otherwise.
+`--real` runs the real sessions instead, `--real-jobs ckpt` in the named jobs only (the rest record).
+Exit 0 when every job that ran succeeded, 1 otherwise, 2 for bad input.
 """
 
 from __future__ import annotations
@@ -70,11 +74,14 @@ def parse_spec(args: argparse.Namespace) -> events.EventSpec:
     if (args.comment is not None) != (args.event == "issue_comment"):
         raise UsageError("issue_comment needs --comment BODY, and only it takes --comment")
     if args.event != "pull_request" and (args.labels or args.fork or args.action or args.added
-                                         or args.paths is not None or args.paths_from is not None):
-        raise UsageError(f"--labels, --action, --added, --fork and --paths only apply to pull_request, "
-                         f"not {args.event}")
-    if args.paths is not None and args.paths_from is not None:
-        raise UsageError("pass one of --paths and --paths-from")
+                                         or args.paths is not None or args.paths_from is not None
+                                         or args.patch is not None):
+        raise UsageError(f"--labels, --action, --added, --fork, --paths and --patch only apply to "
+                         f"pull_request, not {args.event}")
+    if sum(x is not None for x in (args.paths, args.paths_from, args.patch)) > 1:
+        raise UsageError("pass one of --paths, --paths-from and --patch")
+    if args.patch is not None and not args.patch.is_file():
+        raise UsageError(f"--patch {args.patch}: no such file; pass a diff (git diff > FILE)")
     paths: tuple[str, ...] | None = _split(args.paths) if args.paths is not None else None
     if args.paths_from is not None:
         paths = tuple(read_paths(args.paths_from))
@@ -87,8 +94,9 @@ def parse_spec(args: argparse.Namespace) -> events.EventSpec:
     if inputs and args.event != "workflow_dispatch":
         raise UsageError("--input only applies to workflow_dispatch")
     return events.EventSpec(name=args.event, labels=tuple(labels), action=args.action, added=args.added,
-                            fork=args.fork, paths=paths, cron=args.cron, comment=args.comment,
-                            actor=args.actor, association=args.association, inputs=inputs)
+                            fork=args.fork, paths=paths, patch=args.patch, cron=args.cron,
+                            comment=args.comment, actor=args.actor, association=args.association,
+                            inputs=inputs)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,6 +115,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="the files the PR changes (a commit touching them is made in the clone)")
     parser.add_argument("--paths-from", type=Path, default=None, metavar="FILE",
                         help="the same, from a file (one a line or NUL-separated)")
+    parser.add_argument("--patch", type=Path, default=None, metavar="FILE",
+                        help="the PR's change is this diff, applied on the base (a planted break, "
+                             "tests/e2e/plants/*/*.patch, say)")
     parser.add_argument("--cron", default=None, help="schedule: the cron that fired")
     parser.add_argument("--comment", default=None, metavar="BODY", help="issue_comment: the comment's text")
     parser.add_argument("--actor", default="octocat", help="who triggered it (issue_comment: the commenter)")
@@ -116,6 +127,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="workflow_dispatch input (repeatable)")
     parser.add_argument("--real", action="store_true",
                         help="run the real nox sessions (GPU suites on emulated GPUs): minutes, not seconds")
+    parser.add_argument("--real-jobs", default="", metavar="A,B",
+                        help="with --real: only these job ids run their real sessions (ckpt, say); "
+                             "every other job's nox records its argv. The table's nox column says which")
+    parser.add_argument("--real-only", default=None, metavar="SELECTOR",
+                        help="with --real: the real GPU suites run only the entries matching SELECTOR "
+                             "(their `--only`: one ckpt entry is 'gpu --load-optimizer cpu')")
     parser.add_argument("--fail", action="append", default=[], metavar="SESSION",
                         help="the recording nox exits 1 for SESSION (repeatable): a red job's path")
     parser.add_argument("--state", type=Path, default=None, metavar="DIR",
@@ -134,6 +151,7 @@ def main(argv: Sequence[str]) -> int:
     root = existing_dir("--root", args.root)
     spec = parse_spec(args)
     options = harness.Options(act=harness.find_act(os.environ), real=args.real, dry_run=args.dry_run,
+                              real_jobs=_split(args.real_jobs), real_only=args.real_only,
                               fail={s: 1 for s in args.fail}, real_sessions=real_sessions(root),
                               gpu_sessions=gpu_sessions(root) if args.real else (),
                               state=args.state.resolve() if args.state else None,

@@ -10,6 +10,7 @@ that head into the base, which is what `github.sha` names and the `plan` job dif
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ class EventSpec:
     added: str | None = None
     fork: bool = False
     paths: tuple[str, ...] | None = None  # None: the checkout's own diff against the base
+    patch: Path | None = None  # the PR's change as a diff applied on the base (a planted break, say)
     cron: str | None = None
     comment: str | None = None
     actor: str = "octocat"
@@ -109,12 +111,27 @@ def touch_paths(clone: Path, base: str, paths: Sequence[str]) -> str:
     return _git(clone, "rev-parse", "HEAD")
 
 
+def apply_patch(clone: Path, base: str, patch: Path) -> str:
+    """A head commit on `base` made of `patch` (`git apply`: text before its first diff, such
+    as a plant's header lines, is skipped; the clone only)."""
+    _git(clone, "checkout", "-q", "--detach", base)
+    done = subprocess.run(["git", "-C", str(clone), "apply", "--index", str(patch.resolve())],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise UsageError(f"--patch {patch}: it does not apply on the base "
+                         f"({done.stderr.strip()[:200]}); rebase the patch")
+    _git(clone, "commit", "-q", "-m", f"the pull request's change (from --patch {patch.name})")
+    return _git(clone, "rev-parse", "HEAD")
+
+
 def prepare(root: Path, clone: Path, spec: EventSpec) -> Shas:
     """Make the event's commits in the clone and leave HEAD (and its branch) where act reads them."""
     head = _git(clone, "rev-parse", "HEAD")
     if spec.name == "pull_request":
         base = _base(root, clone)
-        if spec.paths is not None:
+        if spec.patch is not None:
+            head = apply_patch(clone, base, spec.patch)
+        elif spec.paths is not None:
             head = touch_paths(clone, base, spec.paths)
         # A clone of a checkout on `main` has `main` checked out, and git moves no checked-out
         # branch: detach first (a fresh clone of main is exactly that case).
@@ -179,15 +196,29 @@ def payload(spec: EventSpec, shas: Shas, finished: Mapping[str, Any] | None = No
 
 
 def finished_run(name: str, event: str, run_id: int, conclusion: str, spec: EventSpec,
-                 shas: Shas) -> dict[str, Any]:
-    """The `workflow_run` object GitHub sends when run `run_id` of workflow `name` ends (pure)."""
+                 shas: Shas, *, file: str = "", title: str = "") -> dict[str, Any]:
+    """The `workflow_run` object GitHub sends when run `run_id` of workflow `name` ends (pure):
+    `file` names the workflow file (its `path`), `title` is the run's name (`display_title`)."""
     pr = event == "pull_request"
     return {"id": run_id, "name": name, "event": event, "status": "completed", "conclusion": conclusion,
+            "path": f".github/workflows/{file}", "display_title": title or name,
             "head_sha": shas.head, "head_branch": HEAD_BRANCH if pr else BASE_BRANCH,
             "head_repository": {"full_name": FORK if spec.fork and pr else REPO},
             "repository": {"full_name": REPO},
             "pull_requests": [{"number": PR_NUMBER}] if pr and not spec.fork else [],
             "run_attempt": 1}
+
+
+_INPUT = re.compile(r"\$\{\{\s*inputs\.([A-Za-z_][A-Za-z0-9_-]*)\s*\}\}")
+
+
+def run_title(doc: Mapping[str, Any], spec: EventSpec) -> str:
+    """A run's name as GitHub shows it: the workflow's `run-name` with its `inputs.X` filled in
+    (the one kind of expression the generated run-names use), else the workflow's name (pure)."""
+    text = doc.get("run-name")
+    if not isinstance(text, str):
+        return str(doc.get("name", ""))
+    return _INPUT.sub(lambda m: str(spec.inputs.get(m.group(1), "")), text)
 
 
 def write_payload(path: Path, body: Mapping[str, Any]) -> Path:

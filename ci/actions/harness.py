@@ -63,6 +63,8 @@ class Options:
     fail: Mapping[str, int] = field(default_factory=dict)
     real_sessions: Mapping[str, Sequence[Sequence[str]]] = field(default_factory=dict)
     gpu_sessions: Sequence[str] = ()  # --real: these run with --emulate-gpus
+    real_jobs: Sequence[str] = ()  # --real: only these job ids run real sessions; () every job
+    real_only: str | None = None  # --real: `--only` for the real GPU suites (one entry, say)
     state: Path | None = None  # kept across events (a push's caches, then a PR): tests pass one
     dry_run: bool = False
     concurrent_jobs: int = CONCURRENT_JOBS  # act's --concurrent-jobs
@@ -135,7 +137,8 @@ def jobs_of(workflow: triggers.Workflow, results: Mapping[str, list[str]],
         clean = [x.split("|")[0] for x in legs]
         result = "failure" if "failure" in clean else clean[0]
         out.append(JobRun(workflow=workflow.file, job=job_id, status="ran", result=result,
-                          commands=commands, env=env, seconds=seconds))
+                          commands=commands, env=env, seconds=seconds,
+                          real=any(r.get("depth") == "real" for r in mine)))
     return out
 
 
@@ -183,8 +186,16 @@ class Session:
             self.github.team_members[team] = set(logins)
         self.workflows = triggers.load(root)
         stand_ins.check_mapped(stand_ins.used_actions({w.file: w.doc for w in self.workflows}))
+        known = {j for w in self.workflows for j in w.jobs}
+        unknown = sorted(set(options.real_jobs) - known)
+        if unknown:
+            raise UsageError(f"--real-jobs: no job {', '.join(unknown)} in .github/workflows; "
+                             f"name job ids such as {', '.join(sorted(known)[:6])}")
+        if (options.real_jobs or options.real_only) and not options.real:
+            raise UsageError("--real-jobs and --real-only choose what --real runs: pass --real too")
         self._event_run = 0
         self._fail: dict[str, int] = dict(options.fail)
+        self._plan_jobs: list[str] | None = None
         runs = self.state / "runs"
         # Run ids go on across sessions on one state folder, as a repository's run ids do.
         numbers = [int(p.name) for p in runs.glob("*") if p.name.isdigit()] if runs.is_dir() else []
@@ -194,10 +205,13 @@ class Session:
         if self._tmp is not None:
             self._tmp.cleanup()
 
-    def run(self, spec: events.EventSpec, fail: Mapping[str, int] | None = None) -> Outcome:
+    def run(self, spec: events.EventSpec, fail: Mapping[str, int] | None = None,
+            plan_jobs: Sequence[str] | None = None) -> Outcome:
         """Run one event (and the workflows it chains) through act; `fail`: sessions the
-        recording nox fails this time (default: the options')."""
+        recording nox fails this time (default: the options'); `plan_jobs`: a test's probe, the
+        plan job's `jobs` output replaced by these ids, so the `if:` rules alone decide."""
         self._fail = dict(self.options.fail if fail is None else fail)
+        self._plan_jobs = None if plan_jobs is None else list(plan_jobs)
         started = time.monotonic()
         first_request = len(self.github.requests)
         with github_api.serve(self.github) as url:
@@ -235,6 +249,12 @@ class Session:
             self.github.pulls[events.PR_NUMBER] = events.pull_request(spec, shas)
         jobs: list[JobRun] = []
         notes: list[str] = [f"the event's commits were made in a clone ({clone}); the checkout is untouched"]
+        if self.options.real:
+            which = ", ".join(self.options.real_jobs) if self.options.real_jobs else "every job"
+            selector = f" --only {self.options.real_only!r}" if self.options.real_only else ""
+            notes.append(f"real nox sessions in {which} (GPU suites with --emulate-gpus{selector}); "
+                         + ("the other jobs' nox recorded its argv" if self.options.real_jobs else
+                            "nothing recorded in their place"))
         calls: list[ActCall] = []
         # (event, trigger, the finished run a workflow_run follows, the file a dispatch names)
         # A dispatch starts the one workflow it names (act would start every workflow that
@@ -266,7 +286,8 @@ class Session:
                     continue
                 failed = any(j.result == "failure" for j in ran)
                 done = events.finished_run(workflow.name, trigger.event, run_id,
-                                           "failure" if failed else "success", current, shas)
+                                           "failure" if failed else "success", current, shas,
+                                           file=workflow.file, title=events.run_title(workflow.doc, current))
                 follow = triggers.Trigger(event="workflow_run", workflow=workflow.name)
                 if any(triggers.starts(w, follow)[0] for w in self.workflows):
                     notes.append(f"workflow_run of {workflow.name} (run {run_id}, "
@@ -311,12 +332,18 @@ class Session:
             ("SLIME_CI_ACTIONS_REAL", json.dumps({k: [list(c) for c in v]
                                                   for k, v in self.options.real_sessions.items()})),
             ("SLIME_CI_ACTIONS_FAIL", json.dumps(self._fail)))}
+        if self._plan_jobs is not None:
+            extra["SLIME_CI_ACTIONS_PLAN_JOBS"] = json.dumps(self._plan_jobs)
         if self.options.real:
             nox = shutil.which("nox", path=self.options.host_env.get("PATH"))
             extra["SLIME_CI_ACTIONS_NOX"] = nox or "nox"
             extra["SLIME_CI_ACTIONS_EMULATE"] = json.dumps(list(self.options.gpu_sessions))
+            extra["SLIME_CI_ACTIONS_REAL_JOBS"] = json.dumps(list(self.options.real_jobs))
+            if self.options.real_only:
+                extra["SLIME_CI_ACTIONS_REAL_ONLY"] = self.options.real_only
         call = ActCall(workflow=workflow.file, argv=tuple(argv),
-                       env=act_env(self.options.host_env, shims=self.shims, extra=extra))
+                       env=act_env(self.options.host_env, shims=self.shims, extra=extra,
+                                   installs=self.options.real))
         if self.options.dry_run:
             return [], call
         start_records = len(_read_records(self.state / "records.jsonl", 0))

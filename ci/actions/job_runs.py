@@ -21,3 +21,4 @@ class JobRun:
     commands: tuple[str, ...] = ()
     env: tuple[Mapping[str, str], ...] = ()  # the environment each recorded command saw
     seconds: float = 0.0
+    real: bool = False  # its nox sessions ran for real (--real, --real-jobs), not the recording nox

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ci.actions.harness import Outcome
+from ci.actions.job_runs import JobRun
 
 _BODY_CHARS = 120
 
@@ -13,7 +14,7 @@ def as_json(outcome: Outcome) -> dict[str, Any]:
     """{"jobs": [...], "requests": [...], "notes", "findings", "seconds"} (pure)."""
     return {
         "jobs": [{"workflow": j.workflow, "job": j.job, "status": j.status, "result": j.result,
-                  "why": j.why, "commands": list(j.commands)} for j in outcome.jobs],
+                  "why": j.why, "real": j.real, "commands": list(j.commands)} for j in outcome.jobs],
         "requests": [{"method": r["method"], "path": r["path"], "body": r["body"]} for r in outcome.requests],
         "notes": list(outcome.notes),
         "findings": list(outcome.findings),
@@ -27,12 +28,20 @@ def _short(body: Any) -> str:
     return text if len(text) <= _BODY_CHARS else text[:_BODY_CHARS - 1] + "…"
 
 
+def _depth(job: JobRun) -> str:
+    """How the job's nox ran: its real sessions, the recording stand-in, or not at all."""
+    if job.status != "ran":
+        return "-"
+    return "real" if job.real else "recorded"
+
+
 def render(outcome: Outcome) -> str:
-    """The table: workflow, job, ran or skipped (and why), result, then each job's commands."""
-    rows = [("workflow", "job", "status", "result", "why")]
-    rows += [(j.workflow, j.job, j.status, j.result, j.why) for j in outcome.jobs]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4] for r in rows]
+    """The table: workflow, job, ran or skipped, result, how its nox ran (real or recorded), why it
+    was skipped; then each job's commands."""
+    rows = [("workflow", "job", "status", "result", "nox", "why")]
+    rows += [(j.workflow, j.job, j.status, j.result, _depth(j), j.why) for j in outcome.jobs]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5] for r in rows]
     lines += ["", "commands (run: steps, as the recording nox, gh and python saw them):"]
     for j in outcome.jobs:
         for command in j.commands:

@@ -41,6 +41,9 @@ FAIL_ENV = "SLIME_CI_ACTIONS_FAIL"  # JSON {session: exit status} for the record
 NOX_REAL_ENV = "SLIME_CI_ACTIONS_NOX"  # --real: the real nox executable
 PYTHON_ENV = "SLIME_CI_ACTIONS_PYTHON"  # the host's interpreter
 EMULATE_ENV = "SLIME_CI_ACTIONS_EMULATE"  # --real: JSON list of GPU sessions to run --emulate-gpus
+REAL_JOBS_ENV = "SLIME_CI_ACTIONS_REAL_JOBS"  # --real-jobs: JSON list of the job ids run for real
+PLAN_JOBS_ENV = "SLIME_CI_ACTIONS_PLAN_JOBS"  # a test's JSON list: the plan job's `jobs` output
+REAL_ONLY_ENV = "SLIME_CI_ACTIONS_REAL_ONLY"  # --real-only: the `--only` selector of a real GPU suite
 
 
 def _state() -> Path:
@@ -73,13 +76,19 @@ def nox(argv: list[str]) -> int:
     session = argv[argv.index("-s") + 1] if "-s" in argv else ""
     posargs = argv[argv.index("--") + 1:] if "--" in argv else []
     real = json.loads(os.environ.get(REAL_ENV) or "{}")
-    if os.environ.get(NOX_REAL_ENV):
-        # --real: the real session; a GPU suite on this host's emulated GPUs, as `nox -s
-        # gpu_smoke` runs them, since a GPU job here has no GPU.
+    jobs = json.loads(os.environ.get(REAL_JOBS_ENV) or "[]")
+    if os.environ.get(NOX_REAL_ENV) and (not jobs or os.environ.get("GITHUB_JOB") in jobs):
+        # --real: the real session (--real-jobs: in the jobs named only); a GPU suite on this
+        # host's emulated GPUs, as `nox -s gpu_smoke` runs them, since a GPU job here has no GPU.
+        # The record keeps the step's argv (what the plan says it runs); `added` is ours.
+        added: list[str] = []
         if session in json.loads(os.environ.get(EMULATE_ENV) or "[]"):
-            argv = [*argv, "--emulate-gpus"] if "--" in argv else [*argv, "--", "--emulate-gpus"]
-        _record("nox", argv, real=True)
-        return subprocess.call([os.environ[NOX_REAL_ENV], *argv])
+            only = os.environ.get(REAL_ONLY_ENV, "")
+            added = ["--emulate-gpus", *(["--only", only] if only else [])]
+        _record("nox", argv, real=True, depth="real", added=added)
+        run = argv if not added else [*argv, *added] if "--" in argv else [*argv, "--", *added]
+        print(f"stand-in nox under --real: nox {' '.join(run)}")
+        return subprocess.call([os.environ[NOX_REAL_ENV], *run])
     if session in real:
         _record("nox", argv, real=True)
         commands = real[session]
@@ -199,6 +208,16 @@ def python(argv: list[str]) -> int:  # replaces this process, or returns 0
         _record("python", argv, skipped=True)
         print("stand-in: nox is already here (the recording nox, or the host's under --real)")
         return 0
+    planned = os.environ.get(PLAN_JOBS_ENV)
+    if planned and argv[:3] == ["-m", "ci", "plan"]:
+        # A test's probe of the `if:` rules alone: the real plan runs, then its `jobs` output is
+        # replaced (act reads the last value a key is given), so every job it lists reaches its
+        # own `if:` and only the rules the generator rendered decide.
+        _record("python", argv, plan_jobs=json.loads(planned))
+        code = subprocess.call([os.environ[PYTHON_ENV], *argv])
+        _output(jobs=planned)
+        print(f"stand-in: the plan's jobs output replaced by the test's {planned}")
+        return code
     _record("python", argv)
     os.execv(os.environ[PYTHON_ENV], [os.environ[PYTHON_ENV], *argv])
 

@@ -259,6 +259,13 @@ SESSIONS: tuple[Check | Smoke, ...] = (
           purpose="The generated workflows for one event, run by act on this host "
                   "(`-- pull_request --labels run-ci-megatron`): jobs, commands, GitHub requests",
           commands=(("python", "-m", "ci", "actions"),)),
+    # One PR through act with the ckpt job's real session on emulated GPUs and a planted break,
+    # into the verdict comment: minutes, so nightly; the toolkit suite deselects `nightly` tests.
+    Check(name="actions_real", profiles=("dev",), tags=("nightly",), cadences=("nightly",), minutes=45,
+          purpose="A PR through act with the ckpt job run for real on emulated GPUs (a planted break) into "
+                  "the verdict comment; nightly",
+          commands=(("python", "-m", "pytest", "-m", "nightly",
+                     "tests/toolkit/actions/test_actions_real.py"),)),
     Check(name="mutation", profiles=("mutation",), tags=("nightly",), cadences=("nightly",),
           posargs=True, minutes=240,
           purpose="Mutation score per core module (ci.suites.MUTATION_TARGETS); nightly and on demand, "

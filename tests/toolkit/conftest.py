@@ -1,5 +1,5 @@
 """Fixtures the toolkit's history tests share: a real PostgreSQL server, and a store URL on
-each backend (SQLite and PostgreSQL) so one test covers both."""
+each backend (SQLite and PostgreSQL) so one test covers both; and the `nightly` marker's rule."""
 
 from __future__ import annotations
 
@@ -28,3 +28,15 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'history.sqlite'}"
     return normalise(fresh_database(request.getfixturevalue("pg_server")))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A `nightly` test runs only where the marker expression names it (`-m nightly`: the
+    nightly job's actions_real session); every other run, the gate's toolkit suite among them,
+    deselects it and says so in pytest's summary."""
+    if "nightly" in (config.option.markexpr or ""):
+        return
+    nightly = [item for item in items if item.get_closest_marker("nightly") is not None]
+    if nightly:
+        config.hook.pytest_deselected(items=nightly)
+        items[:] = [item for item in items if item.get_closest_marker("nightly") is None]

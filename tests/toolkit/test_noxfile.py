@@ -60,7 +60,7 @@ def test_sessions_that_are_not_suites_come_from_the_registry(sessions):
     found, module = sessions
     registry = load_registry(REPO)
     assert {"lint", "gpu_smoke", "gpu_smoke_nightly", "history", "hud", "monitor", "verdict", "actions",
-            "mutation",
+            "actions_real", "mutation",
             "plants", "lock_check"} == NOT_SUITES
     assert not hasattr(module, "SMOKE") and not hasattr(module, "BEFORE")  # no logic left there
     suites = set(registry.names())

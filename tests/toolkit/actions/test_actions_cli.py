@@ -54,7 +54,8 @@ def test_the_table_shows_each_job_its_commands_the_requests_and_the_plan():
                       records=(), github=GitHubState(repo="a/b", token="t"), seconds=3.0,
                       disagreements=("ckpt: the plan runs it, act did not",))
     text = render(outcome).splitlines()
-    assert text[1].split()[:4] == ["pr-test.yml", "megatron", "ran", "failure"]
+    assert text[0].split()[:5] == ["workflow", "job", "status", "result", "nox"]
+    assert text[1].split()[:5] == ["pr-test.yml", "megatron", "ran", "failure", "recorded"]
     assert text[2].split()[:4] == ["pr-test.yml", "ckpt", "skipped", "skipped"] and "run-ci-ckpt" in text[2]
     assert "  pr-test.yml megatron: nox -s megatron" in text
     patched = [x for x in text if x.startswith("  PATCH /repos/a/b/issues/comments/9")]
@@ -63,11 +64,25 @@ def test_the_table_shows_each_job_its_commands_the_requests_and_the_plan():
     assert as_json(outcome)["plan_disagrees"] == ["ckpt: the plan runs it, act did not"]
 
 
+def test_the_table_marks_a_job_whose_sessions_ran_for_real():
+    jobs = (JobRun(workflow="pr-test.yml", job="ckpt", status="ran", result="failure", real=True),
+            JobRun(workflow="pr-test.yml", job="lint", status="ran", result="success"))
+    outcome = Outcome(jobs=jobs, requests=(), notes=(), findings=(), records=(),
+                      github=GitHubState(repo="a/b", token="t"), seconds=1.0)
+    rows = [line.split()[:5] for line in render(outcome).splitlines()[1:3]]
+    assert rows == [["pr-test.yml", "ckpt", "ran", "failure", "real"],
+                    ["pr-test.yml", "lint", "ran", "success", "recorded"]]
+    assert [j["real"] for j in as_json(outcome)["jobs"]] == [True, False]
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (("schedule",), "schedule needs --cron"),
     (("push", "--labels", "run-ci-megatron"), "only apply to pull_request, not push"),
     (("pull_request", "--input", "infinite_run=true"), "--input only applies to workflow_dispatch"),
-    (("pull_request", "--paths", "a", "--paths-from", "b"), "pass one of --paths and --paths-from"),
+    (("pull_request", "--paths", "a", "--paths-from", "b"), "pass one of --paths, --paths-from and --patch"),
+    (("pull_request", "--patch", "no-such.patch"), "--patch no-such.patch: no such file"),
+    (("pull_request", "--real-jobs", "ckpt"), "--real-jobs and --real-only choose what --real runs"),
+    (("pull_request", "--real", "--real-jobs", "ckpt,nosuchjob"), "--real-jobs: no job nosuchjob in"),
     (("issue_comment",), "issue_comment needs --comment"),
 ])
 def test_bad_input_is_one_line_and_exit_2(checkout, args, says):
@@ -115,7 +130,9 @@ def test_json_and_the_table_of_a_comment_command_leave_the_checkout_as_it_was(ch
     assert rows[("ci-comment.yml", "decide")]["status"] == "ran"
     assert rows[("ci-comment.yml", "run")]["status"] == "skipped" and rows[("ci-comment.yml", "run")]["why"]
     assert not any(w == "pr-test.yml" for w, _ in rows)  # its `on:` has no issue_comment
-    assert set(rows[("ci-comment.yml", "decide")]) == {"workflow", "job", "status", "result", "why", "commands"}
+    decide = rows[("ci-comment.yml", "decide")]
+    assert set(decide) == {"workflow", "job", "status", "result", "why", "real", "commands"}
+    assert decide["real"] is False  # the recording depth: no job ran a real session
     posted = [r for r in out["requests"] if r["method"] == "POST" and r["path"].endswith("/issues/7/comments")]
     # /help lists the commands this commenter may use: a stranger, /help alone.
     reply = posted[0]["body"]["body"] if len(posted) == 1 else ""

@@ -94,5 +94,21 @@ def test_an_unrelated_label_reruns_nothing(act):
     assert "github.event.action != 'labeled'" in why["cpu_unit"]
 
 
+
+def test_the_if_rules_alone_keep_gpu_jobs_from_forks_other_labels_and_unrelated_labels(act):
+    """The plan's output guards GPU jobs too, so a broken label or fork rule in the rendered
+    `if:` would hide behind it: here the plan's `jobs` output lists every GPU job, and only the
+    rules the generator rendered decide."""
+    every = sorted(GPU_JOBS)
+    own = act.run(EventSpec(name="pull_request", labels=("run-ci-megatron",), paths=CODE), plan_jobs=every)
+    assert set(ran(own)) & GPU_JOBS == {"megatron"}  # each other GPU job wants its own label
+    fork = act.run(EventSpec(name="pull_request", labels=("run-ci-megatron",), fork=True, paths=CODE),
+                   plan_jobs=every)
+    assert set(ran(fork)) & GPU_JOBS == set()
+    other = act.run(EventSpec(name="pull_request", labels=("run-ci-megatron", "documentation"),
+                              added="documentation", paths=CODE), plan_jobs=every)
+    assert set(ran(other)) == {"plan", "verdict"}
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"]))

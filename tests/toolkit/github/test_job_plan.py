@@ -41,7 +41,8 @@ CPU_JOBS = {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke"}
 def test_one_job_per_suite_plus_lint_on_the_right_runner() -> None:
     jobs = table()
     assert [j.id for j in jobs] == [s.name for s in SUITES] + [
-        "lint", "gpu_smoke", "megatron_stability", "gpu_smoke_nightly", "mutation", "plants", "lock_check",
+        "lint", "gpu_smoke", "megatron_stability", "gpu_smoke_nightly", "actions_real", "mutation", "plants",
+        "lock_check",
         "monitor"]
     nightly = next(j for j in jobs if j.id == "gpu_smoke_nightly")
     assert nightly.scheduled_only and nightly.crons and nightly.kind == "smoke"
@@ -123,7 +124,7 @@ def test_plan_command_prints_the_table(capsys: pytest.CaptureFixture[str]) -> No
     assert rows["megatron"][1:4] == ["self-hosted,gpu", "yes", "nox"]
     assert rows["precision"][2] == "no"
     assert rows["cpu_unit"][1:3] == ["ubuntu-latest", "yes"]
-    assert "7 of 17 jobs run" in out
+    assert "7 of 18 jobs run" in out
 
 
 def test_plan_command_json_and_added_label(capsys: pytest.CaptureFixture[str]) -> None:
@@ -151,7 +152,7 @@ def test_plan_through_python_m_ci_exits_2_with_one_line_on_a_typo() -> None:
                         capture_output=True, text=True, timeout=60, check=False)
     assert ok.returncode == 0, ok.stderr
     assert "event: push" in ok.stdout
-    assert "5 of 17 jobs run" in ok.stdout
+    assert "5 of 18 jobs run" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "ci", "plan", "--labels", "run-ci-nope"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2

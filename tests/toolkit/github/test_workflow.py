@@ -35,7 +35,7 @@ from ci.registry.repo_suites import SUITES
 
 NUM_GPUS = 0
 # The checks of ci.suites.SESSIONS that only a schedule runs, in registry order.
-SCHEDULED_CHECKS = ("gpu_smoke_nightly", "mutation", "plants", "lock_check")
+SCHEDULED_CHECKS = ("gpu_smoke_nightly", "actions_real", "mutation", "plants", "lock_check")
 
 BIN = Path(sys.executable).parent
 
