@@ -12,6 +12,7 @@ an entry's flake, not a job that never finished. Pure.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -138,18 +139,25 @@ def how_it_ended(item: Mapping[str, object]) -> str:
     return f"its conclusion is {str(conclusion)[:40]!r}"
 
 
+SHARD_NAME = re.compile(r"\(shard (\d+)\)")
+
+
 def endings(items: Sequence[object], job_ids: Collection[str]) -> dict[str, str]:
-    """Job id -> how it ended, from the Actions API's jobs of a run (a matrix job's shards are
-    named `ID (N)`; the first that did not succeed speaks for the job)."""
-    out: dict[str, str] = {}
+    """Job id -> how it ended, from the Actions API's jobs of a run. A matrix job's shards are
+    named `ID (shard N)`: each that did not succeed is named, in shard order, so a shard that
+    never ran is told apart from the ones that failed their tests."""
+    said: dict[str, list[tuple[int, str]]] = {}
     for item in items:
         if not isinstance(item, dict) or item.get("conclusion") in ("success", "skipped"):
             continue
         name = str(item.get("name", ""))
-        job = name if name in job_ids else name.split(" (", 1)[0]
-        if job in job_ids:
-            out.setdefault(job, how_it_ended(item))
-    return out
+        job, _, rest = (name, "", "") if name in job_ids else name.partition(" (")
+        if job not in job_ids:
+            continue
+        shard = SHARD_NAME.fullmatch("(" + rest) if rest else None
+        how = how_it_ended(item)
+        said.setdefault(job, []).append((int(shard[1]), f"shard {shard[1]}: {how}") if shard else (0, how))
+    return {job: "; ".join(text for _, text in sorted(parts)) for job, parts in said.items()}
 
 
 def judge_jobs(needs: Mapping[str, object], verdicts: Sequence[Verdict], job_suites: Mapping[str, str], *,

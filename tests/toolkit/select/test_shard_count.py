@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import statistics
 import sys
 from dataclasses import replace
@@ -171,18 +172,66 @@ def test_run_refuses_an_empty_shard_in_one_line() -> None:
 # --- this repository: the plan, its JSON and the workflow agree --------------------------------
 
 
-def test_the_plan_the_json_and_the_matrix_agree(capsys: pytest.CaptureFixture[str]) -> None:
+def _matrices(flow: dict[str, dict[str, object]]) -> dict[str, object]:
+    return {name: job["strategy"]["matrix"]["shard"] for name, job in flow.items()  # type: ignore[index]
+            if "strategy" in job}
+
+
+# A job sized by a target reads its matrix from the plan job's output, with main's count where
+# no plan ran: `fromJSON(needs.plan.outputs.shards || '{"ID":[1,2]}').ID`.
+PLANNED = re.compile(r"\$\{\{ fromJSON\(needs\.plan\.outputs\.shards \|\| '(\{.*\})'\)\.(\w+) \}\}")
+
+
+def test_the_plan_the_json_and_the_matrix_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     jobs = {j.id: j for j in table(root=REPO)}
     assert jobs["toolkit"].shards > 1  # sized by its target, not by hand
+    assert jobs["gpu_smoke"].shards_why  # the smoke too, whatever count its target gives
     flow = yaml.safe_load(render(tuple(jobs.values()))[WORKFLOW_PATH])["jobs"]
-    matrix = {name: job["strategy"]["matrix"]["shard"] for name, job in flow.items() if "strategy" in job}
+    fallback, planned = {}, []
+    for name, value in _matrices(flow).items():
+        if isinstance(value, list):  # a fixed count
+            fallback[name] = value
+            continue
+        match = PLANNED.fullmatch(str(value))
+        assert match and match[2] == name, value
+        fallback[name] = json.loads(match[1])[name]
+        assert "plan" in str(flow[name]["needs"]) and flow[name]["if"].startswith("!cancelled()")
+        planned.append(name)
+    assert sorted(planned) == ["gpu_smoke", "toolkit"]
+    # What the plan job publishes on a PR (the matrix every such job reads) ...
+    output = tmp_path / "output"
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_OUTPUT", str(output))
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "summary"))
+    assert plan_main(["--event", "pull_request", "--github", "--root", str(REPO)]) == 0
+    published = json.loads(output.read_text(encoding="utf-8").splitlines()[1].removeprefix("shards="))
+    capsys.readouterr()
+    # ... and `--json`'s shards give the same matrices as the workflow's, for every matrix job.
     assert plan_main(["--event", "push", "--json", "--root", str(REPO)]) == 0
     rows = {r["job"]: r for r in json.loads(capsys.readouterr().out)}
-    assert {j: list(range(1, r["shards"] + 1)) for j, r in rows.items() if r["shards"] > 1} == matrix
+    assert published == fallback == {j: list(range(1, rows[j]["shards"] + 1)) for j in fallback}
     assert rows["toolkit"]["shards_why"] == jobs["toolkit"].shards_why
     assert plan_main(["--event", "push", "--root", str(REPO)]) == 0
     table_text = capsys.readouterr().out
     assert f"  toolkit: {jobs['toolkit'].shards} shards: {jobs['toolkit'].shards_why}" in table_text
+
+
+def test_a_plan_without_its_history_publishes_the_committed_counts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # The plan job passes the snapshot it restored; a missing or unreadable one must not leave
+    # the matrix jobs without a matrix.
+    output = tmp_path / "output"
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_OUTPUT", str(output))
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "summary"))
+    missing = f"sqlite:///{tmp_path / 'none.sqlite'}"
+    assert plan_main(["--github", "--history", missing, "--root", str(REPO)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: history: unavailable (" in err and "shard counts from the committed durations" in err
+    published = json.loads(output.read_text(encoding="utf-8").splitlines()[1].removeprefix("shards="))
+    assert published == {j.id: list(range(1, j.shards + 1)) for j in table(root=REPO) if j.matrix
+                         and not j.scheduled_only}
 
 
 def test_the_shards_together_run_every_file_exactly_once() -> None:
