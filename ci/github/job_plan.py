@@ -357,10 +357,12 @@ def needs_plan(job: Job) -> bool:
     return gated_by_plan(job) or (job.planned_shards and not job.scheduled_only)
 
 
-def shard_matrix(jobs: Iterable[Job]) -> dict[str, list[int]]:
-    """Each matrix job's shards, as the plan job publishes them (output `shards`) and the
-    workflow renders them where no plan ran (a push, a schedule, a dispatch)."""
-    return {j.id: list(range(1, j.shards + 1)) for j in jobs if j.matrix and not j.scheduled_only}
+def shard_matrix(jobs: Iterable[Job]) -> dict[str, dict[str, list[int]]]:
+    """Each matrix job's matrix, as the plan job publishes it (output `shards`) and the workflow
+    renders it where no plan ran (a push, a schedule, a dispatch): `shard` 1..K and `of` [K].
+    Each leg carries K itself (`matrix.of`): no runner need supply the matrix's width."""
+    return {j.id: {"shard": list(range(1, j.shards + 1)), "of": [j.shards]}
+            for j in jobs if j.matrix and not j.scheduled_only}
 
 
 def plan_term(job: Job) -> str:

@@ -287,9 +287,9 @@ def _steps(job: Job, style: Style) -> list[Node]:
         env.update(style.gpu_env)
     if job.matrix:
         # Values reach the shell through the environment, never through ${{ }} in `run:`. K is
-        # the matrix's width, which the plan job may have set (`shards_matrix`).
+        # the leg's own `of`, the count the plan job may have set (`shards_matrix`).
         env["SHARD"] = _expr("matrix.shard")
-        env["SHARDS"] = _expr("strategy.job-total")
+        env["SHARDS"] = _expr("matrix.of")
         run = f'nox -s {job.session} -- --shard "$SHARD/$SHARDS"'
     elif job.infinite:
         # Repeat until a failure, for a bounded time: reaching the bound (timeout's 124) means
@@ -302,7 +302,7 @@ def _steps(job: Job, style: Style) -> list[Node]:
         run = job.command()
     step: dict[str, Node] = {"name": job.command() if not job.matrix else
                              f"nox -s {job.session} (shard {_expr('matrix.shard')}/"
-                             f"{_expr('strategy.job-total')})"}
+                             f"{_expr('matrix.of')})"}
     if env:
         step["env"] = env
     step["run"] = run
@@ -352,14 +352,21 @@ _PLAN_SCRIPT = (
 _PLAN_HISTORY_INSTALL = "python -m pip install -c constraints/py{python}.txt sqlalchemy"
 
 
-def shards_matrix(job: Job) -> Node:
-    """A matrix job's `shard` values: the plan job's count for a job sized by a target (its
-    output `shards`), with the committed count where no plan ran; else the fixed count."""
-    fixed = Flow(tuple(range(1, job.shards + 1)))
+def shards_matrix(job: Job) -> dict[str, Node]:
+    """A matrix job's `shard` (1..K) and `of` ([K]) values: the plan job's count for a job sized
+    by a target (its output `shards`), with the committed count where no plan ran; else the
+    fixed count. Every leg reads K from its own `of`, never from `strategy.job-total`, which
+    not every runner sets (act leaves it empty)."""
+    rows = shard_matrix([job])[job.id]
     if not (job.planned_shards and needs_plan(job)):
-        return fixed
-    committed = json.dumps({job.id: shard_matrix([job])[job.id]}, separators=(",", ":"))
-    return _expr(f"fromJSON(needs.{PLAN_JOB}.outputs.{SHARDS_OUTPUT} || '{committed}').{job.id}")
+        return {key: Flow(tuple(values)) for key, values in rows.items()}
+    committed = json.dumps({job.id: rows}, separators=(",", ":"))
+    # Only a plan that succeeded published the output. GitHub gives a skipped job's output as
+    # '', act as the unrendered `${{ steps... }}` text, which fromJSON rejects and which would
+    # stop the whole run: the result decides, not the output's emptiness.
+    published = (f"needs.{PLAN_JOB}.result == 'success' && needs.{PLAN_JOB}.outputs.{SHARDS_OUTPUT}"
+                 f" || '{committed}'")
+    return {key: _expr(f"fromJSON({published}).{job.id}.{key}") for key in rows}
 
 
 def plan_job(style: Style) -> dict[str, Node]:
@@ -475,7 +482,7 @@ def _job(job: Job, style: Style) -> dict[str, Node]:
     if job.tier == "cpu" and (records_durations(job) or job.scheduled_only):  # they install torch
         out["env"] = {"SLIME_CI_TORCH_INDEX": TORCH_CPU_INDEX}
     if job.matrix:
-        out["strategy"] = {"fail-fast": False, "matrix": {"shard": shards_matrix(job)}}
+        out["strategy"] = {"fail-fast": False, "matrix": shards_matrix(job)}
     out["steps"] = _steps(job, style)
     return out
 
