@@ -184,10 +184,12 @@ def test_sharded_suite_becomes_a_matrix_passing_shard_through_the_environment() 
     )
     wf = yaml.safe_load(render(table(suites))[WORKFLOW_PATH])
     ckpt = wf["jobs"]["ckpt"]
-    assert ckpt["strategy"] == {"fail-fast": False, "matrix": {"shard": [1, 2, 3]}}
+    # Each leg carries K (`of`): act leaves strategy.job-total empty, and a step reading it ran
+    # `--shard 1/`.
+    assert ckpt["strategy"] == {"fail-fast": False, "matrix": {"shard": [1, 2, 3], "of": [3]}}
     step = _nox_step(ckpt)
     assert step["env"]["SHARD"] == "${{ matrix.shard }}"
-    assert step["env"]["SHARDS"] == "${{ strategy.job-total }}"
+    assert step["env"]["SHARDS"] == "${{ matrix.of }}"
     assert step["run"] == 'nox -s ckpt -- --shard "$SHARD/$SHARDS"'
     assert "${{ matrix.shard }}" in ckpt["name"]
     assert "strategy" not in wf["jobs"]["megatron"]

@@ -172,14 +172,16 @@ def test_run_refuses_an_empty_shard_in_one_line() -> None:
 # --- this repository: the plan, its JSON and the workflow agree --------------------------------
 
 
-def _matrices(flow: dict[str, dict[str, object]]) -> dict[str, object]:
-    return {name: job["strategy"]["matrix"]["shard"] for name, job in flow.items()  # type: ignore[index]
+def _matrices(flow: dict[str, dict[str, object]]) -> dict[str, dict[str, object]]:
+    return {name: job["strategy"]["matrix"] for name, job in flow.items()  # type: ignore[index]
             if "strategy" in job}
 
 
-# A job sized by a target reads its matrix from the plan job's output, with main's count where
-# no plan ran: `fromJSON(needs.plan.outputs.shards || '{"ID":[1,2]}').ID`.
-PLANNED = re.compile(r"\$\{\{ fromJSON\(needs\.plan\.outputs\.shards \|\| '(\{.*\})'\)\.(\w+) \}\}")
+# A job sized by a target reads each matrix key from the plan job's output, with main's count
+# where no plan succeeded: `fromJSON(needs.plan.result == 'success' && needs.plan.outputs.shards
+# || '{"ID":{"shard":[1,2],"of":[2]}}').ID.shard` (and `.of`).
+PLANNED = re.compile(r"\$\{\{ fromJSON\(needs\.plan\.result == 'success' && needs\.plan\.outputs\.shards"
+                     r" \|\| '(\{.*\})'\)\.(\w+)\.(shard|of) \}\}")
 
 
 def test_the_plan_the_json_and_the_matrix_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -189,13 +191,19 @@ def test_the_plan_the_json_and_the_matrix_agree(tmp_path: Path, monkeypatch: pyt
     assert jobs["gpu_smoke"].shards_why  # the smoke too, whatever count its target gives
     flow = yaml.safe_load(render(tuple(jobs.values()))[WORKFLOW_PATH])["jobs"]
     fallback, planned = {}, []
-    for name, value in _matrices(flow).items():
-        if isinstance(value, list):  # a fixed count
-            fallback[name] = value
+    for name, matrix in _matrices(flow).items():
+        assert sorted(matrix) == ["of", "shard"], matrix  # K rides in each leg, not strategy.job-total
+        if isinstance(matrix["shard"], list):  # a fixed count
+            fallback[name] = dict(matrix)
             continue
-        match = PLANNED.fullmatch(str(value))
-        assert match and match[2] == name, value
-        fallback[name] = json.loads(match[1])[name]
+        committed = set()
+        for key, value in matrix.items():
+            match = PLANNED.fullmatch(str(value))
+            assert match and match[2] == name and match[3] == key, value
+            committed.add(match[1])
+        (text,) = committed  # both keys fall back to the same count
+        fallback[name] = json.loads(text)[name]
+        assert fallback[name]["of"] == [len(fallback[name]["shard"])]
         assert "plan" in str(flow[name]["needs"]) and flow[name]["if"].startswith("!cancelled()")
         planned.append(name)
     assert sorted(planned) == ["gpu_smoke", "toolkit"]
@@ -210,7 +218,8 @@ def test_the_plan_the_json_and_the_matrix_agree(tmp_path: Path, monkeypatch: pyt
     # ... and `--json`'s shards give the same matrices as the workflow's, for every matrix job.
     assert plan_main(["--event", "push", "--json", "--root", str(REPO)]) == 0
     rows = {r["job"]: r for r in json.loads(capsys.readouterr().out)}
-    assert published == fallback == {j: list(range(1, rows[j]["shards"] + 1)) for j in fallback}
+    assert published == fallback == {j: {"shard": list(range(1, rows[j]["shards"] + 1)),
+                                         "of": [rows[j]["shards"]]} for j in fallback}
     assert rows["toolkit"]["shards_why"] == jobs["toolkit"].shards_why
     assert plan_main(["--event", "push", "--root", str(REPO)]) == 0
     table_text = capsys.readouterr().out
@@ -230,8 +239,8 @@ def test_a_plan_without_its_history_publishes_the_committed_counts(
     err = capsys.readouterr().err
     assert "warning: history: unavailable (" in err and "shard counts from the committed durations" in err
     published = json.loads(output.read_text(encoding="utf-8").splitlines()[1].removeprefix("shards="))
-    assert published == {j.id: list(range(1, j.shards + 1)) for j in table(root=REPO) if j.matrix
-                         and not j.scheduled_only}
+    assert published == {j.id: {"shard": list(range(1, j.shards + 1)), "of": [j.shards]}
+                         for j in table(root=REPO) if j.matrix and not j.scheduled_only}
 
 
 def test_the_shards_together_run_every_file_exactly_once() -> None:
