@@ -10,7 +10,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import write
+from _github_api import env_for, fake_github
 from _verdict_store import attempt, plant_main, plant_pr, registry, why_command
+
+from ci.github.job_verdicts import endings, planned_shards
 
 NUM_GPUS = 0
 PLANNED = {"result": "success", "outputs": {"jobs": json.dumps(["gpu"])}}
@@ -36,6 +39,43 @@ def test_a_failed_entry_of_one_shard_is_its_suites_and_explains_the_job(tmp_path
     assert "gpu: tests/e2e/test_new.py: new (blocks)" in proc.stdout, proc.stdout
     # The shard's entry explains the job: no verdict of the job itself.
     assert "(job gpu)" not in proc.stdout, proc.stdout
+
+
+def _leg(name, conclusion, *steps):
+    return {"name": name, "conclusion": conclusion,
+            "steps": [{"name": n, "status": st_, "conclusion": c} for n, st_, c in steps]}
+
+
+def test_a_shard_the_plan_asked_for_that_never_ran_is_named(tmp_path, why):
+    """GitHub's API is the loopback stand-in: the plan published three shards of `gpu`, the run
+    lists two; shard 2 failed before it recorded anything, shard 3 has no job at all."""
+    root = write(tmp_path / "repo", {"ci/registry/repo_suites.py": registry(", shards=3")})
+    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
+    plant_main(url)
+    plant_pr(url, [attempt("ok", "passed")], pr=7, uid="pr-7-shard-1")
+    plan = {"result": "success", "outputs": {"jobs": json.dumps(["gpu"]),
+                                             "shards": json.dumps({"gpu": {"shard": [1, 2, 3], "of": [3]}})}}
+    needs = json.dumps({"plan": plan, "gpu": {"result": "failure", "outputs": {}}})
+    with fake_github() as (api, gh):
+        gh.jobs[(555, 1)] = [_leg("plan", "success"), _leg("gpu (shard 1)", "success"),
+                             _leg("gpu (shard 2)", "failure", ("Install nox", "completed", "failure"))]
+        env = {**env_for(api), "GITHUB_RUN_ID": "555", "GITHUB_RUN_ATTEMPT": "1"}
+        proc = why(root, url, "--pr", "7", "--gate", "--comment", "--needs", needs, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert ("shard 2: its step 'Install nox' failed; "
+            "shard 3 of 3: no job of it in the run (it never started)") in proc.stdout, proc.stdout
+    assert "shard 1" not in proc.stdout.split("(job gpu)", 1)[-1].split("\n", 1)[0]
+
+
+def test_the_plans_shards_are_read_from_its_output_or_not_at_all():
+    ok = {"result": "success", "outputs": {"shards": json.dumps({"t": {"shard": [1, 2], "of": [2]}})}}
+    assert planned_shards({"plan": ok}, "plan", "shards") == {"t": [1, 2]}
+    for junk in ("", "[", "[1]", '{"t": [1, 2]}', '{"t": {"shard": ["1"]}}', "${{ steps.plan.outputs.shards }}"):
+        plan = {"result": "success", "outputs": {"shards": junk}}
+        assert planned_shards({"plan": plan}, "plan", "shards") == {}, junk
+    assert planned_shards({"plan": {**ok, "result": "skipped"}}, "plan", "shards") == {}
+    # A job the run lists no leg of (no matrix expanded) is not called missing shard by shard.
+    assert endings([_leg("t", "failure")], {"t"}, {"t": [1, 2]}) == {"t": "its conclusion is 'failure'"}
 
 
 if __name__ == "__main__":
