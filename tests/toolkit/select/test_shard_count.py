@@ -253,5 +253,29 @@ def test_the_shards_together_run_every_file_exactly_once() -> None:
     assert sorted(ran) == sorted(e.id for e in entries) and len(set(ran)) == len(ran)
 
 
+def test_the_plans_shard_commands_together_run_every_file_exactly_once(tmp_path: Path) -> None:
+    # From the commands `plan --json` gives a PR (the ones each matrix leg runs) to the files
+    # `ci run --shard I/K` plans for each: every file of the suite once, no shard empty. The
+    # durations are the committed ones, as every leg of a PR restores the same.
+    proc = run_ci("plan", "--event", "pull_request", "--json")
+    assert proc.returncode == 0, proc.stderr
+    (row,) = [r for r in json.loads(proc.stdout) if r["job"] == "toolkit"]
+    assert row["runs"] and len(row["commands"]) == row["shards"] > 1
+    durations = tmp_path / "durations.json"
+    durations.write_text((REPO / "tests/durations.json").read_text(encoding="utf-8"), encoding="utf-8")
+    ran: list[str] = []
+    for i, command in enumerate(row["commands"], 1):
+        assert command == f"nox -s toolkit -- --shard {i}/{row['shards']}"
+        shard_arg = command.rsplit(" ", 1)[1]
+        dry = run_ci("run", "--suite", "toolkit", "--shard", shard_arg, "--dry-run", "--history", "off",
+                     "--durations", str(durations), "--base", "HEAD")
+        assert dry.returncode == 0, dry.stdout + dry.stderr
+        mine = re.findall(r"^  (tests/\S+\.py)  gpus=", dry.stdout, flags=re.MULTILINE)
+        assert mine, dry.stdout
+        ran += mine
+    files = [e.id for e in resolve(load_registry(REPO)["toolkit"], discover(REPO))]
+    assert sorted(ran) == sorted(files) and len(set(ran)) == len(ran)
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", *sys.argv[1:]]))
