@@ -3,17 +3,20 @@ under the suite's name, and the verdicts read them as one suite, so a failed ent
 is that suite's and explains the matrix job's failure."""
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
-from _ci import write
+from _ci import run_ci, write
 from _github_api import env_for, fake_github
 from _verdict_store import attempt, plant_main, plant_pr, registry, why_command
 
 from ci.github.job_verdicts import endings, planned_shards
+from ci.history.store import open_store
 
 NUM_GPUS = 0
 PLANNED = {"result": "success", "outputs": {"jobs": json.dumps(["gpu"])}}
@@ -76,6 +79,51 @@ def test_the_plans_shards_are_read_from_its_output_or_not_at_all():
     assert planned_shards({"plan": {**ok, "result": "skipped"}}, "plan", "shards") == {}
     # A job the run lists no leg of (no matrix expanded) is not called missing shard by shard.
     assert endings([_leg("t", "failure")], {"t"}, {"t": [1, 2]}) == {"t": "its conclusion is 'failure'"}
+
+
+def _shard_run(uid: str, entry: str, outcome: str) -> dict[str, object]:
+    """One shard's exported run, as `history record --export` writes it (suite: the job's)."""
+    now = time.time()
+    return {"uid": uid, "suite": "toolkit", "commit": "c0ffee" * 6 + "c0ff", "branch": "feature",
+            "event": "pull_request", "host": "h", "runner": "r", "backend": "local", "hardware": "cpu",
+            "started_at": now - 60, "ended_at": now - 1, "exit_code": int(outcome != "passed"),
+            "trusted": False, "pr": None,
+            "attempts": [{"entry_id": entry, "path": entry, "attempt": 1, "final": True, "outcome": outcome,
+                          "passed": int(outcome == "passed"), "failed": int(outcome != "passed"), "skipped": 0,
+                          "num_gpus": 0, "devices": "", "node": "", "seconds": 2.0, "reason": ""}],
+            "metrics": []}
+
+
+def test_the_ingest_keeps_each_shards_run_under_the_one_suite(tmp_path):
+    # The ingest job downloads one artifact per leg (history-toolkit-1, history-toolkit-2): both
+    # runs land under `toolkit`, each with its own entries, and a re-run adds nothing.
+    downloaded = tmp_path / "downloaded"
+    for i, (entry, outcome) in enumerate((("tests/a.py", "passed"), ("tests/b.py", "failed")), 1):
+        folder = downloaded / f"history-toolkit-{i}"
+        folder.mkdir(parents=True)
+        uid = f"{i:032x}"
+        (folder / f"{uid}.json").write_text(json.dumps(_shard_run(uid, entry, outcome)))
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({
+        "workflow_run": {"id": 777, "path": ".github/workflows/pr-test.yml", "event": "pull_request",
+                         "head_branch": "feature", "head_sha": "c0ffee" * 6 + "c0ff",
+                         "head_repository": {"full_name": "o/r"}, "pull_requests": [{"number": 12}],
+                         "display_title": "t"},
+        "repository": {"full_name": "o/r", "default_branch": "main"}}))
+    url = f"sqlite:///{tmp_path / 'shared.sqlite'}"
+    env = {**{k: "" for k in os.environ if k.startswith("GITHUB_")}, "SLIME_CI_HISTORY_URL": "",
+           "GITHUB_OUTPUT": str(tmp_path / "outputs")}
+    argv = ("history", "ingest", str(downloaded), "--event-file", str(event), "--history", url,
+            "--root", str(tmp_path))
+    done = run_ci(*argv, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 run(s), 2 new" in done.stdout, done.stdout
+    with open_store(url) as store:
+        assert sorted((r.suite, r.pr) for r in store.runs()) == [("toolkit", 12), ("toolkit", 12)]
+        assert sorted((a.entry_id, a.outcome) for a in store.attempts(suite="toolkit")) == [
+            ("tests/a.py", "passed"), ("tests/b.py", "failed")]
+    again = run_ci(*argv, env=env)
+    assert again.returncode == 0 and "2 run(s), 0 new" in again.stdout, again.stdout
 
 
 if __name__ == "__main__":
