@@ -10,6 +10,7 @@ machine already has (warm), or an empty one (cold), or both.
     python benchmarks/pr_feedback.py --cache both --json out.json
     python benchmarks/pr_feedback.py --only toolkit --narrow tests/toolkit/test_results.py \\
         tests/toolkit/test_docs.py                         # a small case: two files, split the same way
+    python benchmarks/pr_feedback.py --model               # no run: each shard as the count models it
 
 What is measured is HEAD, committed: a clone holds no uncommitted edit. GPU jobs (self-hosted)
 and the verdict job are not hosted CPU work and are left out. Run it on an idle machine: the
@@ -32,8 +33,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ci.durations import baseline  # noqa: E402
 from ci.github.job_plan import Event, Job, plan, table  # noqa: E402
 from ci.registry.loader import load_registry  # noqa: E402
+from ci.registry.model import HOSTED_CORES, Smoke, Suite  # noqa: E402
+from ci.select.discover import iter_test_files, read_test_file  # noqa: E402
+from ci.select.entries import resolve, smoke_entries  # noqa: E402
+from ci.select.shard_count import SETUP_SECONDS, shard_walls  # noqa: E402
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +59,29 @@ def hosted_jobs(root: Path) -> list[Job]:
     reg = load_registry(root)
     jobs = table(reg.suites, reg.style, reg.sessions, root=root)
     return [d.job for d in plan(Event(name="pull_request"), jobs) if d.runs and not d.job.self_hosted]
+
+
+def modelled(root: Path, jobs: list[Job]) -> list[Run]:
+    """Each shard job's wall seconds as `ci/select/shard_count.py` models them from the committed
+    durations (set-up, then its longest file or its load over the hosted runner's cores): no run,
+    a job with no entries to time (lint) is left out. `rc` -1 marks a modelled figure."""
+    reg = load_registry(root)
+    suites: dict[str, Suite] = {s.name: s for s in reg.suites}
+    smokes = {x.name: x for x in reg.sessions if isinstance(x, Smoke)}
+    files = {rel: read_test_file(root, rel) for rel in iter_test_files(root)}
+    durations = baseline(root)
+    out = []
+    for job in jobs:
+        if job.session in smokes:
+            entries = [e for _, e in smoke_entries(smokes[job.session], suites, files)]
+        elif job.session in suites:
+            entries = resolve(suites[job.session], files)
+        else:
+            continue
+        walls = shard_walls(entries, job.shards, durations, cores=HOSTED_CORES, setup=SETUP_SECONDS)
+        out += [Run(job=job.id, shard=i if job.matrix else 0, shards=job.shards, cache="model",
+                    seconds=round(wall, 1), rc=-1) for i, wall in enumerate(walls, 1)]
+    return out
 
 
 def argv_of(job: Job, shard: int, narrow: list[str]) -> list[str]:
@@ -89,7 +118,8 @@ def summary(runs: list[Run]) -> list[str]:
         mine = [r for r in runs if r.cache == cache]
         for r in mine:
             name = f"{r.job} {r.shard}/{r.shards}" if r.shard else r.job
-            lines.append(f"  {cache:<4}  {name:<20} {r.seconds:7.1f} s  exit {r.rc}")
+            ended = "modelled" if r.rc == -1 else f"exit {r.rc}"
+            lines.append(f"  {cache:<5} {name:<20} {r.seconds:7.1f} s  {ended}")
         slowest = max(mine, key=lambda r: r.seconds)
         total = sum(r.seconds for r in mine)
         lines.append(f"{cache}: slowest job {slowest.job}"
@@ -108,6 +138,9 @@ def main() -> int:
                         help="pass these test paths to each shard (a small case of the same split)")
     parser.add_argument("--json", type=Path, help="write the runs to this file")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--model", action="store_true",
+                        help="run nothing: each shard's wall time as the shard count models it "
+                             "from the committed durations (a model, not a measurement)")
     args = parser.parse_args()
     jobs = hosted_jobs(ROOT)
     known = [j.id for j in jobs]
@@ -116,7 +149,8 @@ def main() -> int:
         parser.error(f"--only {unknown[0]}: not a hosted job of a PR event; jobs: {', '.join(known)}")
     jobs = [j for j in jobs if not args.only or j.id in args.only]
     caches = ["warm", "cold"] if args.cache == "both" else [args.cache]
-    shards = [(j, s) for j in jobs for s in (range(1, j.shards + 1) if j.shards > 1 else [0])]
+    # A job sized by a target is a matrix even of one shard: it runs `--shard 1/1`.
+    shards = [(j, s) for j in jobs for s in (range(1, j.shards + 1) if j.matrix else [0])]
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                           text=True, check=False).stdout.strip()
     print(f"PR event at {head}: {len(shards)} hosted shard job(s) of {len(jobs)} job(s); "
@@ -124,6 +158,11 @@ def main() -> int:
     if args.dry_run:
         for job, shard in shards:
             print("  " + " ".join(argv_of(job, shard, args.narrow)))
+        return 0
+    if args.model:
+        print(f"modelled from the committed durations, {HOSTED_CORES} cores, {SETUP_SECONDS:.0f} s "
+              "set-up a job (not measured):")
+        print("\n".join(summary(modelled(ROOT, jobs))))
         return 0
     runs = []
     with tempfile.TemporaryDirectory(prefix="pr-feedback-") as tmp:

@@ -128,11 +128,18 @@ def prepare(root: Path, clone: Path, spec: EventSpec) -> Shas:
     """Make the event's commits in the clone and leave HEAD (and its branch) where act reads them."""
     head = _git(clone, "rev-parse", "HEAD")
     if spec.name == "pull_request":
-        base = _base(root, clone)
+        # The checkout's HEAD stands for `main`, as it does for every other event: the PR's
+        # code is this checkout's (its workflow and its `python -m ci plan` agree, as they do
+        # on GitHub, where both come from the merge commit), its diff exactly the patch or
+        # the `paths`.
         if spec.patch is not None:
+            base = head
             head = apply_patch(clone, base, spec.patch)
         elif spec.paths is not None:
+            base = head
             head = touch_paths(clone, base, spec.paths)
+        else:
+            base = _base(root, clone)
         # A clone of a checkout on `main` has `main` checked out, and git moves no checked-out
         # branch: detach first (a fresh clone of main is exactly that case).
         _git(clone, "checkout", "-q", "--detach", head)

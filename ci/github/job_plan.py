@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from ci.args import Parser, existing_dir
-from ci.errors import UsageError
+from ci.errors import StoreError, UsageError
 from ci.log import Log
 from ci.registry.cadences import (
     DEFAULT_SCHEDULES,
@@ -91,23 +91,41 @@ class Job:
     def self_hosted(self) -> bool:
         return "self-hosted" in self.runs_on
 
+    @property
+    def planned_shards(self) -> bool:
+        """Whether its shard count comes from a target: the plan job recomputes it when the
+        run starts (the history's p90) and the job's matrix reads it from the plan's output."""
+        return bool(self.shards_why)
+
+    @property
+    def matrix(self) -> bool:
+        """Whether the job runs as a matrix of `--shard I/K` jobs (a target's, even of 1 shard,
+        or a fixed count above 1)."""
+        return self.shards > 1 or self.planned_shards
+
     def command(self, shard: int | None = None) -> str:
         """The shell command the job runs (what a developer types locally)."""
-        if self.shards > 1 and shard is not None:
+        if self.matrix and shard is not None:
             return f"nox -s {self.session} -- --shard {shard}/{self.shards}"
         return f"nox -s {self.session}"
 
 
-def session_job(session: Check | Smoke, style: Style, suites: Sequence[Suite]) -> Job:
-    """The CI job of a session that is not a suite (ci.suites.SESSIONS): a hosted CPU job."""
+def session_job(session: Check | Smoke, style: Style, suites: Sequence[Suite],
+                count: ShardCount | None = None) -> Job:
+    """The CI job of a session that is not a suite (ci.suites.SESSIONS): a hosted CPU job;
+    `count`: a smoke's computed shard count, for one with a target."""
     if isinstance(session, Smoke):
         known = {s.name for s in suites}
         unknown = [r.suite for r in session.runs if r.suite not in known]
         if unknown:
             raise UsageError(f"session {session.name} runs suite {unknown[0]!r}, which the registry "
                              f"lacks: name one of {', '.join(sorted(known))} in {style.registry}")
+        if session.shards < 1:
+            raise UsageError(f"session {session.name}: shards must be >= 1 in {style.registry}")
         return Job(id=session.name, session=session.name, tier="cpu", purpose=session.purpose,
                    runs_on=style.hosted_runner, minutes=session.minutes, kind="smoke",
+                   shards=count.count if count else session.shards,
+                   shards_why=count.why if count else "",
                    crons=_crons(style, session.cadences), scheduled_only=bool(session.cadences))
     if session.every_event == bool(session.cadences):
         raise UsageError(f"session {session.name}: set every_event=True or cadences=(...) in "
@@ -115,6 +133,11 @@ def session_job(session: Check | Smoke, style: Style, suites: Sequence[Suite]) -
     return Job(id=session.name, session=session.name, tier="cpu", purpose=session.purpose,
                runs_on=style.hosted_runner, minutes=session.minutes, kind="check",
                crons=_crons(style, session.cadences), scheduled_only=bool(session.cadences))
+
+
+def smokes_of(sessions: Iterable[Check | Smoke]) -> list[Smoke]:
+    """The smokes among a registry's sessions (the ones a target may split)."""
+    return [x for x in sessions if isinstance(x, Smoke)]
 
 
 def runs_in_ci(session: Check | Smoke) -> bool:
@@ -204,8 +227,9 @@ def table(suites: Sequence[Suite] = SUITES, style: Style | None = None,
     committed durations of `root` give."""
     style = style or Style()
     if counts is None:
-        counts = suite_counts(root, suites)
-    own = [session_job(x, style, suites) for x in sessions if runs_in_ci(x)] if style.own_jobs else []
+        counts = suite_counts(root, suites, smokes=smokes_of(sessions))
+    own = ([session_job(x, style, suites, counts.get(x.name)) for x in sessions if runs_in_ci(x)]
+           if style.own_jobs else [])
     extra: tuple[Job, ...] = tuple(j for j in own if not j.scheduled_only)
     stability = stability_job(suites, style)
     scheduled = [c for x in sessions if runs_in_ci(x) for c in x.cadences] \
@@ -327,6 +351,20 @@ def gated_by_plan(job: Job) -> bool:
     return job.self_hosted and job.label is not None and not job.scheduled_only
 
 
+def needs_plan(job: Job) -> bool:
+    """Whether the job waits for the plan job: its verdict gates it, or its matrix is the
+    shard count the plan publishes (output `shards`)."""
+    return gated_by_plan(job) or (job.planned_shards and not job.scheduled_only)
+
+
+def shard_matrix(jobs: Iterable[Job]) -> dict[str, dict[str, list[int]]]:
+    """Each matrix job's matrix, as the plan job publishes it (output `shards`) and the workflow
+    renders it where no plan ran (a push, a schedule, a dispatch): `shard` 1..K and `of` [K].
+    Each leg carries K itself (`matrix.of`): no runner need supply the matrix's width."""
+    return {j.id: {"shard": list(range(1, j.shards + 1)), "of": [j.shards]}
+            for j in jobs if j.matrix and not j.scheduled_only}
+
+
 def plan_term(job: Job) -> str:
     """The plan job's verdict on this job (its published list names it)."""
     # `|| '[]'`: a plan that failed publishes nothing, and fromJSON('') is an error.
@@ -365,17 +403,20 @@ def condition_lines(job: Job) -> list[str]:
         return [scheduled or "false"]
     tail = [f"|| {scheduled}"] if scheduled else []
     if job.label is None:
-        return ["(github.event_name != 'pull_request' && github.event_name != 'schedule')",
-                "|| (github.event_name == 'pull_request' && github.event.action != 'labeled')", *tail]
+        lines = ["(github.event_name != 'pull_request' && github.event_name != 'schedule')",
+                 "|| (github.event_name == 'pull_request' && github.event.action != 'labeled')", *tail]
+        if not needs_plan(job):
+            return lines
+        return ["!cancelled()", f"&& ({lines[0]}", *lines[1:-1], lines[-1] + ")"]
     first, *rest = pr_terms(job)
     and_lines = [f"&& {t}" for t in rest]
     lines = ["github.event_name == 'workflow_dispatch'", f"|| ({first}",
              *and_lines[:-1], and_lines[-1] + ")", *tail]
-    if not gated_by_plan(job):
+    if not needs_plan(job):
         return lines
     # A job with `needs:` is skipped whenever what it needs was, unless its `if:` calls a
     # status function: the plan job runs on pull requests only, and a push, a schedule or a
-    # dispatch must still run this one.
+    # dispatch must still run this one (a sharded one with its committed count).
     return ["!cancelled()", f"&& ({lines[0]}", *lines[1:-1], lines[-1] + ")"]
 
 
@@ -449,7 +490,7 @@ def render_plan(event: Event, decisions: Sequence[Decision],
     """The table `plan` prints; `entries`: job id -> "3 of 10 entries" where selection applied."""
     rows = [("job", "runner", "runs", "command", "why")]
     for d in decisions:
-        shards = range(1, d.job.shards + 1) if d.job.shards > 1 else [None]
+        shards = range(1, d.job.shards + 1) if d.job.matrix else [None]
         command = "; ".join(d.job.command(i) for i in shards) if d.runs else "-"
         some = (entries or {}).get(d.job.id)
         rows.append((d.job.id, ",".join(d.job.runs_on), "yes" if d.runs else "no", command,
@@ -488,9 +529,9 @@ def summary_markdown(event: Event, decisions: Sequence[Decision]) -> str:
 def publish(event: Event, decisions: Sequence[Decision], log: Log) -> None:
     """The jobs that run, as the step output the gated jobs read; the reasons in the summary."""
     log.output(PLAN_OUTPUT, json.dumps([d.job.id for d in decisions if d.runs]))
-    # The matrix of each sharded job that runs: the shards the workflow's jobs were rendered with.
-    log.output(SHARDS_OUTPUT, json.dumps({d.job.id: list(range(1, d.job.shards + 1))
-                                          for d in decisions if d.runs and d.job.shards > 1}))
+    # The matrix of every sharded job, whether or not it runs (one that does not is skipped
+    # by its `if:`; a matrix read as null would fail the run): the count this plan computed.
+    log.output(SHARDS_OUTPUT, json.dumps(shard_matrix(d.job for d in decisions)))
     log.summary(summary_markdown(event, decisions))
 
 
@@ -558,17 +599,29 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _history_counts(root: Path, suites: Sequence[Suite], url: str | None) -> dict[str, ShardCount] | None:
-    """Shard counts from the history's p90 per entry (None: the committed durations decide)."""
+def _history_counts(root: Path, suites: Sequence[Suite], sessions: Sequence[Check | Smoke],
+                    url: str | None) -> dict[str, ShardCount] | None:
+    """Shard counts from the history's p90 per entry (None: the committed durations decide).
+
+    A smoke is sized by the committed durations alone: the history keeps its entries under
+    their GPU suites, where runs on real GPUs and emulated ones, which take other times, mix."""
     if url is None:
         return None
     from ci.history.stats import estimates
     from ci.history.store import open_store
 
-    with open_store(url, create=False) as store:
-        p90 = {k: v for s in suites if s.target_minutes is not None
-               for k, v in estimates(store.attempts(suite=s.name)).items()}
-    return suite_counts(root, suites, measured=p90, source="history p90")
+    try:
+        with open_store(url, create=False) as store:
+            p90 = {k: v for s in suites if s.target_minutes is not None
+                   for k, v in estimates(store.attempts(suite=s.name)).items()}
+    except StoreError as exc:
+        # The plan job must still publish a matrix: the committed durations size it instead.
+        print(f"warning: history: unavailable ({exc}); shard counts from the committed durations",
+              file=sys.stderr)
+        return None
+    smokes = smokes_of(sessions)
+    return {**suite_counts(root, suites, smokes=smokes),
+            **suite_counts(root, suites, measured=p90, source="history p90")}
 
 
 def main(argv: list[str]) -> int:
@@ -585,7 +638,7 @@ def main(argv: list[str]) -> int:
 
         return resolve_main(args, root, registry.suites)
     jobs = table(registry.suites, registry.style, registry.sessions, root=root,
-                 counts=_history_counts(root, registry.suites, args.history))
+                 counts=_history_counts(root, registry.suites, registry.sessions, args.history))
     given = [f for f, v in (("--paths", args.paths), ("--diff", args.diff),
                             ("--paths-from", args.paths_from)) if v is not None]
     if len(given) > 1:
@@ -618,7 +671,7 @@ def main(argv: list[str]) -> int:
              "runs": d.runs, "why": d.why, "shards": d.job.shards,
              **({"shards_why": d.job.shards_why} if d.job.shards_why else {}),
              "commands": [d.job.command(i) for i in range(1, d.job.shards + 1)]
-             if d.job.shards > 1 else [d.job.command()], **json_fields(chosen.get(d.job.id))}
+             if d.job.matrix else [d.job.command()], **json_fields(chosen.get(d.job.id))}
             for d in decisions
         ], indent=2))
     else:

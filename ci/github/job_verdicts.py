@@ -12,6 +12,7 @@ an entry's flake, not a job that never finished. Pure.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -138,18 +139,58 @@ def how_it_ended(item: Mapping[str, object]) -> str:
     return f"its conclusion is {str(conclusion)[:40]!r}"
 
 
-def endings(items: Sequence[object], job_ids: Collection[str]) -> dict[str, str]:
-    """Job id -> how it ended, from the Actions API's jobs of a run (a matrix job's shards are
-    named `ID (N)`; the first that did not succeed speaks for the job)."""
-    out: dict[str, str] = {}
+SHARD_NAME = re.compile(r"\(shard (\d+)\)")
+
+
+def planned_shards(needs: Mapping[str, object], plan_job: str, output: str) -> dict[str, list[int]]:
+    """Each matrix job's shard numbers as the plan job published them (`{"ID": {"shard": [1, 2],
+    "of": [2]}}`); {} when it did not pass or the output is unreadable (a push runs no plan)."""
+    info = needs.get(plan_job)
+    outputs = info.get("outputs") if isinstance(info, dict) and _result(info) == "success" else None
+    raw = outputs.get(output) if isinstance(outputs, dict) else None
+    try:
+        published = json.loads(raw) if isinstance(raw, str) else None
+    except (ValueError, RecursionError):
+        return {}
+    if not isinstance(published, dict):
+        return {}
+    out = {}
+    for job, matrix in published.items():
+        shards = matrix.get("shard") if isinstance(matrix, dict) else None
+        if isinstance(shards, list) and all(type(i) is int for i in shards):
+            out[str(job)] = shards
+    return out
+
+
+def endings(items: Sequence[object], job_ids: Collection[str],
+            planned: Mapping[str, Sequence[int]] | None = None) -> dict[str, str]:
+    """Job id -> how it ended, from the Actions API's jobs of a run. A matrix job's shards are
+    named `ID (shard N)`: each that did not succeed is named, in shard order, so a shard that
+    never ran is told apart from the ones that failed their tests; a shard `planned` (the plan
+    job's published matrix) that has no job in the run at all is named too."""
+    said: dict[str, list[tuple[int, str]]] = {}
+    seen: dict[str, set[int]] = {}
     for item in items:
-        if not isinstance(item, dict) or item.get("conclusion") in ("success", "skipped"):
+        if not isinstance(item, dict):
             continue
         name = str(item.get("name", ""))
-        job = name if name in job_ids else name.split(" (", 1)[0]
-        if job in job_ids:
-            out.setdefault(job, how_it_ended(item))
-    return out
+        job, _, rest = (name, "", "") if name in job_ids else name.partition(" (")
+        if job not in job_ids:
+            continue
+        shard = SHARD_NAME.fullmatch("(" + rest) if rest else None
+        if shard:
+            seen.setdefault(job, set()).add(int(shard[1]))
+        if item.get("conclusion") in ("success", "skipped"):
+            continue
+        how = how_it_ended(item)
+        said.setdefault(job, []).append((int(shard[1]), f"shard {shard[1]}: {how}") if shard else (0, how))
+    for job, shards in (planned or {}).items():
+        if job not in job_ids or job not in seen:  # no leg listed: the job ran no matrix to compare
+            continue
+        for i in sorted(set(shards) - seen[job]):
+            said.setdefault(job, []).append((i, f"shard {i} of {len(shards)}: no job of it in the run "
+                                                "(it never started)"))
+    return {job: "; ".join(text for _, text in sorted(parts)) for job, parts in said.items()}
 
 
 def judge_jobs(needs: Mapping[str, object], verdicts: Sequence[Verdict], job_suites: Mapping[str, str], *,

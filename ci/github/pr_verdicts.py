@@ -29,7 +29,7 @@ from typing import NoReturn
 from ci.errors import EXIT_FAILED, EXIT_OK, StoreError, UsageError
 from ci.github.check_runs import CheckRun, build, links_line, publish, read_junit
 from ci.github.inert_text import code, fit, run_link
-from ci.github.job_verdicts import endings, judge_jobs, parse_needs
+from ci.github.job_verdicts import endings, judge_jobs, parse_needs, planned_shards
 from ci.github.rest_client import GitHub, GitHubError, pr_number
 from ci.github.why_last import baseline_url, local_url, read_last
 from ci.history.store import HISTORY_ENV, HISTORY_FILE, AttemptRow, open_store, resolve_url
@@ -277,7 +277,10 @@ def _endings(gh: GitHub, env: Mapping[str, str], needs: Mapping[str, object]) ->
         print(f"warning: how the jobs ended was not read ({exc})", file=sys.stderr)
         return {}
     items = answer.get("jobs") if isinstance(answer, dict) else None
-    return endings(items, set(needs)) if isinstance(items, list) else {}
+    from ci.github.job_plan import PLAN_JOB, SHARDS_OUTPUT
+
+    planned = planned_shards(needs, PLAN_JOB, SHARDS_OUTPUT)
+    return endings(items, set(needs), planned) if isinstance(items, list) else {}
 
 
 def main(argv: Sequence[str]) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,12 +34,15 @@ from ci.github.job_plan import (
     BASE_BRANCH,
     PLAN_JOB,
     PLAN_OUTPUT,
+    SHARDS_OUTPUT,
     VERDICT_JOB,
     WORKFLOW_NAME,
     Job,
     condition_lines,
     gated_by_plan,
+    needs_plan,
     pr_terms,
+    shard_matrix,
     table,
 )
 from ci.github.pages_workflow import pages_jobs, readme_rows
@@ -106,7 +110,7 @@ def concurrency_group(job: Job) -> Folded:
     if job.scheduled_only:  # never a PR's job: always a group of its own run
         return Folded((f"{WORKFLOW_NAME}-run{_expr('github.run_id')}-{job.id}",))
     first, *rest = pr_terms(job)
-    tail = "-" + _expr("matrix.shard") if job.shards > 1 else ""
+    tail = "-" + _expr("matrix.shard") if job.matrix else ""
     return Folded((
         f"{WORKFLOW_NAME}-${{{{ {first}",
         *(f"&& {t}" for t in rest),
@@ -160,7 +164,10 @@ def _shard_files(shard: str) -> str:
 
 
 def _restore_durations(job: Job) -> list[Node]:
-    if job.shards == 1:
+    # A planned count may differ from the committed one this renders (`shards_matrix`), but
+    # caches are saved only by pushes to main, whose shards are the committed ones: every shard
+    # of a PR restores all of main's, the same files, and so plans the same partition.
+    if not job.matrix:
         return [{"name": "Restore measured durations and history (last run on main)",
                  "uses": _uses(CACHE_RESTORE),
                  "with": {"path": CACHED_FILES,
@@ -175,7 +182,7 @@ def _restore_durations(job: Job) -> list[Node]:
 
 
 def _save_durations(job: Job) -> dict[str, Node]:
-    sharded = job.shards > 1
+    sharded = job.matrix
     shard = _expr("matrix.shard") + "-" if sharded else ""
     # Inside `if:` a `${{ }}` would turn the whole condition into a string, always true:
     # the shard's folder is formatted by the expression itself.
@@ -216,7 +223,7 @@ def exports_history(job: Job) -> bool:
 
 def history_artifact(job: Job) -> str:
     """The artifact a suite job exports its runs in (one per shard); the ingest job reads `history-*`."""
-    return f"{ARTIFACT_PREFIX}{job.id}" + ("-" + _expr("matrix.shard") if job.shards > 1 else "")
+    return f"{ARTIFACT_PREFIX}{job.id}" + ("-" + _expr("matrix.shard") if job.matrix else "")
 
 
 def _history_env(job: Job) -> dict[str, Node]:
@@ -243,7 +250,7 @@ def _merge_shards(job: Job) -> dict[str, Node]:
 def _record(job: Job) -> dict[str, Node]:
     env: dict[str, Node] = {"STATUS": _expr("job.status"), **_history_env(job)}
     run = f'nox -s {HISTORY_SESSION} -- record --suite {job.session} --status "$STATUS"'
-    if job.shards > 1:
+    if job.matrix:
         env["SHARD"] = _expr("matrix.shard")
         run += f' --keep-in "{SHARDS_DIR}/$SHARD"'
     if exports_history(job):
@@ -259,7 +266,7 @@ def _steps(job: Job, style: Style) -> list[Node]:
         steps += _restore_durations(job)
     if exports_history(job):  # the trusted baseline, over whatever the job's own cache held
         steps.append(restore_snapshot())
-    if records_durations(job) and job.shards > 1 and records_history(job, style):
+    if records_durations(job) and job.matrix and records_history(job, style):
         steps.append(_merge_shards(job))
     env: dict[str, Node] = {}
     if records_durations(job):
@@ -278,10 +285,12 @@ def _steps(job: Job, style: Style) -> list[Node]:
         # runners' environment (runners/README.md), so the workflow grants none. An adopting
         # repository whose old CI passed a secret keeps it (Style.gpu_env).
         env.update(style.gpu_env)
-    if job.shards > 1:
-        # Values reach the shell through the environment, never through ${{ }} in `run:`.
+    if job.matrix:
+        # Values reach the shell through the environment, never through ${{ }} in `run:`. K is
+        # the leg's own `of`, the count the plan job may have set (`shards_matrix`).
         env["SHARD"] = _expr("matrix.shard")
-        run = f'nox -s {job.session} -- --shard "$SHARD/{job.shards}"'
+        env["SHARDS"] = _expr("matrix.of")
+        run = f'nox -s {job.session} -- --shard "$SHARD/$SHARDS"'
     elif job.infinite:
         # Repeat until a failure, for a bounded time: reaching the bound (timeout's 124) means
         # no failure in that time, a pass; SIGINT lets the session stop its entries cleanly.
@@ -291,8 +300,9 @@ def _steps(job: Job, style: Style) -> list[Node]:
                'else exit "$rc"; fi; }')
     else:
         run = job.command()
-    step: dict[str, Node] = {"name": job.command() if job.shards == 1 else
-                             f"nox -s {job.session} (shard {_expr('matrix.shard')}/{job.shards})"}
+    step: dict[str, Node] = {"name": job.command() if not job.matrix else
+                             f"nox -s {job.session} (shard {_expr('matrix.shard')}/"
+                             f"{_expr('matrix.of')})"}
     if env:
         step["env"] = env
     step["run"] = run
@@ -334,8 +344,29 @@ _PLAN_SCRIPT = (
     'set -- --event pull_request --labels "$LABELS" --paths-from "$RUNNER_TEMP/changed-paths" --github',
     'if [ "$ACTION" = labeled ]; then set -- "$@" --added "$ADDED"; else set -- "$@" --action "$ACTION"; fi',
     'if [ "$FORK" = true ]; then set -- "$@" --fork; fi',
+    # The shard counts by main's p90 where the snapshot was restored, else the committed durations.
+    f'if [ -f {HISTORY_FILE} ]; then set -- "$@" --history "sqlite:///$PWD/{HISTORY_FILE}"; fi',
     'python -m ci plan "$@"',
 )
+# What `plan --history` reads the snapshot with, held to the lock file of the workflow's Python.
+_PLAN_HISTORY_INSTALL = "python -m pip install -c constraints/py{python}.txt sqlalchemy"
+
+
+def shards_matrix(job: Job) -> dict[str, Node]:
+    """A matrix job's `shard` (1..K) and `of` ([K]) values: the plan job's count for a job sized
+    by a target (its output `shards`), with the committed count where no plan ran; else the
+    fixed count. Every leg reads K from its own `of`, never from `strategy.job-total`, which
+    not every runner sets (act leaves it empty)."""
+    rows = shard_matrix([job])[job.id]
+    if not (job.planned_shards and needs_plan(job)):
+        return {key: Flow(tuple(values)) for key, values in rows.items()}
+    committed = json.dumps({job.id: rows}, separators=(",", ":"))
+    # Only a plan that succeeded published the output. GitHub gives a skipped job's output as
+    # '', act as the unrendered `${{ steps... }}` text, which fromJSON rejects and which would
+    # stop the whole run: the result decides, not the output's emptiness.
+    published = (f"needs.{PLAN_JOB}.result == 'success' && needs.{PLAN_JOB}.outputs.{SHARDS_OUTPUT}"
+                 f" || '{committed}'")
+    return {key: _expr(f"fromJSON({published}).{job.id}.{key}") for key in rows}
 
 
 def plan_job(style: Style) -> dict[str, Node]:
@@ -347,13 +378,18 @@ def plan_job(style: Style) -> dict[str, Node]:
         permissions=build.reads_repository(),
         concurrency=build.concurrency(f"{WORKFLOW_NAME}-run{_expr('github.run_id')}-{PLAN_JOB}", True),
         minutes=PLAN_MINUTES,
-        outputs={PLAN_OUTPUT: _expr(f"steps.plan.outputs.{PLAN_OUTPUT}")},
+        outputs={PLAN_OUTPUT: _expr(f"steps.plan.outputs.{PLAN_OUTPUT}"),
+                 SHARDS_OUTPUT: _expr(f"steps.plan.outputs.{SHARDS_OUTPUT}")},
         steps=[
             build.checkout(fetch_depth=Note(2, "the merge commit and the base tip: the PR's diff")),
             build.setup_python(style),
             # This repository's checkout is the toolkit (stdlib only for `plan`); an adopting
             # repository installs it (its `install` names the toolkit's package).
             *([] if style.own_jobs else [{"name": "Install the toolkit", "run": style.install}]),
+            # Main's runs (no credential), for the shard counts by their p90.
+            restore_snapshot(),
+            *([{"name": "Install SQLAlchemy (the snapshot's reader)",
+                "run": _PLAN_HISTORY_INSTALL.format(python=style.python)}] if style.own_jobs else []),
             {"name": "python -m ci plan (this event, this diff)", "id": "plan",
              # Values reach the shell through the environment, never through ${{ }} in `run:`.
              "env": {"LABELS": _expr("join(github.event.pull_request.labels.*.name, ',')"),
@@ -385,7 +421,7 @@ _VERDICT_RUN = ('nox -s verdict -- --pr "$PR" --base "$BASE" --needs "$NEEDS" --
 
 def verdict_job(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
     """The PR's `verdict` check: a verdict per failed entry, the sticky comment, the merge gate."""
-    needs = [*([PLAN_JOB] if any(gated_by_plan(j) for j in jobs) else []),
+    needs = [*([PLAN_JOB] if any(needs_plan(j) for j in jobs) else []),
              *(j.id for j in jobs if not j.scheduled_only)]
     return build.job(
         VERDICT_JOB,
@@ -424,10 +460,12 @@ def verdict_job(jobs: Sequence[Job], style: Style) -> dict[str, Node]:
 
 def _job(job: Job, style: Style) -> dict[str, Node]:
     out: dict[str, Node] = {
-        "name": job.id if job.shards == 1 else f"{job.id} (shard {_expr('matrix.shard')})",
+        "name": job.id if not job.matrix else f"{job.id} (shard {_expr('matrix.shard')})",
     }
     if gated_by_plan(job):
         out["needs"] = Note(PLAN_JOB, "runs on a PR only if the plan of its diff says so")
+    elif needs_plan(job):
+        out["needs"] = Note(PLAN_JOB, "its matrix: the shard count the plan computes")
     out["if"] = Folded(tuple(condition_lines(job)))
     out["runs-on"] = build.runs_on(job.runs_on, "GPU jobs need GPU machines; PRs from forks never "
                                                 "reach them (see if:)")
@@ -443,9 +481,8 @@ def _job(job: Job, style: Style) -> dict[str, Node]:
     out["timeout-minutes"] = Note(job.minutes, "bound derived in ci/registry/job_timeouts.py")
     if job.tier == "cpu" and (records_durations(job) or job.scheduled_only):  # they install torch
         out["env"] = {"SLIME_CI_TORCH_INDEX": TORCH_CPU_INDEX}
-    if job.shards > 1:
-        out["strategy"] = {"fail-fast": False,
-                           "matrix": {"shard": Flow(tuple(range(1, job.shards + 1)))}}
+    if job.matrix:
+        out["strategy"] = {"fail-fast": False, "matrix": shards_matrix(job)}
     out["steps"] = _steps(job, style)
     return out
 
@@ -469,7 +506,7 @@ def workflow(jobs: Sequence[Job], style: Style | None = None) -> dict[str, Node]
                 "default": False,
             }}},
         },
-        {**({PLAN_JOB: plan_job(style)} if any(gated_by_plan(j) for j in jobs) else {}),
+        {**({PLAN_JOB: plan_job(style)} if any(needs_plan(j) for j in jobs) else {}),
          **{j.id: _job(j, style) for j in jobs},
          **pages_jobs(jobs, style),
          VERDICT_JOB: verdict_job(jobs, style)},

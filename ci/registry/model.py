@@ -210,6 +210,11 @@ class Smoke:
     # scheduled cadences only (ci/registry/cadences.py), like a Check's.
     cadences: tuple[str, ...] = ()
     minutes: int = JOB_MINUTES["cpu"]
+    # As a Suite's: the CI job is split into as many `--shard I/K` jobs as it takes for the
+    # slowest to finish within this many minutes, set-up included, by the measured durations
+    # of the entries its runs select (ci/select/shard_count.py). `shards` above 1: a fixed count.
+    target_minutes: float | None = None
+    shards: int = 1
 
 
 

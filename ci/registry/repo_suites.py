@@ -236,7 +236,7 @@ SESSIONS: tuple[Check | Smoke, ...] = (
     Smoke(name="gpu_smoke", profiles=("e2e", "gpu-host"),
           purpose="The GPU tier without GPUs, on every push: " + ", ".join(_SMOKE_ON_PUSH_NAMES)
                   + " entries (emulated); precision and the rest nightly (gpu_smoke_nightly)",
-          runs=_SMOKE_ON_PUSH),
+          runs=_SMOKE_ON_PUSH, target_minutes=7),
     Smoke(name="gpu_smoke_nightly", profiles=("e2e", "gpu-host"), tags=("cpu", "nightly"),
           cadences=("nightly",), minutes=90,
           purpose="Every entry of megatron, precision, ckpt and sglang_config on emulated GPUs, nightly "

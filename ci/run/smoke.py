@@ -17,6 +17,12 @@ report, and the command exits 130.
     python -m ci smoke gpu_smoke                  # what `nox -s gpu_smoke` runs
     python -m ci smoke gpu_smoke --dry-run        # each run's plan, nothing started
     python -m ci smoke gpu_smoke --history URL    # every other option goes to each `ci run`
+    python -m ci smoke gpu_smoke --shard 2/3      # one CI shard: its share of every run's entries
+
+`--shard I/K` splits the smoke's entries, all its runs' together, by their measured durations
+(the split `ci run --shard` makes of one suite); each run then takes only its entries of that
+shard (`--only ID` each), and a run left with none does not start. A shard with no entry at
+all is an error, not a pass. Without `--shard` (`nox -t ci`) every entry runs in one tree.
 """
 
 from __future__ import annotations
@@ -31,15 +37,18 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
+from ci.durations import DURATIONS_FILE, DurationStore, baseline
 from ci.errors import EXIT_INTERRUPTED, UsageError
 from ci.interrupts import PROCESS
 from ci.proc import finish, process_guard, signal_group, start, terminate, wait_exit, wait_until
 from ci.registry.loader import load_registry
-from ci.registry.model import Smoke
+from ci.registry.model import Smoke, SmokeRun
+from ci.select.discover import discover
+from ci.select.entries import parse_shard, smoke_entries, smoke_shard
 
 POLL = 0.2  # seconds between looks at the runs and at the signal record
 GRACE = 300.0  # seconds a run may take to stop after SIGTERM before it is killed
@@ -61,6 +70,22 @@ def commands(smoke: Smoke, lock_pattern: str, rest: Sequence[str],
             python, "-m", "ci", "run", "--suite", run.suite, "--emulate-gpus", "--gpus", str(smoke.gpus),
             "--retries", str(smoke.retries), "--lock-path-pattern", lock_pattern, *only, *rest)))
     return out
+
+
+def shard_runs(smoke: Smoke, root: Path, text: str) -> Smoke:
+    """The smoke narrowed to shard `text` (I/K) of its entries: each run's `only` becomes the
+    whole ids of its entries in that shard (an entry's whole id takes it alone), runs without
+    one are left out. Every shard reads the same durations (the committed ones, under what
+    this checkout measured), so the K shards together run each entry exactly once."""
+    index, count = parse_shard(text)
+    registry = load_registry(root)
+    pairs = smoke_entries(smoke, {s.name: s for s in registry.suites}, discover(root),
+                          registry=registry.name)
+    durations = {**baseline(root), **DurationStore(root / DURATIONS_FILE).load()}
+    mine = smoke_shard(pairs, index, count, durations)
+    runs = tuple(SmokeRun(suite=run.suite, only=tuple(e.id for s, e in mine if s == run.suite))
+                 for run in smoke.runs if any(s == run.suite for s, _ in mine))
+    return replace(smoke, runs=runs)
 
 
 def _find(name: str, root: Path) -> Smoke:
@@ -143,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
                "input, 130 when interrupted")
     p.add_argument("name", help="the smoke's name in the registry (nox -l lists them)")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="the checkout (default: here)")
+    p.add_argument("--shard", metavar="I/K",
+                   help="run shard I of K of the smoke's entries, all its runs' together, balanced by "
+                        "measured durations (a CI matrix job); default: every entry")
     return p
 
 
@@ -150,13 +178,17 @@ def main(argv: Sequence[str]) -> int:
     args, rest = build_parser().parse_known_args(list(argv))
     root = args.root.resolve()
     smoke = _find(args.name, root)
+    if args.shard is not None:
+        smoke = shard_runs(smoke, root, args.shard)
     rest = [*rest, "--root", str(root)]
     if "--lock-path-pattern" in rest:
         raise UsageError("ci smoke picks the shared lock files itself; leave out --lock-path-pattern")
     locks = tempfile.mkdtemp(prefix="slime-ci-smoke-locks-")
     try:
         cmds = commands(smoke, os.path.join(locks, "gpu_{gpu_id}.lock"), rest)
-        print(f"{smoke.name}: {len(cmds)} run(s) at once on {smoke.gpus} emulated GPUs: "
+        part = f" (shard {args.shard}: {sum(len(r.patterns) for r in smoke.runs)} entries)" \
+            if args.shard else ""
+        print(f"{smoke.name}{part}: {len(cmds)} run(s) at once on {smoke.gpus} emulated GPUs: "
               f"{', '.join(c.suite for c in cmds)}", flush=True)
         results = run_together(cmds, cwd=root)
     finally:

@@ -10,7 +10,7 @@ from pathlib import PurePosixPath
 
 from ci.errors import NothingRegistered, UsageError
 from ci.registry.loader import REGISTRY
-from ci.registry.model import Entry, Isolation, Suite
+from ci.registry.model import Entry, Isolation, Smoke, Suite
 from ci.select.discover import Kind, TestFile
 
 
@@ -219,6 +219,30 @@ def partition(entries: Sequence[ResolvedEntry], count: int,
         loads[target] += weight
         assigned[target].append(entry)
     return assigned
+
+
+def smoke_entries(smoke: Smoke, suites: Mapping[str, Suite], files: Mapping[str, TestFile], *,
+                  registry: str = REGISTRY) -> list[tuple[str, ResolvedEntry]]:
+    """What a smoke runs, as (suite, entry) in its runs' order: each run's suite, narrowed by its
+    `only` patterns, as the run's `python -m ci run --only` narrows it."""
+    out = []
+    for run in smoke.runs:
+        if run.suite not in suites:
+            raise UsageError(f"smoke {smoke.name} runs suite {run.suite!r}, which {registry} lacks")
+        entries = resolve(suites[run.suite], files, registry=registry)
+        if run.patterns:
+            entries = select_only(entries, run.patterns)
+        out += [(run.suite, e) for e in entries]
+    return out
+
+
+def smoke_shard(pairs: Sequence[tuple[str, ResolvedEntry]], index: int, count: int,
+                durations: Mapping[str, float]) -> list[tuple[str, ResolvedEntry]]:
+    """Shard `index` of `count` of a smoke's entries, all its suites' together, split as `partition`
+    splits one suite's; one that gets no entry is an error, as `shard`'s is."""
+    suite_of = {id(e): s for s, e in pairs}
+    mine = shard([e for _, e in pairs], index, count, durations)
+    return [(suite_of[id(e)], e) for e in mine]
 
 
 def shard(entries: Sequence[ResolvedEntry], index: int, count: int,

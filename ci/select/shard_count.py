@@ -20,9 +20,9 @@ from pathlib import Path, PurePosixPath
 
 from ci.durations import BASELINE_FILES, baseline
 from ci.errors import CIError
-from ci.registry.model import HOSTED_CORES, Suite
+from ci.registry.model import HOSTED_CORES, Smoke, Suite
 from ci.select.discover import TestFile, iter_test_files, read_test_file
-from ci.select.entries import ResolvedEntry, estimate, partition, resolve
+from ci.select.entries import ResolvedEntry, estimate, partition, resolve, smoke_entries
 
 # What a shard job spends before its first test, on top of its files. Measured on the
 # development machine (2 cores, shared, warm uv cache): `nox -s toolkit --install-only` into
@@ -59,7 +59,7 @@ def shard_walls(entries: Sequence[ResolvedEntry], count: int, durations: Mapping
     return walls
 
 
-def count_shards(suite: Suite, entries: Sequence[ResolvedEntry], durations: Mapping[str, float], *,
+def count_shards(suite: Suite | Smoke, entries: Sequence[ResolvedEntry], durations: Mapping[str, float], *,
                  source: str, cores: int = HOSTED_CORES, setup: float = SETUP_SECONDS,
                  max_shards: int = MAX_SHARDS) -> ShardCount:
     """The fewest shards whose slowest job meets `suite.target_minutes`, else as many as still help."""
@@ -92,29 +92,31 @@ def _reach(count: int, seconds: float) -> str:
 
 def suite_counts(root: Path, suites: Sequence[Suite], *,
                  measured: Mapping[str, float] | None = None,
-                 source: str = "") -> dict[str, ShardCount]:
-    """The count of each suite with a target, from `measured` (the history's p90) over the
-    checkout's committed durations; the rest keep their `shards`."""
+                 source: str = "", smokes: Sequence[Smoke] = ()) -> dict[str, ShardCount]:
+    """The count of each suite and smoke with a target, from `measured` (the history's p90)
+    over the checkout's committed durations; the rest keep their `shards`. A smoke's entries
+    are those its runs select of `suites`."""
     wanted = [s for s in suites if s.target_minutes is not None and s.shards == 1 and not s.dynamic]
-    if not wanted:
+    sized = [s for s in smokes if s.target_minutes is not None and s.shards == 1]
+    if not wanted and not sized:
         return {}
     if not source:
         source = next((f for f in BASELINE_FILES if (root / f).is_file()), "no durations")
     if measured is None:
         try:
-            return dict(_committed_counts(root, tuple(wanted), source))
+            return dict(_committed_counts(root, tuple(wanted), source, tuple(suites), tuple(sized)))
         except TypeError:  # a registry that lists entries in a list: unhashable, so not cached
-            return _counts(root, wanted, baseline(root), source)
-    return _counts(root, wanted, {**baseline(root), **measured}, source)
+            return _counts(root, wanted, baseline(root), source, suites, sized)
+    return _counts(root, wanted, {**baseline(root), **measured}, source, suites, sized)
 
 
 # The job table is built many times in one process (the workflow, its checks, the plan), and
 # reading the test files is most of the cost; the committed durations and files of one
 # checkout do not change while it runs.
 @lru_cache(maxsize=8)
-def _committed_counts(root: Path, suites: tuple[Suite, ...],
-                      source: str) -> tuple[tuple[str, ShardCount], ...]:
-    return tuple(_counts(root, suites, baseline(root), source).items())
+def _committed_counts(root: Path, suites: tuple[Suite, ...], source: str, every: tuple[Suite, ...],
+                      smokes: tuple[Smoke, ...]) -> tuple[tuple[str, ShardCount], ...]:
+    return tuple(_counts(root, suites, baseline(root), source, every, smokes).items())
 
 
 def _files(root: Path, suites: Sequence[Suite]) -> dict[str, TestFile]:
@@ -125,13 +127,17 @@ def _files(root: Path, suites: Sequence[Suite]) -> dict[str, TestFile]:
             if rel in wanted or any(PurePosixPath(rel).is_relative_to(d) for d in dirs)}
 
 
-def _counts(root: Path, suites: Sequence[Suite], durations: Mapping[str, float],
-            source: str) -> dict[str, ShardCount]:
-    files = _files(root, suites)
+def _counts(root: Path, suites: Sequence[Suite], durations: Mapping[str, float], source: str,
+            every: Sequence[Suite] = (), smokes: Sequence[Smoke] = ()) -> dict[str, ShardCount]:
+    by_name = {s.name: s for s in every}
+    ran = [by_name[r.suite] for m in smokes for r in m.runs if r.suite in by_name]
+    files = _files(root, [*suites, *ran])
     out = {}
-    for suite in suites:
+    sized: list[Suite | Smoke] = [*suites, *smokes]
+    for suite in sized:
         try:
-            entries = resolve(suite, files)
+            entries = (resolve(suite, files) if isinstance(suite, Suite)
+                       else [e for _, e in smoke_entries(suite, by_name, files)])
         except CIError as exc:  # `ci run` says the same when the job runs; the plan still plans
             out[suite.name] = ShardCount(suite=suite.name, count=suite.shards, minutes=0.0,
                                          why=f"not sized: {exc}")

@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _wheel import add_to_path, build_wheel, fresh_venv
@@ -198,9 +199,19 @@ def test_adopt_writes_everything_and_reports(adopted, repo: Path) -> None:
     assert "runs-on: [self-hosted]" in workflow
     # Every suite job ends by recording its run, as this repository's do; the monitor runs hourly.
     # CPU and GPU alike, each exports its runs for the ingest workflow.
-    for session in ("cpu_unit", "megatron", "changed"):
+    for session in ("megatron", "changed"):
         assert (f'run: "nox -s history -- record --suite {session} --status \\"$STATUS\\" '
                 '--export .ci-cache/history-export"') in workflow, session
+    # The CPU tier, sized by its target, is a matrix the plan job sizes (the committed count,
+    # 1 here, where no plan ran); each leg runs its shard and keeps its own durations.
+    jobs = yaml.safe_load(workflow)["jobs"]
+    (cpu,) = [j for j in jobs.values() if any("nox -s cpu_unit -- --shard" in str(s.get("run", ""))
+                                              for s in j.get("steps", ()))]
+    assert "plan" in str(cpu["needs"]) and set(cpu["strategy"]["matrix"]) == {"shard", "of"}
+    assert all("needs.plan.outputs.shards" in v and '"shard":[1],"of":[1]' in v
+               for v in cpu["strategy"]["matrix"].values())
+    assert ('run: "nox -s history -- record --suite cpu_unit --status \\"$STATUS\\" --keep-in '
+            '\\".ci-cache/shards/$SHARD\\" --export .ci-cache/history-export"') in workflow
     assert "\n  monitor:\n" in workflow and "run: nox -s monitor\n" in workflow
     # Only the monitor holds the store's secret there; GPU jobs export their runs to the ingest.
     assert workflow.count("name: ci-history\n") == 1 and "adopt: wrote .github/workflows/history-ingest.yml" in out

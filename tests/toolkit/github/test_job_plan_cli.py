@@ -258,7 +258,9 @@ def test_github_publishes_the_running_jobs_and_the_reasons(tmp_path: Path, monke
     capsys.readouterr()
     line, shards = output.read_text(encoding="utf-8").splitlines()
     assert line == 'jobs=["cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke"]'
-    assert shards == 'shards={"toolkit": [1, 2]}'  # the sharded jobs' matrices
+    # Every matrix job's shards, gpu_smoke's target met by one: the matrices the jobs read.
+    assert shards == ('shards={"toolkit": {"shard": [1, 2], "of": [2]}, '
+                      '"gpu_smoke": {"shard": [1], "of": [1]}}')
     lines = summary.read_text(encoding="utf-8").splitlines()
     assert lines[:4] == ["### CI plan: pull_request synchronize, from this repository; labels: run-ci-megatron",
                          "", "| job | runs | why |", "|---|---|---|"]

@@ -185,7 +185,14 @@ def test_a_gpu_job_the_diff_skips_shows_why_and_every_gpu_job_asks_the_plan(tmp_
         assert plan_term(job) in spec["concurrency"]["group"]
         assert spec["if"].startswith("!cancelled()")  # a push, schedule or dispatch skips plan
     for job in table():
-        if not gated_by_plan(job):
+        if gated_by_plan(job):
+            continue
+        if job.planned_shards and not job.scheduled_only:
+            # It waits for the plan's shard count, never for its verdict: it runs on every PR.
+            spec = wf["jobs"][job.id]
+            assert spec["needs"] == PLAN_JOB and "needs.plan.outputs.jobs" not in spec["if"], job.id
+            assert spec["if"].startswith("!cancelled()")
+        else:
             assert "needs" not in wf["jobs"][job.id], job.id
     plan = wf["jobs"][PLAN_JOB]
     assert plan["if"] == "github.event_name == 'pull_request'"

@@ -21,7 +21,7 @@ from _ci import REPO, run_ci, write
 from _github_api import env_for, fake_github
 from _verdict_store import attempt, plant_main, plant_pr, registry, why_command
 
-from ci.github.job_verdicts import how_it_ended
+from ci.github.job_verdicts import endings, how_it_ended
 
 NUM_GPUS = 0
 PLANNED = {"result": "success", "outputs": {"jobs": json.dumps(["gpu", "cpu"])}}
@@ -123,6 +123,19 @@ def test_how_a_job_ended_reads_its_conclusion_then_its_steps():
     assert how_it_ended(failed) == "its step 'Install nox' failed"
     assert how_it_ended(_actions_job("x", "failure", ("a", "completed", "success"))) == "its conclusion is 'failure'"
     assert how_it_ended({"name": "x", "conclusion": None, "steps": "junk"}) == "its conclusion is 'None'"
+
+
+def test_each_shard_of_a_matrix_job_that_did_not_succeed_is_named():
+    # The workflow names a matrix job's shards `ID (shard N)`: shard 3's runner never ran a
+    # step, shard 2 failed its tests; shard 1 passed and says nothing.
+    items = [_actions_job("toolkit (shard 3)", "failure", ("Check out", "in_progress", None)),
+             _actions_job("toolkit (shard 1)", "success"),
+             _actions_job("toolkit (shard 2)", "failure", ("nox -s toolkit (shard 2/3)", "completed", "failure")),
+             _actions_job("lint", "failure", ("nox -s lint", "completed", "failure"))]
+    assert endings(items, {"toolkit", "lint"}) == {
+        "toolkit": "shard 2: its step 'nox -s toolkit (shard 2/3)' failed; "
+                   "shard 3: its runner was lost: steps never completed and none failed",
+        "lint": "its step 'nox -s lint' failed"}
 
 
 def test_a_deeply_nested_needs_is_one_line_and_exit_2(repo, why):

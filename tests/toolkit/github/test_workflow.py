@@ -109,12 +109,13 @@ def test_one_job_per_session_each_running_nox() -> None:
     # the hourly failure monitor and, on its cron, the HUD's build and Pages deployment.
     assert list(jobs) == ["plan", *(s.name for s in SUITES), "lint", "gpu_smoke", "megatron_stability",
                           *SCHEDULED_CHECKS, "monitor", "hud", "pages", "verdict"]
-    shards = {j.id: j.shards for j in table()}
+    matrix = {j.id: j.matrix for j in table()}
     for job_id, job in jobs.items():
         if job_id in ("megatron_stability", "plan", "verdict", *HUD_JOBS):  # their own shape: tested on their own
             continue
         last = _nox_step(job)
-        sharded = f' -- --shard "$SHARD/{shards[job_id]}"' if shards[job_id] > 1 else ""
+        # K is the matrix's width: the plan job's count for a job sized by a target.
+        sharded = ' -- --shard "$SHARD/$SHARDS"' if matrix[job_id] else ""
         assert last["run"] == f"nox -s {job_id}{sharded}"
         assert job["steps"][2]["run"].startswith("python -m pip install nox==")
         gpu = job_id not in {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke", *SCHEDULED_CHECKS,
@@ -183,10 +184,13 @@ def test_sharded_suite_becomes_a_matrix_passing_shard_through_the_environment() 
     )
     wf = yaml.safe_load(render(table(suites))[WORKFLOW_PATH])
     ckpt = wf["jobs"]["ckpt"]
-    assert ckpt["strategy"] == {"fail-fast": False, "matrix": {"shard": [1, 2, 3]}}
+    # Each leg carries K (`of`): act leaves strategy.job-total empty, and a step reading it ran
+    # `--shard 1/`.
+    assert ckpt["strategy"] == {"fail-fast": False, "matrix": {"shard": [1, 2, 3], "of": [3]}}
     step = _nox_step(ckpt)
     assert step["env"]["SHARD"] == "${{ matrix.shard }}"
-    assert step["run"] == 'nox -s ckpt -- --shard "$SHARD/3"'
+    assert step["env"]["SHARDS"] == "${{ matrix.of }}"
+    assert step["run"] == 'nox -s ckpt -- --shard "$SHARD/$SHARDS"'
     assert "${{ matrix.shard }}" in ckpt["name"]
     assert "strategy" not in wf["jobs"]["megatron"]
 
@@ -209,6 +213,7 @@ def _record_step(job: dict[str, Any]) -> dict[str, Any]:
 def test_suite_jobs_restore_durations_from_main_before_the_run_and_save_after_it_on_main() -> None:
     jobs = _workflow()["jobs"]
     assert not any("actions/cache" in s.get("uses", "") for s in jobs["lint"]["steps"])
+    committed = {j.id: j.shards for j in table()}
     keys = set()
     for job_id, job in jobs.items():
         if job_id in ("lint", "megatron_stability", "plan", *SCHEDULED_CHECKS, "monitor", "verdict", *HUD_JOBS):  # checks; infinite
@@ -220,7 +225,8 @@ def test_suite_jobs_restore_durations_from_main_before_the_run_and_save_after_it
         prefix = f"slime-ci-durations-{job_id}-"
         keys.add(prefix)
         if "strategy" in job:  # a matrix: one cache per shard, every shard restores them all
-            count = len(job["strategy"]["matrix"]["shard"])
+            # main's shards: pushes save the caches, and no plan runs on a push.
+            count = committed[job_id]
             restores = [s for s in job["steps"] if s.get("name", "").startswith("Restore shard ")]
             assert [s["with"]["restore-keys"] for s in restores] == [f"{prefix}{i}-" for i in range(1, count + 1)]
             assert save["with"]["key"] == prefix + "${{ matrix.shard }}-${{ github.run_id }}-${{ github.run_attempt }}"
@@ -250,7 +256,7 @@ def test_every_suite_job_records_its_run_last_even_when_it_failed() -> None:
         step = _record_step(jobs[job.id])
         assert step["if"] == "always()"  # after a failure, a timeout or a cancel too
         # Every suite and smoke job, GPU and CPU alike, exports its runs for the ingest workflow.
-        export = ' --keep-in ".ci-cache/shards/$SHARD"' * (job.shards > 1) + " --export .ci-cache/history-export"
+        export = ' --keep-in ".ci-cache/shards/$SHARD"' * job.matrix + " --export .ci-cache/history-export"
         assert step["run"] == f'nox -s history -- record --suite {job.session} --status "$STATUS"{export}'
         assert step["env"]["STATUS"] == "${{ job.status }}"
         # No suite job reaches the shared store: neither the record step nor the session.
@@ -271,7 +277,7 @@ def test_every_suite_job_records_its_run_last_even_when_it_failed() -> None:
                                    "restore-keys": "slime-ci-history-trusted-"}
         assert steps.index(upload) == steps.index(step) + 1 and upload["if"] == "always()"
         # One artifact per shard of a matrix job, or their uploads would collide.
-        shard = "-${{ matrix.shard }}" if job.shards > 1 else ""
+        shard = "-${{ matrix.shard }}" if job.matrix else ""
         assert upload["with"]["name"] == f"history-{job.id}{shard}"
         assert upload["with"]["path"] == ".ci-cache/history-export"
 
@@ -353,11 +359,12 @@ def test_every_action_is_pinned_to_a_full_sha_with_its_version_beside_it() -> No
     uses = re.findall(r"uses: (\S+)(.*)", text)
     # checkout and setup-python everywhere; cache restore and save in every job but lint.
     # The weekly stability job keeps no durations (its runs repeat until a bound); the plan
-    # job checks out and sets up Python; a check with a report uploads it.
+    # job checks out, sets up Python and restores the trusted snapshot (the shard counts'
+    # p90); a check with a report uploads it.
     # A suite or smoke job restores the ingest job's trusted snapshot and uploads its runs for it.
     # A matrix job restores every shard's cache: one restore step per shard.
     assert len(uses) == sum((2 if j.kind == "check" or j.infinite else 3 + j.shards) + bool(j.report)
-                            + 2 * (j.kind != "check") for j in table()) + 2 + VERDICT_ACTIONS \
+                            + 2 * (j.kind != "check") for j in table()) + 3 + VERDICT_ACTIONS \
         + HUD_ACTIONS
     for ref, rest in uses:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40}", ref), ref

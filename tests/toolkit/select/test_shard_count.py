@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import statistics
 import sys
 from dataclasses import replace
@@ -171,18 +172,75 @@ def test_run_refuses_an_empty_shard_in_one_line() -> None:
 # --- this repository: the plan, its JSON and the workflow agree --------------------------------
 
 
-def test_the_plan_the_json_and_the_matrix_agree(capsys: pytest.CaptureFixture[str]) -> None:
+def _matrices(flow: dict[str, dict[str, object]]) -> dict[str, dict[str, object]]:
+    return {name: job["strategy"]["matrix"] for name, job in flow.items()  # type: ignore[index]
+            if "strategy" in job}
+
+
+# A job sized by a target reads each matrix key from the plan job's output, with main's count
+# where no plan succeeded: `fromJSON(needs.plan.result == 'success' && needs.plan.outputs.shards
+# || '{"ID":{"shard":[1,2],"of":[2]}}').ID.shard` (and `.of`).
+PLANNED = re.compile(r"\$\{\{ fromJSON\(needs\.plan\.result == 'success' && needs\.plan\.outputs\.shards"
+                     r" \|\| '(\{.*\})'\)\.(\w+)\.(shard|of) \}\}")
+
+
+def test_the_plan_the_json_and_the_matrix_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     jobs = {j.id: j for j in table(root=REPO)}
     assert jobs["toolkit"].shards > 1  # sized by its target, not by hand
+    assert jobs["gpu_smoke"].shards_why  # the smoke too, whatever count its target gives
     flow = yaml.safe_load(render(tuple(jobs.values()))[WORKFLOW_PATH])["jobs"]
-    matrix = {name: job["strategy"]["matrix"]["shard"] for name, job in flow.items() if "strategy" in job}
+    fallback, planned = {}, []
+    for name, matrix in _matrices(flow).items():
+        assert sorted(matrix) == ["of", "shard"], matrix  # K rides in each leg, not strategy.job-total
+        if isinstance(matrix["shard"], list):  # a fixed count
+            fallback[name] = dict(matrix)
+            continue
+        committed = set()
+        for key, value in matrix.items():
+            match = PLANNED.fullmatch(str(value))
+            assert match and match[2] == name and match[3] == key, value
+            committed.add(match[1])
+        (text,) = committed  # both keys fall back to the same count
+        fallback[name] = json.loads(text)[name]
+        assert fallback[name]["of"] == [len(fallback[name]["shard"])]
+        assert "plan" in str(flow[name]["needs"]) and flow[name]["if"].startswith("!cancelled()")
+        planned.append(name)
+    assert sorted(planned) == ["gpu_smoke", "toolkit"]
+    # What the plan job publishes on a PR (the matrix every such job reads) ...
+    output = tmp_path / "output"
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_OUTPUT", str(output))
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "summary"))
+    assert plan_main(["--event", "pull_request", "--github", "--root", str(REPO)]) == 0
+    published = json.loads(output.read_text(encoding="utf-8").splitlines()[1].removeprefix("shards="))
+    capsys.readouterr()
+    # ... and `--json`'s shards give the same matrices as the workflow's, for every matrix job.
     assert plan_main(["--event", "push", "--json", "--root", str(REPO)]) == 0
     rows = {r["job"]: r for r in json.loads(capsys.readouterr().out)}
-    assert {j: list(range(1, r["shards"] + 1)) for j, r in rows.items() if r["shards"] > 1} == matrix
+    assert published == fallback == {j: {"shard": list(range(1, rows[j]["shards"] + 1)),
+                                         "of": [rows[j]["shards"]]} for j in fallback}
     assert rows["toolkit"]["shards_why"] == jobs["toolkit"].shards_why
     assert plan_main(["--event", "push", "--root", str(REPO)]) == 0
     table_text = capsys.readouterr().out
     assert f"  toolkit: {jobs['toolkit'].shards} shards: {jobs['toolkit'].shards_why}" in table_text
+
+
+def test_a_plan_without_its_history_publishes_the_committed_counts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # The plan job passes the snapshot it restored; a missing or unreadable one must not leave
+    # the matrix jobs without a matrix.
+    output = tmp_path / "output"
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_OUTPUT", str(output))
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "summary"))
+    missing = f"sqlite:///{tmp_path / 'none.sqlite'}"
+    assert plan_main(["--github", "--history", missing, "--root", str(REPO)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: history: unavailable (" in err and "shard counts from the committed durations" in err
+    published = json.loads(output.read_text(encoding="utf-8").splitlines()[1].removeprefix("shards="))
+    assert published == {j.id: {"shard": list(range(1, j.shards + 1)), "of": [j.shards]}
+                         for j in table(root=REPO) if j.matrix and not j.scheduled_only}
 
 
 def test_the_shards_together_run_every_file_exactly_once() -> None:
@@ -193,6 +251,30 @@ def test_the_shards_together_run_every_file_exactly_once() -> None:
 
     ran = [e.id for i in range(1, count + 1) for e in shard(entries, i, count, baseline(REPO))]
     assert sorted(ran) == sorted(e.id for e in entries) and len(set(ran)) == len(ran)
+
+
+def test_the_plans_shard_commands_together_run_every_file_exactly_once(tmp_path: Path) -> None:
+    # From the commands `plan --json` gives a PR (the ones each matrix leg runs) to the files
+    # `ci run --shard I/K` plans for each: every file of the suite once, no shard empty. The
+    # durations are the committed ones, as every leg of a PR restores the same.
+    proc = run_ci("plan", "--event", "pull_request", "--json")
+    assert proc.returncode == 0, proc.stderr
+    (row,) = [r for r in json.loads(proc.stdout) if r["job"] == "toolkit"]
+    assert row["runs"] and len(row["commands"]) == row["shards"] > 1
+    durations = tmp_path / "durations.json"
+    durations.write_text((REPO / "tests/durations.json").read_text(encoding="utf-8"), encoding="utf-8")
+    ran: list[str] = []
+    for i, command in enumerate(row["commands"], 1):
+        assert command == f"nox -s toolkit -- --shard {i}/{row['shards']}"
+        shard_arg = command.rsplit(" ", 1)[1]
+        dry = run_ci("run", "--suite", "toolkit", "--shard", shard_arg, "--dry-run", "--history", "off",
+                     "--durations", str(durations), "--base", "HEAD")
+        assert dry.returncode == 0, dry.stdout + dry.stderr
+        mine = re.findall(r"^  (tests/\S+\.py)  gpus=", dry.stdout, flags=re.MULTILINE)
+        assert mine, dry.stdout
+        ran += mine
+    files = [e.id for e in resolve(load_registry(REPO)["toolkit"], discover(REPO))]
+    assert sorted(ran) == sorted(files) and len(set(ran)) == len(ran)
 
 
 if __name__ == "__main__":
