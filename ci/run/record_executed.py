@@ -4,8 +4,12 @@ Every Python process an entry starts runs under coverage.py: the entry's own pro
 finds `COVERAGE_PROCESS_START` in its environment and coverage's `a1_coverage.pth` (shipped
 since coverage 7.13) starts measuring before any of its code runs; its children (torchrun
 ranks, Ray's raylet and workers, engine servers) inherit the variable and do the same,
-and `patch = subprocess, fork, execv, _exit` keeps what a rank that leaves through
-`os._exit` or a forked worker measured. Each process writes its own data file
+and `patch = fork, execv, _exit` keeps what a rank that leaves through `os._exit` or a
+forked worker measured. Not `patch = subprocess`: it puts coverage's whole configuration
+in `COVERAGE_PROCESS_CONFIG`, which every descendant inherits and coverage's `.pth` obeys
+as well, so a process given `COVERAGE_PROCESS_START=""` (a Ray actor's runtime_env) would
+still be measured. `COVERAGE_PROCESS_START` alone reaches the same children, and emptying
+it turns recording off in a process and everything it starts. Each process writes its own data file
 (`parallel`), labelled with the entry's id as a static context (`context =
 ${SLIME_CI_ENTRY}`): unlike dynamic contexts, a static context works under every core,
 sysmon included. When the run ends the files are combined and, per entry that passed,
@@ -41,7 +45,7 @@ def rcfile_text(data_dir: Path, root: Path) -> str:
         "parallel = true",
         "context = ${SLIME_CI_ENTRY}",
         f"source = {root}",
-        "patch = subprocess, fork, execv, _exit",
+        "patch = fork, execv, _exit",  # not subprocess: see the module's note
         "sigterm = true",
         "disable_warnings = no-data-collected, module-not-measured, no-ctracer",
         f"plugins = {FLUSH_PLUGIN}",
