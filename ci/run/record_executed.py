@@ -24,10 +24,11 @@ import re
 import shutil
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ci.errors import UsageError
-from ci.history.run_observer import Hints, RunEnd, RunObserver, RunStart
+from ci.history.run_observer import Hints, Judgement, RunEnd, RunObserver, RunStart
 from ci.log import Log
 from ci.run import coverage_flush
 from ci.select import executed
@@ -106,6 +107,7 @@ class ExecutedRecorder(RunObserver):
         self.data_dir = Path(".")
         self.commit = "unknown"
         self.log: Log | None = None
+        self.records: dict[str, executed.Record] | None = None  # by entry, once judged
 
     def begin(self, start: RunStart) -> Hints:
         if not start.record_executed:
@@ -123,26 +125,37 @@ class ExecutedRecorder(RunObserver):
         path = os.pathsep.join(p for p in (str(self.data_dir), start.env.get("PYTHONPATH", "")) if p)
         return Hints(env={"COVERAGE_PROCESS_START": str(rc), "PYTHONPATH": path})
 
+    def judge(self, judgement: Judgement) -> Judgement:
+        """Every entry's processes are over: each passing result gains what it executed, so
+        the history records it with the run (and exports it the way runs go)."""
+        if not self.on or self.records is not None:
+            return judgement
+        measured = measured_by_entry(self.data_dir)
+        now = time.time()
+        self.records = {}
+        for r in judgement.results:
+            if r.ok:
+                files = executed.reduce(self.root, measured.get(r.entry.id, {}))
+                self.records[r.entry.id] = executed.Record(entry=r.entry.id, commit=self.commit,
+                                                           recorded_at=now, files=files)
+        return replace(judgement, results=tuple(
+            replace(r, executed=self.records[r.entry.id].files) if r.entry.id in self.records else r
+            for r in judgement.results))
+
     def run_ended(self, end: RunEnd) -> None:
         if not self.on:
             return
         try:
+            if self.records is None:  # not judged (the pipeline calls judge first): judge now
+                self.judge(end.judgement)
             self._store(end)
         finally:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def _store(self, end: RunEnd) -> None:
         note = self.log.line if self.log is not None else print
-        measured = measured_by_entry(self.data_dir)
-        records, skipped = [], []
-        now = time.time()
-        for r in end.judgement.results:
-            if not r.ok:
-                skipped.append(f"{r.entry.id} ({r.outcome})")
-                continue
-            files = executed.reduce(self.root, measured.get(r.entry.id, {}))
-            records.append(executed.Record(entry=r.entry.id, commit=self.commit, recorded_at=now,
-                                           files=files))
+        records = list((self.records or {}).values())
+        skipped = [f"{r.entry.id} ({r.outcome})" for r in end.judgement.results if not r.ok]
         store = self.root / executed.RECORDS_FILE
         executed.save(store, records)
         note(f"executed code: {len(records)} entr{'y' if len(records) == 1 else 'ies'} recorded "
