@@ -210,6 +210,9 @@ class Smoke:
     # scheduled cadences only (ci/registry/cadences.py), like a Check's.
     cadences: tuple[str, ...] = ()
     minutes: int = JOB_MINUTES["cpu"]
+    # Every run records what each entry executed (`smoke --record-executed`, about 1.3x the
+    # time): the nightly's records, exported with its runs, are what PR selection reads.
+    record_executed: bool = False
 
 
 

@@ -109,6 +109,31 @@ def test_no_gpu_entry_left_the_gate_without_a_cadence_that_runs_it(sessions):
     assert "| `gpu_smoke_nightly` | CPU | nightly schedule |" in readme
 
 
+class _Recorded:
+    """Stands in for nox.Session (a real one installs torch first): what the session runs."""
+
+    def __init__(self) -> None:
+        self.posargs: list[str] = []
+        self.ran: list[tuple[str, ...]] = []
+
+    def run(self, *args: str, **_kw: object) -> None:
+        self.ran.append(args)
+
+
+def test_the_nightly_smoke_records_what_each_entry_executed_and_the_push_smoke_does_not(
+        sessions, monkeypatch):
+    found, module = sessions
+    monkeypatch.setattr(module, "_install", lambda *_a, **_k: None)
+    ran = {}
+    for name in ("gpu_smoke_nightly", "gpu_smoke"):
+        session = _Recorded()
+        found[name].func(session)
+        ran[name] = session.ran
+    assert ran["gpu_smoke_nightly"] == [("python", "-m", "ci", "smoke", "gpu_smoke_nightly",
+                                         "--record-executed")]
+    assert ran["gpu_smoke"] == [("python", "-m", "ci", "smoke", "gpu_smoke")]
+
+
 def test_every_suite_profile_is_a_profile():
     from ci.registry.profiles import names
 
