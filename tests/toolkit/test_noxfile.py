@@ -134,6 +134,20 @@ def test_the_nightly_smoke_records_what_each_entry_executed_and_the_push_smoke_d
     assert ran["gpu_smoke"] == [("python", "-m", "ci", "smoke", "gpu_smoke")]
 
 
+def test_a_smoke_that_records_installs_coverage_that_can():
+    """`--record-executed` refuses to run (exit 2) without coverage >= 7.13 where entries run:
+    a recording smoke's own profiles must bring it, not only the dev profile."""
+    from ci.registry import profiles
+    from ci.registry.model import Smoke
+
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    recording = [s for s in load_registry(REPO).sessions if isinstance(s, Smoke) and s.record_executed]
+    assert recording, "the nightly smoke records what its entries executed"
+    for smoke in recording:
+        reqs = [r for p in smoke.profiles for r in profiles.requirements(pyproject, p)]
+        assert "coverage>=7.13" in reqs, (smoke.name, reqs)
+
+
 def test_every_suite_profile_is_a_profile():
     from ci.registry.profiles import names
 
