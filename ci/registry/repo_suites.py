@@ -237,9 +237,10 @@ SESSIONS: tuple[Check | Smoke, ...] = (
           purpose="The GPU tier without GPUs, on every push: " + ", ".join(_SMOKE_ON_PUSH_NAMES)
                   + " entries (emulated); precision and the rest nightly (gpu_smoke_nightly)",
           runs=_SMOKE_ON_PUSH),
-    # It records what each entry executed: the records PR selection reads (docs/selection.md).
+    # Not yet recording (record_executed): under coverage a private Ray head's dashboard missed
+    # Ray's 60 s start-up limit at load 12-24 on 2 cores, failing the entry (docs/selection.md).
     Smoke(name="gpu_smoke_nightly", profiles=("e2e", "gpu-host"), tags=("cpu", "nightly"),
-          cadences=("nightly",), minutes=90, record_executed=True,
+          cadences=("nightly",), minutes=90,
           purpose="Every entry of megatron, precision, ckpt and sglang_config on emulated GPUs, nightly "
                   "(gpu_smoke runs a subset on every push)",
           runs=(SmokeRun(suite="megatron"), SmokeRun(suite="precision"), SmokeRun(suite="ckpt"),

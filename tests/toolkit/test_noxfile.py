@@ -120,30 +120,46 @@ class _Recorded:
         self.ran.append(args)
 
 
-def test_the_nightly_smoke_records_what_each_entry_executed_and_the_push_smoke_does_not(
-        sessions, monkeypatch):
+def test_a_smoke_that_records_passes_the_flag_and_one_that_does_not_never(sessions, monkeypatch):
+    """The nightly smoke as it is, and the same smoke with `record_executed` set, registered
+    by the noxfile's own `_smoke_session`."""
+    from dataclasses import replace
+
+    from nox import registry
+
+    from ci.registry.model import Smoke
+
     found, module = sessions
     monkeypatch.setattr(module, "_install", lambda *_a, **_k: None)
+    nightly = next(s for s in load_registry(REPO).sessions
+                   if isinstance(s, Smoke) and s.name == "gpu_smoke_nightly")
+    before = dict(registry.get())
+    try:
+        module._smoke_session(replace(nightly, name="recording_nightly", record_executed=True))
+        recording = registry.get()["recording_nightly"]
+    finally:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(before)
     ran = {}
-    for name in ("gpu_smoke_nightly", "gpu_smoke"):
+    for name, func in (("recording_nightly", recording), ("gpu_smoke_nightly", found["gpu_smoke_nightly"])):
         session = _Recorded()
-        found[name].func(session)
+        func.func(session)
         ran[name] = session.ran
-    assert ran["gpu_smoke_nightly"] == [("python", "-m", "ci", "smoke", "gpu_smoke_nightly",
+    assert ran["recording_nightly"] == [("python", "-m", "ci", "smoke", "recording_nightly",
                                          "--record-executed")]
-    assert ran["gpu_smoke"] == [("python", "-m", "ci", "smoke", "gpu_smoke")]
+    assert ran["gpu_smoke_nightly"] == [("python", "-m", "ci", "smoke", "gpu_smoke_nightly")]
 
 
-def test_a_smoke_that_records_installs_coverage_that_can():
+def test_every_smoke_installs_the_coverage_recording_needs():
     """`--record-executed` refuses to run (exit 2) without coverage >= 7.13 where entries run:
-    a recording smoke's own profiles must bring it, not only the dev profile."""
+    a smoke's own profiles must bring it (not only the dev profile), so any may record."""
     from ci.registry import profiles
     from ci.registry.model import Smoke
 
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    recording = [s for s in load_registry(REPO).sessions if isinstance(s, Smoke) and s.record_executed]
-    assert recording, "the nightly smoke records what its entries executed"
-    for smoke in recording:
+    smokes = [s for s in load_registry(REPO).sessions if isinstance(s, Smoke)]
+    assert {s.name for s in smokes} >= {"gpu_smoke", "gpu_smoke_nightly"}
+    for smoke in smokes:
         reqs = [r for p in smoke.profiles for r in profiles.requirements(pyproject, p)]
         assert "coverage>=7.13" in reqs, (smoke.name, reqs)
 
