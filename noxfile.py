@@ -142,7 +142,8 @@ def _smoke_session(smoke: Smoke) -> None:
     def run_smoke(session: nox.Session) -> None:
         _install(session, *smoke.profiles)
         # Its suites' runs at once, on one set of GPU locks (ci/run/smoke.py).
-        session.run("python", "-m", "ci", "smoke", smoke.name, *_posargs(session))
+        record = ("--record-executed",) if smoke.record_executed else ()
+        session.run("python", "-m", "ci", "smoke", smoke.name, *record, *_posargs(session))
 
     _register(run_smoke, smoke.name, f"{smoke.purpose}.", smoke.tags)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -63,6 +63,9 @@ class Result:
     node: str = ""  # where it ran: the hostname, or the cluster node
     earlier: tuple[Result, ...] = ()  # attempts before this one (retries), oldest first
     metrics: tuple[MetricPoint, ...] = ()  # an e2e entry's metrics.jsonl, read before its outputs go
+    # What it executed (`run --record-executed`, a passing entry): repository file -> functions,
+    # as ci.select.executed reduces them; None: not recorded.
+    executed: Mapping[str, tuple[str, ...]] | None = None
 
     @property
     def ok(self) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -593,7 +594,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--history", metavar="URL", default=None,
                         help="size the suites with a target by this run-history store's p90 "
-                             "durations (default: the committed tests/durations.json)")
+                             "durations (default: the committed tests/durations.json), and read "
+                             "what each entry executed from it (default: SLIME_CI_HISTORY_URL, "
+                             "else the checkout's store; entries it lacks: the records file)")
     parser.add_argument("--root", type=Path, default=Path.cwd(),
                         help="repository root whose registry is planned (default: .)")
     return parser
@@ -662,7 +665,14 @@ def main(argv: list[str]) -> int:
             else whole_files(args.changed_paths) if args.changed_paths is not None else None)
     gpu_jobs = [(d.job.id, d.job.session) for d in decisions
                 if d.runs and d.job.kind == "suite" and d.job.self_hosted]
-    chosen = entries_by_job(root, registry, gpu_jobs, event.name, event.labels, diff)
+    records = None
+    if diff is not None and gpu_jobs:
+        from ci.history.record import executed_records
+        from ci.history.store import resolve_url
+
+        records = executed_records(resolve_url(args.history, os.environ, root), root,
+                                   warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+    chosen = entries_by_job(root, registry, gpu_jobs, event.name, event.labels, diff, records=records)
     if args.github:
         publish(event, decisions, Log.from_env())
     if args.json:

@@ -28,7 +28,16 @@ from typing import Any
 
 from ci.errors import UsageError
 from ci.history.on_branch import SHA
-from ci.history.rows import MAX_POINTS_PER_ENTRY, STEP_MAX, AttemptRecord, RunRecord
+from ci.history.rows import (
+    MAX_EXECUTED_FILES,
+    MAX_EXECUTED_FUNCTIONS,
+    MAX_FUNCTION_CHARS,
+    MAX_POINTS_PER_ENTRY,
+    STEP_MAX,
+    AttemptRecord,
+    ExecutedRecord,
+    RunRecord,
+)
 from ci.history.store import HistoryStore
 from ci.results import MetricPoint
 
@@ -189,6 +198,7 @@ _RUN: dict[str, tuple[str, float]] = {
     "exit_code": (_INT, 1 << 16), "trusted": (_BOOL, 0), "pr": (_OPT_INT, _INT32),
     "gh_run_id": (_STR, 20), "gh_run_attempt": (_OPT_INT, 10_000), "gh_job": (_STR, 128),
     "attempts": ("list", MAX_ATTEMPTS), "metrics": ("list", MAX_METRICS),
+    "executed": ("list", MAX_ATTEMPTS),  # what each passing entry executed (schema 7)
 }
 _ATTEMPT: dict[str, tuple[str, float]] = {
     "entry_id": (_STR, 1024), "path": (_STR, 1024), "attempt": (_INT, 1000), "final": (_BOOL, 0),
@@ -200,7 +210,8 @@ _ATTEMPT: dict[str, tuple[str, float]] = {
 }
 # Keys an exporter older than the key may leave out (a PR branched before it), with their value then.
 _ATTEMPT_LATER: dict[str, object] = {"exit_code": None, "fail_path": "", "fail_line": None}
-_RUN_LATER: dict[str, object] = {"gh_run_id": "", "gh_run_attempt": None, "gh_job": ""}
+_RUN_LATER: dict[str, object] = {"gh_run_id": "", "gh_run_attempt": None, "gh_job": "",
+                                 "executed": []}
 _METRIC: dict[str, tuple[str, float]] = {
     "entry_id": (_STR, 1024), "step": (_INT, STEP_MAX), "name": (_STR, 256), "value": (_FLOAT, math.inf),
 }
@@ -259,6 +270,34 @@ def _check(obj: Any, schema: Mapping[str, tuple[str, float]], where: str, *, now
                              + (" characters, with no NUL or lone surrogate" if kind == _STR else "")
                              + (" (from 2020 up to tomorrow, in seconds since 1970)" if kind == _TIME
                                 else ""))
+
+
+def _executed(items: list[Any]) -> tuple[ExecutedRecord, ...]:
+    """The run's records of executed code, checked: one per entry, names as the store takes
+    them, within the bounds of `ci.history.rows`; ValueError says which is wrong."""
+    out: list[ExecutedRecord] = []
+    seen: set[str] = set()
+    for i, x in enumerate(items):
+        where = f"executed record {i}"
+        if not isinstance(x, dict) or set(x) != {"entry_id", "files"}:
+            raise ValueError(f"{where} is not an object of exactly `entry_id` and `files`")
+        if not _text(x["entry_id"], 1024) or x["entry_id"] in seen:
+            raise ValueError(f"{where}: `entry_id` is not text of at most 1024 characters, or repeats")
+        seen.add(x["entry_id"])
+        files = x["files"]
+        if not isinstance(files, dict) or len(files) > MAX_EXECUTED_FILES:
+            raise ValueError(f"{where}: `files` is not an object of at most {MAX_EXECUTED_FILES} files")
+        count = 0
+        for path, fns in files.items():
+            if (not _text(path, MAX_FUNCTION_CHARS) or not isinstance(fns, list)
+                    or not all(_text(n, MAX_FUNCTION_CHARS) for n in fns)):
+                raise ValueError(f"{where}: {str(path)[:80]!r} is not a file with a list of function "
+                                 f"names of at most {MAX_FUNCTION_CHARS} characters")
+            count += len(fns)
+        if count > MAX_EXECUTED_FUNCTIONS:
+            raise ValueError(f"{where}: more than {MAX_EXECUTED_FUNCTIONS} functions")
+        out.append(ExecutedRecord(entry_id=x["entry_id"], files={p: tuple(f) for p, f in files.items()}))
+    return tuple(out)
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -345,19 +384,21 @@ def parse_record(text: str, *, trigger: Trigger, now: float) -> RunRecord:
         if (m["entry_id"], m["step"], m["name"]) in points:
             raise ValueError(f"metric point {i}: step {m['step']} of {m['name'][:80]!r} is listed twice")
         points.add((m["entry_id"], m["step"], m["name"]))
+    executed = _executed(data["executed"])
     # Whose run it was is the event's word: trust, pull request and event never come from the file.
     # So is the Actions run it came from, where the event names one (the job is the file's word).
     ran = ({"gh_run_id": str(trigger.run_id), "gh_run_attempt": trigger.run_attempt} if trigger.run_id
            else {"gh_run_id": data["gh_run_id"], "gh_run_attempt": data["gh_run_attempt"]})
     return RunRecord(
-        **{k: data[k] for k in _RUN if k not in ("attempts", "metrics", "trusted", "pr", "event",
+        **{k: data[k] for k in _RUN if k not in ("attempts", "metrics", "executed", "trusted", "pr", "event",
                                                  "started_at", "ended_at", "gh_run_id", "gh_run_attempt")},
         **ran,
         started_at=float(data["started_at"]), ended_at=float(data["ended_at"]),
         trusted=trigger.trusted, pr=trigger.pr, event=trigger.event,
         attempts=tuple(AttemptRecord(**{**a, "seconds": float(a["seconds"])}) for a in data["attempts"]),
         metrics=tuple(MetricPoint(entry_id=m["entry_id"], step=m["step"], name=m["name"],
-                                  value=float(m["value"])) for m in data["metrics"]))
+                                  value=float(m["value"])) for m in data["metrics"]),
+        executed=executed)
 
 
 class _Budget:

@@ -22,6 +22,7 @@ from ci.history.rows import AttemptRecord, RunRecord
 from ci.history.stats import after_lifts, auto_quarantine, estimates, failed_on_branch, flakiness, recovered
 from ci.history.store import HistoryStore, RecordRefused, describe, open_store
 from ci.registry.model import AUTO_QUARANTINE_CLEAN_RUNS
+from ci.select import executed
 
 PENDING_DIR = ".ci-cache/history-pending"
 # A spooled record the store refuses (a value no column holds) is renamed with this suffix:
@@ -117,6 +118,26 @@ def read_before(url: str | None, *, suite: str, hardware: str, branch: str,
     return Before(estimates=estimates(rows),
                   failed_here=frozenset(failed_on_branch(mine, branch)) if branch else frozenset(),
                   quarantined=auto, available=True)
+
+
+def executed_records(url: str | None, root: Path, warn: Warn) -> dict[str, executed.Record]:
+    """What each entry executed, as selection reads it: the store's newest record per entry
+    from a trusted run (`HistoryStore.executed`); an entry the store has none of takes the
+    checkout's records file (`run --record-executed` without a store, or before its first
+    ingest). A store that cannot be read is said in one line, and the file decides."""
+    local = executed.load(root / executed.RECORDS_FILE)
+    if url is None or (url.startswith("sqlite:///") and not Path(url.split(":///", 1)[1]).is_file()):
+        return local
+    try:
+        with open_store(url, create=False) as store:
+            rows = store.executed()
+    except StoreError as exc:
+        warn(f"history: what entries executed is unavailable ({exc}); selecting from "
+             f"{executed.RECORDS_FILE}")
+        return local
+    stored = {e: executed.Record(entry=e, commit=r.commit, recorded_at=r.started_at, files=r.files)
+              for e, r in rows.items()}
+    return {**local, **stored}
 
 
 def spool(run: RunRecord, root: Path) -> Path:

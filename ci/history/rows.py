@@ -47,6 +47,21 @@ class AttemptRecord:
     fail_line: int | None = None
 
 
+# What one run may keep of what its entries executed (`run --record-executed`): beyond these
+# bounds a record is refused, never cut (a cut record would leave out functions it ran).
+MAX_EXECUTED_FILES = 20_000  # repository files per entry
+MAX_EXECUTED_FUNCTIONS = 200_000  # functions per entry, all files together
+MAX_FUNCTION_CHARS = 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutedRecord:
+    """What one passing entry of the run executed: repository file -> its functions."""
+
+    entry_id: str
+    files: Mapping[str, tuple[str, ...]]
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunRecord:
     """One invocation of one suite, everything the store keeps about it."""
@@ -71,6 +86,7 @@ class RunRecord:
     gh_job: str = ""
     attempts: tuple[AttemptRecord, ...] = ()
     metrics: tuple[MetricPoint, ...] = ()
+    executed: tuple[ExecutedRecord, ...] = ()  # schema 7: what each passing entry executed
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -80,6 +96,9 @@ class RunRecord:
         data: dict[str, Any] = json.loads(text)
         data["attempts"] = tuple(AttemptRecord(**a) for a in data.get("attempts", ()))
         data["metrics"] = tuple(MetricPoint(**m) for m in data.get("metrics", ()))
+        data["executed"] = tuple(ExecutedRecord(entry_id=x["entry_id"],
+                                                files={f: tuple(fns) for f, fns in x["files"].items()})
+                                 for x in data.get("executed", ()))
         return cls(**data)
 
 
@@ -218,4 +237,6 @@ def build_run(*, uid: str, suite: str, results: Sequence[Result], started_at: fl
         gh_job=storable(context.get("gh_job", ""), 128),
         attempts=attempt_records(results, root),
         metrics=tuple(p for r in results for p in metrics.get(r.entry.id, ())),
+        executed=tuple(ExecutedRecord(entry_id=storable(r.entry.id), files=dict(r.executed))
+                       for r in results if r.executed is not None),
     )

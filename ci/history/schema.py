@@ -147,6 +147,19 @@ lifts = Table(
 )
 
 
+# What a passing entry of a run executed (`run --record-executed`): one row per entry, its
+# files and functions as JSON ({path: [functions]}). Selection reads the newest trusted one.
+executed = Table(
+    "executed", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("entry_id", Text, nullable=False),
+    Column("files", Text, nullable=False),
+    UniqueConstraint("run_id", "entry_id", name="executed_once"),
+    Index("executed_by_entry", "entry_id"),
+)
+
+
 def _v1(conn: Connection) -> None:
     for table in (runs, attempts, metrics):
         table.create(conn, checkfirst=True)
@@ -192,6 +205,10 @@ def _v6(conn: Connection) -> None:
                 conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {kind}"))
 
 
+def _v7(conn: Connection) -> None:
+    executed.create(conn, checkfirst=True)
+
+
 # (version, what it does, the step). Append only: a store at version N runs N+1… in order.
 MIGRATIONS: tuple[tuple[int, str, Callable[[Connection], None]], ...] = (
     (1, "runs, entry attempts and e2e metric series", _v1),
@@ -201,5 +218,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[Connection], None]], ...] = (
     (5, "quarantine lifts: an entry's issue closed by hand forgets its flakes before then", _v5),
     (6, "attempts keep their failure's file and line (`fail_path`, `fail_line`); runs their "
         "Actions run, attempt and job (`gh_run_id`, `gh_run_attempt`, `gh_job`)", _v6),
+    (7, "what each passing entry of a run executed (`executed`: its files and functions), "
+        "for selection by executed code", _v7),
 )
 LATEST = MIGRATIONS[-1][0]

@@ -6,6 +6,7 @@ Every run writes in one transaction; a run's `uid` is unique, so recording it ag
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -162,6 +163,17 @@ class BisectRow:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExecutedRow:
+    """The newest record of what an entry executed, and the run that made it."""
+
+    entry_id: str
+    commit: str
+    started_at: float
+    run_uid: str
+    files: Mapping[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True, kw_only=True)
 class MetricRow:
     run_uid: str
     started_at: float
@@ -310,6 +322,10 @@ class HistoryStore:
             conn.execute(schema.metrics.insert(), [
                 {"run_id": run_id, "entry_id": m.entry_id, "step": m.step, "name": m.name,
                  "value": m.value} for m in run.metrics])
+        if run.executed:
+            conn.execute(schema.executed.insert(), [
+                {"run_id": run_id, "entry_id": x.entry_id, "files": _files_json(x.files)}
+                for x in run.executed])
         return True
 
     def _has(self, uid: str) -> bool:
@@ -468,10 +484,10 @@ class HistoryStore:
         from sqlalchemy.exc import SQLAlchemyError
 
         from ci.history import schema
-        from ci.history.rows import AttemptRecord
+        from ci.history.rows import AttemptRecord, ExecutedRecord
         from ci.results import MetricPoint
 
-        r, a, m = schema.runs, schema.attempts, schema.metrics
+        r, a, m, e = schema.runs, schema.attempts, schema.metrics, schema.executed
         fields = [c.name for c in a.columns if c.name not in ("id", "run_id")]
         chosen = select(r.c.id)
         if trusted_only:
@@ -495,10 +511,42 @@ class HistoryStore:
                                       .order_by(m.c.run_id, m.c.entry_id, m.c.step, m.c.name)):
                     points.setdefault(x.run_id, []).append(
                         MetricPoint(entry_id=x.entry_id, step=x.step, name=x.name, value=x.value))
+                ran: dict[int, list[ExecutedRecord]] = {}
+                for x in conn.execute(select(e).where(e.c.run_id.in_(wanted))
+                                      .order_by(e.c.run_id, e.c.entry_id)):
+                    ran.setdefault(x.run_id, []).append(
+                        ExecutedRecord(entry_id=x.entry_id, files=_files_of(x.files)))
                 return [RunRecord(**{k: getattr(x, k) for k in _RUN_FIELDS},
-                                  attempts=tuple(tries.get(x.id, ())), metrics=tuple(points.get(x.id, ())))
+                                  attempts=tuple(tries.get(x.id, ())), metrics=tuple(points.get(x.id, ())),
+                                  executed=tuple(ran.get(x.id, ())))
                         for x in conn.execute(select(r).where(r.c.id.in_(wanted))
                                               .order_by(r.c.started_at, r.c.id))]
+        except SQLAlchemyError as exc:
+            raise self._fail(exc, "read it") from None
+
+    def executed(self, *, trusted_only: bool = True) -> dict[str, ExecutedRow]:
+        """The newest record per entry of what it executed (`run --record-executed`), from
+        trusted runs only unless told otherwise: a pull request's code never decides what
+        another pull request runs."""
+        from sqlalchemy import func, select
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ci.history import schema
+
+        r, e = schema.runs, schema.executed
+        place = (func.row_number().over(partition_by=e.c.entry_id,
+                                        order_by=(r.c.started_at.desc(), r.c.id.desc())).label("place"))
+        ranked = (select(e.c.entry_id, e.c.files, r.c.commit, r.c.started_at, r.c.uid, place)
+                  .join(r, r.c.id == e.c.run_id))
+        if trusted_only:
+            ranked = ranked.where(r.c.trusted.is_(True))
+        sub = ranked.subquery()
+        try:
+            with self.engine.connect() as conn:
+                return {x.entry_id: ExecutedRow(entry_id=x.entry_id, commit=x.commit,
+                                                started_at=float(x.started_at), run_uid=x.uid,
+                                                files=_files_of(x.files))
+                        for x in conn.execute(select(sub).where(sub.c.place == 1))}
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
 
@@ -594,6 +642,49 @@ def _bad_value(value: object, column: Any) -> str | None:
     return None
 
 
+def _files_json(files: Mapping[str, Sequence[str]]) -> str:
+    return json.dumps({f: list(fns) for f, fns in sorted(files.items())}, sort_keys=True)
+
+
+def _files_of(text: str) -> dict[str, tuple[str, ...]]:
+    """A row's files as written by `_files_json`; {} for a row no writer of ours made."""
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    return {str(f): tuple(str(n) for n in fns) for f, fns in raw.items() if isinstance(fns, list)}
+
+
+def _check_executed(run: RunRecord) -> None:
+    """RecordRefused when a record of executed code is past the bounds of `ci.history.rows`."""
+    from ci.history import schema
+    from ci.history.rows import MAX_EXECUTED_FILES, MAX_EXECUTED_FUNCTIONS, MAX_FUNCTION_CHARS
+
+    def refuse(why: str) -> None:
+        raise RecordRefused(f"run {str(run.uid)[:8]} cannot be recorded: {why}")
+
+    seen = set()
+    for x in run.executed:
+        where = f"executed {str(x.entry_id)[:80]}"
+        if _bad_value(x.entry_id, schema.executed.c.entry_id) is not None or x.entry_id in seen:
+            refuse(f"{where}: its entry id is not text, or is listed twice")
+        seen.add(x.entry_id)
+        if not isinstance(x.files, Mapping) or len(x.files) > MAX_EXECUTED_FILES:
+            refuse(f"{where}: more than {MAX_EXECUTED_FILES} files")
+        count = 0
+        for path, fns in x.files.items():
+            names = [path, *fns] if isinstance(fns, (tuple, list)) else None
+            if names is None or any(not isinstance(n, str) or len(n) > MAX_FUNCTION_CHARS or "\x00" in n
+                                    for n in names):
+                refuse(f"{where}: a file or function name is not text of at most "
+                       f"{MAX_FUNCTION_CHARS} characters")
+            count += len(fns)
+        if count > MAX_EXECUTED_FUNCTIONS:
+            refuse(f"{where}: more than {MAX_EXECUTED_FUNCTIONS} functions")
+
+
 def check_record(run: RunRecord) -> None:
     """RecordRefused, naming the first field no column of the schema can hold; else nothing."""
     from ci.history import schema
@@ -619,6 +710,7 @@ def check_record(run: RunRecord) -> None:
         points.add((m.entry_id, m.step, m.name))
     if len(points) != len(run.metrics):
         raise RecordRefused(f"run {str(run.uid)[:8]} cannot be recorded: a metric point is listed twice")
+    _check_executed(run)
 
 
 def open_store(url: str, *, create: bool = True) -> HistoryStore:

@@ -2,7 +2,8 @@
 
 Every planted break under tests/e2e/plants/ is a known failure: its patch is the diff and
 the entries its `only:` names are the ones that catch it. For each, the selection
-(`ci.select.by_execution`, on the checkout's records) must pick at least one of them; a
+(`ci.select.by_execution`, on the history's newest trusted records, then the
+checkout's records file) must pick at least one of them; a
 CPU suite always runs every entry. The table gives each plant's verdict and the entries
 selected of its suite, then the recall and the GPU-seconds selected against all entries
 of the suites (measured durations, else the committed baseline). Exit 1 below the
@@ -12,6 +13,7 @@ registry's recall (`SelectionPolicy.recall`, default 1.0).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -106,7 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
                                             "code; exit 1 below the registry's recall")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="the checkout (default: here)")
     p.add_argument("--records", type=Path, default=None,
-                   help=f"the records file (default: <root>/{executed.RECORDS_FILE})")
+                   help=f"read the records from this file alone (default: the history's newest "
+                        f"trusted record per entry, then <root>/{executed.RECORDS_FILE})")
+    p.add_argument("--history", metavar="URL", default=None,
+                   help="the run-history store to read records from (default: SLIME_CI_HISTORY_URL, "
+                        "else the checkout's store; `off`: the records file alone)")
     return p
 
 
@@ -118,7 +124,14 @@ def main(argv: Sequence[str]) -> int:
     plants = discover_plants(root)
     if not plants:
         raise UsageError(f"no plants under {root / 'tests/e2e/plants'}: nothing to replay")
-    records = executed.load(args.records or root / executed.RECORDS_FILE)
+    if args.records is not None:
+        records = executed.load(args.records)
+    else:
+        from ci.history.record import executed_records
+        from ci.history.store import resolve_url
+
+        records = executed_records(resolve_url(args.history, os.environ, root), root,
+                                   warn=lambda m: print(f"warning: {m}", file=sys.stderr))
     durations = {**baseline_durations(root), **DurationStore(root / DURATIONS_FILE).load()}
     cases = [replay(root, registry, p, records, durations) for p in plants]
     gpu = {e for name in {c.suite for c in cases if registry[c.suite].needs_gpus}

@@ -215,6 +215,9 @@ class Smoke:
     # of the entries its runs select (ci/select/shard_count.py). `shards` above 1: a fixed count.
     target_minutes: float | None = None
     shards: int = 1
+    # Every run records what each entry executed (`smoke --record-executed`, about 1.3x the
+    # time): the nightly's records, exported with its runs, are what PR selection reads.
+    record_executed: bool = False
 
 
 

@@ -237,6 +237,8 @@ SESSIONS: tuple[Check | Smoke, ...] = (
           purpose="The GPU tier without GPUs, on every push: " + ", ".join(_SMOKE_ON_PUSH_NAMES)
                   + " entries (emulated); precision and the rest nightly (gpu_smoke_nightly)",
           runs=_SMOKE_ON_PUSH, target_minutes=7),
+    # Not yet recording (record_executed): under coverage a private Ray head's dashboard missed
+    # Ray's 60 s start-up limit at load 12-24 on 2 cores, failing the entry (docs/selection.md).
     Smoke(name="gpu_smoke_nightly", profiles=("e2e", "gpu-host"), tags=("cpu", "nightly"),
           cadences=("nightly",), minutes=90,
           purpose="Every entry of megatron, precision, ckpt and sglang_config on emulated GPUs, nightly "

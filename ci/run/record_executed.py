@@ -4,8 +4,12 @@ Every Python process an entry starts runs under coverage.py: the entry's own pro
 finds `COVERAGE_PROCESS_START` in its environment and coverage's `a1_coverage.pth` (shipped
 since coverage 7.13) starts measuring before any of its code runs; its children (torchrun
 ranks, Ray's raylet and workers, engine servers) inherit the variable and do the same,
-and `patch = subprocess, fork, execv, _exit` keeps what a rank that leaves through
-`os._exit` or a forked worker measured. Each process writes its own data file
+and `patch = fork, execv, _exit` keeps what a rank that leaves through `os._exit` or a
+forked worker measured. Not `patch = subprocess`: it puts coverage's whole configuration
+in `COVERAGE_PROCESS_CONFIG`, which every descendant inherits and coverage's `.pth` obeys
+as well, so a process given `COVERAGE_PROCESS_START=""` (a Ray actor's runtime_env) would
+still be measured. `COVERAGE_PROCESS_START` alone reaches the same children, and emptying
+it turns recording off in a process and everything it starts. Each process writes its own data file
 (`parallel`), labelled with the entry's id as a static context (`context =
 ${SLIME_CI_ENTRY}`): unlike dynamic contexts, a static context works under every core,
 sysmon included. When the run ends the files are combined and, per entry that passed,
@@ -20,10 +24,11 @@ import re
 import shutil
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ci.errors import UsageError
-from ci.history.run_observer import Hints, RunEnd, RunObserver, RunStart
+from ci.history.run_observer import Hints, Judgement, RunEnd, RunObserver, RunStart
 from ci.log import Log
 from ci.run import coverage_flush
 from ci.select import executed
@@ -41,7 +46,7 @@ def rcfile_text(data_dir: Path, root: Path) -> str:
         "parallel = true",
         "context = ${SLIME_CI_ENTRY}",
         f"source = {root}",
-        "patch = subprocess, fork, execv, _exit",
+        "patch = fork, execv, _exit",  # not subprocess: see the module's note
         "sigterm = true",
         "disable_warnings = no-data-collected, module-not-measured, no-ctracer",
         f"plugins = {FLUSH_PLUGIN}",
@@ -102,6 +107,7 @@ class ExecutedRecorder(RunObserver):
         self.data_dir = Path(".")
         self.commit = "unknown"
         self.log: Log | None = None
+        self.records: dict[str, executed.Record] | None = None  # by entry, once judged
 
     def begin(self, start: RunStart) -> Hints:
         if not start.record_executed:
@@ -119,26 +125,37 @@ class ExecutedRecorder(RunObserver):
         path = os.pathsep.join(p for p in (str(self.data_dir), start.env.get("PYTHONPATH", "")) if p)
         return Hints(env={"COVERAGE_PROCESS_START": str(rc), "PYTHONPATH": path})
 
+    def judge(self, judgement: Judgement) -> Judgement:
+        """Every entry's processes are over: each passing result gains what it executed, so
+        the history records it with the run (and exports it the way runs go)."""
+        if not self.on or self.records is not None:
+            return judgement
+        measured = measured_by_entry(self.data_dir)
+        now = time.time()
+        self.records = {}
+        for r in judgement.results:
+            if r.ok:
+                files = executed.reduce(self.root, measured.get(r.entry.id, {}))
+                self.records[r.entry.id] = executed.Record(entry=r.entry.id, commit=self.commit,
+                                                           recorded_at=now, files=files)
+        return replace(judgement, results=tuple(
+            replace(r, executed=self.records[r.entry.id].files) if r.entry.id in self.records else r
+            for r in judgement.results))
+
     def run_ended(self, end: RunEnd) -> None:
         if not self.on:
             return
         try:
+            if self.records is None:  # not judged (the pipeline calls judge first): judge now
+                self.judge(end.judgement)
             self._store(end)
         finally:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def _store(self, end: RunEnd) -> None:
         note = self.log.line if self.log is not None else print
-        measured = measured_by_entry(self.data_dir)
-        records, skipped = [], []
-        now = time.time()
-        for r in end.judgement.results:
-            if not r.ok:
-                skipped.append(f"{r.entry.id} ({r.outcome})")
-                continue
-            files = executed.reduce(self.root, measured.get(r.entry.id, {}))
-            records.append(executed.Record(entry=r.entry.id, commit=self.commit, recorded_at=now,
-                                           files=files))
+        records = list((self.records or {}).values())
+        skipped = [f"{r.entry.id} ({r.outcome})" for r in end.judgement.results if not r.ok]
         store = self.root / executed.RECORDS_FILE
         executed.save(store, records)
         note(f"executed code: {len(records)} entr{'y' if len(records) == 1 else 'ies'} recorded "

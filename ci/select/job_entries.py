@@ -1,14 +1,15 @@
 """The entries a pull request's labelled GPU job runs: by what they executed (`by_execution`).
 
-The edge of that pure rule: the suite's entries resolved, the records read from the
-checkout's store, and a branch's hunks read from git (`plan --diff BASE`); with only
+The edge of that pure rule: the suite's entries resolved, the records given (the history's
+newest per entry, read by the plan: `ci.history.record.executed_records`) or read from the
+checkout's records file, and a branch's hunks read from git (`plan --diff BASE`); with only
 changed paths (`plan --paths`) every changed file counts as a whole.
 """
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -48,14 +49,16 @@ def suite_entries(root: Path, suite: Suite, registry: str) -> tuple[tuple[str, s
 
 
 def for_diff(root: Path, entries: Sequence[tuple[str, str]], diff: Sequence[Change],
-             policy: SelectionPolicy, *, records: Path | None = None) -> JobEntries:
-    """The entries the diff can reach, from the checkout's records."""
-    stored = executed.load(records or root / executed.RECORDS_FILE)
+             policy: SelectionPolicy, *, records: Mapping[str, executed.Record] | None = None) -> JobEntries:
+    """The entries the diff can reach, from `records` (the history's newest per entry, as
+    the caller read them), else from the checkout's records file."""
+    stored = records if records is not None else executed.load(root / executed.RECORDS_FILE)
     return JobEntries(picks=pick(entries, diff, stored, policy))
 
 
 def entries_by_job(root: Path, registry: Registry, jobs: Sequence[tuple[str, str]], event: str,
-                   labels: Iterable[str], diff: Sequence[Change] | None) -> dict[str, JobEntries]:
+                   labels: Iterable[str], diff: Sequence[Change] | None, *,
+                   records: Mapping[str, executed.Record] | None = None) -> dict[str, JobEntries]:
     """Job id -> its entries, for running self-hosted jobs given as (job id, suite name).
 
     A pull request's job is narrowed by its diff; the all-entries label, a push, the schedule
@@ -79,7 +82,7 @@ def entries_by_job(root: Path, registry: Registry, jobs: Sequence[tuple[str, str
         elif diff is None:
             out[job] = everything(ids, "the diff is unknown (pass --diff BASE or --paths)")
         else:
-            out[job] = for_diff(root, entries, diff, policy)
+            out[job] = for_diff(root, entries, diff, policy, records=records)
     return out
 
 

@@ -109,6 +109,61 @@ def test_no_gpu_entry_left_the_gate_without_a_cadence_that_runs_it(sessions):
     assert "| `gpu_smoke_nightly` | CPU | nightly schedule |" in readme
 
 
+class _Recorded:
+    """Stands in for nox.Session (a real one installs torch first): what the session runs."""
+
+    def __init__(self) -> None:
+        self.posargs: list[str] = []
+        self.ran: list[tuple[str, ...]] = []
+
+    def run(self, *args: str, **_kw: object) -> None:
+        self.ran.append(args)
+
+
+def test_a_smoke_that_records_passes_the_flag_and_one_that_does_not_never(sessions, monkeypatch):
+    """The nightly smoke as it is, and the same smoke with `record_executed` set, registered
+    by the noxfile's own `_smoke_session`."""
+    from dataclasses import replace
+
+    from nox import registry
+
+    from ci.registry.model import Smoke
+
+    found, module = sessions
+    monkeypatch.setattr(module, "_install", lambda *_a, **_k: None)
+    nightly = next(s for s in load_registry(REPO).sessions
+                   if isinstance(s, Smoke) and s.name == "gpu_smoke_nightly")
+    before = dict(registry.get())
+    try:
+        module._smoke_session(replace(nightly, name="recording_nightly", record_executed=True))
+        recording = registry.get()["recording_nightly"]
+    finally:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(before)
+    ran = {}
+    for name, func in (("recording_nightly", recording), ("gpu_smoke_nightly", found["gpu_smoke_nightly"])):
+        session = _Recorded()
+        func.func(session)
+        ran[name] = session.ran
+    assert ran["recording_nightly"] == [("python", "-m", "ci", "smoke", "recording_nightly",
+                                         "--record-executed")]
+    assert ran["gpu_smoke_nightly"] == [("python", "-m", "ci", "smoke", "gpu_smoke_nightly")]
+
+
+def test_every_smoke_installs_the_coverage_recording_needs():
+    """`--record-executed` refuses to run (exit 2) without coverage >= 7.13 where entries run:
+    a smoke's own profiles must bring it (not only the dev profile), so any may record."""
+    from ci.registry import profiles
+    from ci.registry.model import Smoke
+
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    smokes = [s for s in load_registry(REPO).sessions if isinstance(s, Smoke)]
+    assert {s.name for s in smokes} >= {"gpu_smoke", "gpu_smoke_nightly"}
+    for smoke in smokes:
+        reqs = [r for p in smoke.profiles for r in profiles.requirements(pyproject, p)]
+        assert "coverage>=7.13" in reqs, (smoke.name, reqs)
+
+
 def test_every_suite_profile_is_a_profile():
     from ci.registry.profiles import names
 

@@ -229,6 +229,28 @@ def test_a_function_run_only_by_torchrun_ranks_is_recorded(records):
     assert len(ranks["commit"]) in (7, 40) or ranks["commit"] == "unknown"
 
 
+@pytest.mark.slow
+def test_the_run_puts_each_record_in_its_history_and_the_plan_reads_it_from_there(repo, records):
+    from ci.history.store import open_store
+
+    url = f"sqlite:///{repo / '.ci-cache/history.sqlite'}"
+    with open_store(url, create=False) as store:
+        stored = store.executed()
+    assert {e: {f: list(fns) for f, fns in r.files.items()} for e, r in stored.items()} == \
+        {e: r["files"] for e, r in records.items()}
+    assert {r.commit for r in stored.values()} == {git(repo, "rev-parse", "HEAD")}
+    aside = repo / ".ci-cache/records-aside.json"
+    (repo / RECORDS).replace(aside)  # the store alone must decide
+    try:
+        picked = plan_for(repo, "from-store", replace_in(
+            CK, "    found = resolve_step(root, step)\n",
+            "    found = resolve_step(root, step)  # changed\n    assert found != -3\n"))
+    finally:
+        aside.replace(repo / RECORDS)
+    assert picked == {LOADS_ID: (True, f"executes {CK}:load"),
+                      RANKS_ID: (False, "executes none of the changed code")}
+
+
 QUICK = """
     NUM_GPUS = 1
 

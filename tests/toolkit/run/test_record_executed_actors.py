@@ -18,7 +18,10 @@ that function as the reason; a change to the control's function leaves it out.
 
 Without Ray, a child the entry ends with SIGKILL one second (five writes) after it ran
 `only_in_killed_child` shows the same bound in isolation: what a process ran at least one
-interval before it was killed is in the record.
+interval before it was killed is in the record; and a child the entry starts with
+`COVERAGE_PROCESS_START=""` runs `only_in_unrecorded_child`, which must not be: the rcfile
+leaves out `patch = subprocess`, whose `COVERAGE_PROCESS_CONFIG` every descendant inherits
+and coverage's `.pth` obeys even where `COVERAGE_PROCESS_START` was emptied.
 """
 
 import json
@@ -59,6 +62,9 @@ WORK = """
 
     def only_in_killed_child(x):
         return x - 1
+
+    def only_in_unrecorded_child(x):
+        return x - 2
 
     class Worker:
         def run(self, x):
@@ -122,6 +128,7 @@ KILLED = """
         "import sys, time; sys.path.insert(0, sys.argv[1]); import _work; "
         "_work.only_in_killed_child(1); print('ran', flush=True); time.sleep(600)"
     )
+    UNRECORDED = "import sys; sys.path.insert(0, sys.argv[1]); import _work; _work.only_in_unrecorded_child(1)"
 
     def execute():
         here = os.path.dirname(os.path.abspath(__file__))
@@ -133,6 +140,8 @@ KILLED = """
             child.send_signal(signal.SIGKILL)
             child.wait()
         assert child.returncode == -signal.SIGKILL
+        off = {**os.environ, "COVERAGE_PROCESS_START": ""}  # recording turned off in this child
+        subprocess.run([sys.executable, "-c", UNRECORDED, here], env=off, check=True)
 
     if __name__ == "__main__":
         execute()
@@ -157,6 +166,7 @@ def test_a_function_a_sigkilled_child_ran_a_second_before_its_end_is_recorded(tm
     ran = json.loads((root / RECORDS).read_text())["entries"]["tests/e2e/test_killed.py"]["files"]
     assert "only_in_killed_child" in ran.get(WORK_PATH, ()), ran
     assert "only_in_actor" not in ran[WORK_PATH]
+    assert "only_in_unrecorded_child" not in ran[WORK_PATH]  # COVERAGE_PROCESS_START="" is off
 
 
 @pytest.fixture(scope="module")
@@ -183,14 +193,7 @@ def test_a_function_run_only_in_a_killed_ray_actor_is_recorded(ran):
     assert {"<module>", "only_in_actor", "Worker.run", "Worker.pid"} <= set(ran)
 
 
-# Known defect: an actor started with `COVERAGE_PROCESS_START=""` in its runtime_env is still
-# recorded once the flusher has had time to save (these passed only while the kill came within
-# one flush interval). Strict: they turn red the day the control really turns recording off.
-_CONTROL_RECORDED = pytest.mark.xfail(strict=True, reason="runtime_env does not yet turn recording off")
-
-
 @pytest.mark.slow
-@_CONTROL_RECORDED
 def test_an_actor_with_recording_off_leaves_its_function_out(ran):
     assert "only_in_unrecorded_actor" not in ran and "Worker.run_unrecorded" not in ran
 
@@ -207,7 +210,6 @@ def test_changing_the_actor_only_function_selects_the_entry(repo):
 
 
 @pytest.mark.slow
-@_CONTROL_RECORDED
 def test_changing_the_unrecorded_actors_function_leaves_the_entry_out(repo):
     picked = plan_for(repo, "in-control", replace_in(WORK_PATH, "return x * 5", "return x * 5 + 0"))
     assert picked == {ENTRY_ID: (False, "executes none of the changed code")}
