@@ -11,8 +11,9 @@ whose header (the lines before the diff, which `git apply` ignores) names what c
 Each plant is applied to a fresh scratch copy of the checkout (tracked and untracked files,
 never the working tree) and the entry runs there through `python -m ci run` with that copy
 as its root, so the copy's own code is the code under test (`ci.backends.checkout`). A plant is
-caught only when the run fails (exit 1) AND the failure shows its reason; a pass, another
-failure, a timeout or a crash is a miss. One table at the end; exit 1 if any was missed.
+caught only when the run fails (exit 1) AND the failure shows its reason (in every entry's own
+log, when the `only` pattern selects several); a pass, another failure, a timeout or a crash
+is a miss. One table at the end; exit 1 if any was missed.
 """
 
 from __future__ import annotations
@@ -153,9 +154,15 @@ def run_argv(plant: Plant, tree: Path, gpu_suite: bool) -> list[str]:
 
 
 def judge(code: int | None, output: str, reasons: Sequence[str],
-          entry_logs: str = "") -> tuple[bool, str]:
+          entry_logs: Mapping[str, str] | None = None) -> tuple[bool, str]:
     """Caught only by a failure that shows the plant's reason (in the run's output or its
-    entries' logs)."""
+    entries' logs, `entry_logs`: each entry's log by its file name).
+
+    A plant whose `only` selects several entries (the five ckpt layouts) is caught only when
+    each of them shows the reason in its own log: one layout that stops catching the break,
+    or fails for another reason (a head that did not start), is a miss, not hidden by the rest.
+    """
+    logs = dict(entry_logs or {})
     if code is None:
         return False, "timed out (the plant's run was killed)"
     if code == 0:
@@ -164,7 +171,14 @@ def judge(code: int | None, output: str, reasons: Sequence[str],
         return False, f"exit {code}, not a test failure"
     if re.search(r"\] TIMEOUT ", output):
         return False, "the entry timed out: not its stated reason"
-    shown = [r for r in reasons if r in output or r in entry_logs]
+    if len(logs) > 1:
+        quiet = sorted(name for name, text in logs.items() if not any(r in text for r in reasons))
+        if quiet:
+            return False, (f"{len(quiet)} of {len(logs)} entries failed, but not for "
+                           f"{' / '.join(map(repr, reasons))}: {', '.join(quiet)}")
+        shown = [r for r in reasons if any(r in text for text in logs.values())]
+        return True, f"all {len(logs)} entries: {shown[0]}"
+    shown = [r for r in reasons if r in output or any(r in text for text in logs.values())]
     if not shown:
         lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
         failed = [ln for ln in lines if ln.startswith("FAILED ")] or lines[-1:] or ["no output"]
@@ -200,11 +214,14 @@ def run_plant(plant: Plant, root: Path, gpu_suite: bool, timeout: float,
             raise
         # The run prints the last lines of a failure; the reason may sit higher up in the
         # entry's full log (a pytest traceback), which lives in the copy's run directory.
-        entry_logs = "".join(p.read_text(encoding="utf-8", errors="replace")
-                             for p in sorted(tree.glob(".ci-cache/runs/*/logs/*.log")))
+        # Each attempt's log is <index>-<entry id>.log (ci/run/runner.py); a pre-imported
+        # worker's own log (worker-*.log) is no entry's.
+        entry_logs = {p.name: p.read_text(encoding="utf-8", errors="replace")
+                      for p in sorted(tree.glob(".ci-cache/runs/*/logs/[0-9][0-9][0-9]-*.log"))}
         log = root / ".ci-cache" / "plants" / f"{plant.key.replace('/', '__')}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(output + "\n--- entry logs ---\n" + entry_logs, encoding="utf-8")
+        log.write_text(output + "".join(f"\n--- entry log {name} ---\n{text}"
+                                        for name, text in entry_logs.items()), encoding="utf-8")
     caught, why = judge(code, output, plant.reasons, entry_logs)
     return Verdict(plant=plant, caught=caught, why=why, seconds=time.monotonic() - start)
 

@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="*", help="only these test files or directories of the suite")
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="pytest -k expression (pytest files)")
     p.add_argument("-j", "--jobs", type=int, help="entries run at once (default: CPU count; "
-                   "GPU suites: as many as the GPUs allow)")
+                   "GPU suites: as many as the GPUs allow; on emulated GPUs at most the CPU count)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (entries, GPUs, argv) and stop")
     p.add_argument("--package", action="append", default=[], metavar="NAME",
                    help="a package entries must import from this checkout (repeatable; default: "

@@ -147,6 +147,21 @@ class Setup:
         return any(e.num_gpus for e in self.selection.entries)
 
 
+def default_jobs(entries: int, *, gpu_run: bool, emulated: bool, cores: int) -> int:
+    """Entries run at once when `-j` does not say: the GPUs decide on real ones, the cores else.
+
+    An emulated GPU is a CPU process: the ranks of more emulated-GPU entries than there are
+    cores starve one another, and a Ray head starting among them misses the raylet's fixed
+    15 s for its dashboard agent, however its start is serialized (ray_head.start_turn). On 2
+    cores the ckpt suite ran 4 entries at once (8 emulated GPUs, 2 each) and one entry's head
+    missed it in all three attempts, its agent's first log line 17 s after its spawn.
+    """
+    if not gpu_run:
+        return max(1, cores)
+    at_once = min(entries, 64)
+    return max(1, min(at_once, cores)) if emulated else max(1, at_once)
+
+
 def setup(chosen: Selection, *, log: Log, env: Mapping[str, str], infinite: bool) -> Setup:
     """The GPU budget, the job slots, the backend and the run's config.
 
@@ -158,7 +173,8 @@ def setup(chosen: Selection, *, log: Log, env: Mapping[str, str], infinite: bool
     # On a cluster, Ray knows the GPUs: the backend checks entries against its nodes.
     gpus = (_gpu_budget(opts, entries) if (suite.needs_gpus or gpu_run) and not args.ray_address
             else 0)
-    jobs = args.jobs or (min(len(entries), 64) if gpu_run else (os.cpu_count() or 1))
+    jobs = args.jobs or default_jobs(len(entries), gpu_run=gpu_run, emulated=args.emulate_gpus,
+                                     cores=os.cpu_count() or 1)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     cache = root / ".ci-cache"
     work_dir = cache / "runs" / f"{suite.name}-{stamp}-{os.getpid()}"

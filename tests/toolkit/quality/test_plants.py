@@ -13,6 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import REPO, run_ci, write
 
+from ci.quality import plants
+
 NUM_GPUS = 0
 
 REGISTRY = """
@@ -105,6 +107,21 @@ def test_each_verdict_for_its_reason(toy):
     assert "return a + b" in (toy / "toy" / "__init__.py").read_text()
     left = subprocess.run(["pgrep", "-f", f"--root {toy}"], capture_output=True, text=True, check=False)
     assert left.stdout.strip() == "", "a plant's run outlived the command"
+
+
+def test_a_plant_of_several_entries_is_caught_only_when_each_shows_its_reason():
+    # The five ckpt layouts under one plant: what each entry's own log says decides.
+    reason = ("did not run at the saved param groups' lr",)
+    said = "AssertionError: rollout 2 train/lr: 0.0015 vs 0.002: the first update after --load did not run at the saved param groups' lr"
+    logs = {f"00{i}-layout{i}.log": f"... {said}\n" for i in range(5)}
+    assert plants.judge(1, "ckpt: 0 passed, 5 failed", reason, logs) == (
+        True, "all 5 entries: did not run at the saved param groups' lr")
+    # One layout failed at start-up instead: the others' reason does not cover for it.
+    logs["003-layout3.log"] = "RuntimeError: ray head timed out during its own start-up 3 time(s)\n"
+    caught, why = plants.judge(1, "ckpt: 0 passed, 5 failed " + said, reason, logs)
+    assert not caught and why.startswith("1 of 5 entries failed, but not for") and why.endswith("003-layout3.log")
+    # One entry: the run's output still counts (a reason the runner itself prints).
+    assert plants.judge(1, said, reason, {"000-one.log": "Traceback"}) == (True, reason[0])
 
 
 def test_only_and_exit_zero_when_all_caught(toy):

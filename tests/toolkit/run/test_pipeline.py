@@ -52,6 +52,9 @@ REGISTRY = """
         Suite(name="train", tier="gpu", purpose="p", profile="e2e", timeout=60, entries=(
             Entry(path="tests/e2e/test_step.py"),
         )),
+        Suite(name="wide", tier="gpu", purpose="p", profile="e2e", timeout=60, entries=tuple(
+            Entry(path="tests/e2e/test_step.py", test_args=("--layout", str(i))) for i in range(4)
+        )),
     )
 """
 # Fails on its first attempt in a checkout, passes on every one after.
@@ -199,6 +202,22 @@ def test_setup_decides_everything_and_holds_nothing(repo, log):
     assert shown[0] == "plan for unit: 2 entries, 3 at a time, 0 GPUs, local"
     assert sum("-m pytest tests/test_ok.py" in line for line in shown) == 1
     assert not ready.cfg.work_dir.exists()
+
+
+def test_an_emulated_gpu_run_runs_no_more_entries_at_once_than_there_are_cores(repo, log, monkeypatch):
+    # Emulated GPUs are CPU processes: four 2-GPU entries on 8 emulated GPUs would all start
+    # at once, and on 2 cores the Ray head of the last one missed its start-up deadline.
+    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 2)
+    ready = _ready(repo, log, "--emulate-gpus", "--gpus", "8", suite="wide")
+    assert (ready.gpu_run, ready.cfg.jobs) == (True, 2)
+    pipeline.show(ready, log)
+    assert log.stream.getvalue().splitlines()[0].startswith("plan for wide: 4 entries, 2 at a time, 8 GPUs")
+    assert _ready(repo, log, "--emulate-gpus", "--gpus", "8", "-j", "3", suite="wide").cfg.jobs == 3
+    # Real GPUs decide for themselves (the lock), CPU suites take every core.
+    assert pipeline.default_jobs(4, gpu_run=True, emulated=False, cores=2) == 4
+    assert pipeline.default_jobs(80, gpu_run=True, emulated=False, cores=2) == 64
+    assert pipeline.default_jobs(4, gpu_run=True, emulated=True, cores=16) == 4
+    assert pipeline.default_jobs(4, gpu_run=False, emulated=True, cores=3) == 3
 
 
 def test_acquire_holds_the_ports_and_the_lock_of_an_emulated_gpu_run(repo, log):

@@ -4,6 +4,7 @@ A submitted script sees the runtime env; a failing job raises; two calls at once
 their own head and ports; after every call no process of its head remains, checked by pid.
 """
 
+import contextlib
 import json
 import os
 import socket
@@ -251,6 +252,50 @@ def test_a_token_left_in_the_home_by_another_ray_does_not_lock_drivers_out(tmp_p
         joined = subprocess.run([sys.executable, "-c", code, head.gcs_address], env=bare,
                                 capture_output=True, text=True, timeout=120)
     assert joined.returncode == 0 and joined.stdout.strip().endswith("42"), joined.stderr[-2000:]
+
+
+def test_a_head_that_is_up_yields_the_cpu_to_heads_still_starting(tmp_path):
+    """Start-up has the raylet's fixed 15 s; a head that is up has no deadline. Once up, every
+    thread of its processes, and a worker it starts afterwards, runs PRIORITY_STEP nice levels
+    below where its start-up ran (this account may raise a start-up, root: at the entry's own
+    level; else PRIORITY_STEP below it); the entry's own process keeps its level."""
+    import subprocess
+
+    from slime.utils.external_utils import ray_head as RH
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("SLIME_CI_PORT_BASE", None)
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    # Whether this account may raise a process above its own level (asked of a child).
+    probe = "import os; os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) - 1)"
+    may_raise = subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+    steady = mine if may_raise else min(19, mine + RH.PRIORITY_STEP)
+    with RH.private_head(num_gpus=0, env=env) as head:
+        pids = _owned(head.token)
+        assert len(pids) >= 5, pids  # gcs, raylet, dashboard, agents, `ray start` itself
+        niced = {}
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    niced[(pid, int(tid))] = os.getpriority(os.PRIO_PROCESS, int(tid))
+        assert niced and all(v == steady for v in niced.values()), (steady, niced)
+        # The sessions too: with autogroups on, CPU is shared between sessions first.
+        sessions = {}
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                sessions[pid] = int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+        assert all(v == steady for v in sessions.values()), (steady, sessions)
+        # A task's worker, started by the raylet after the head came up: its session's level is
+        # the head's (its own nice value Ray sets to worker_niceness, 15, itself).
+        code = ("import os, ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
+                "f = lambda: (os.getpriority(os.PRIO_PROCESS, 0), open('/proc/self/autogroup').read().split()[-1]); "
+                "print(*ray.get(ray.remote(f).remote()))")
+        task = subprocess.run([sys.executable, "-c", code, head.gcs_address], env=env,
+                              capture_output=True, text=True, timeout=180)
+    assert task.returncode == 0, task.stderr[-2000:]
+    own, session = map(int, task.stdout.split()[-2:])
+    assert own >= steady and session == steady, task.stdout
+    assert os.getpriority(os.PRIO_PROCESS, 0) == mine, "the entry's own process keeps its priority"
 
 
 # A stand-in for `ray` on a loaded host: this machine cannot be made slow enough on demand for
