@@ -43,15 +43,15 @@ def value_loss_ratio(rows: Sequence[Mapping[str, Any]], paired: Mapping[str, flo
 
 
 # Measured (benchmarks/learning.py over benchmarks/learning.jsonl: 5 seeds x default/avx2 for
-# every variant, 60 runs, in-process loop at the entry's arguments): healthy GRPO gains +0.080
-# to +0.130; sign-flipped advantages -0.54 to -0.44, zeroed advantages 0. The bound sits halfway between the worst healthy run and a policy that stalled,
-# about two paired standard errors (~0.02) from each.
+# every variant, 60 runs, in-process loop at the entry's arguments, which train under warm-up,
+# cosine decay to --min-lr and weight decay): healthy GRPO gains +0.068 to +0.162; sign-flipped
+# advantages -0.53 to -0.42, zeroed advantages -0.04 to +0.005. The bound sits between the worst
+# healthy run and a policy that stalled, about 1.5 paired standard errors (~0.02) from each.
 GRPO_GAIN = Quantity(name="paired reward gain", read=paired_gain, bound=0.04)
-# PPO learns the policy more slowly than GRPO here: healthy gains measured +0.051 to +0.159
-# (default kernels the low end), sign-flipped -0.54 to -0.45; its reward bound is one paired
-# standard error above a stall. The critic's own check carries PPO: healthy value-loss ratios
-# 0.54 to 0.74, while a critic whose step is dropped keeps its zero head, so its loss follows
-# the returns (ratios 1.14 to 1.32; its policy still learns, gains +0.08 to +0.18).
+# PPO's healthy gains measured +0.091 to +0.191, sign-flipped -0.54 to -0.46; its reward bound
+# is one paired standard error above a stall. The critic's own check carries PPO: healthy
+# value-loss ratios 0.44 to 0.59, while a critic whose step is dropped keeps its zero head, so
+# its loss follows the returns (ratios 1.17 to 1.35; its policy still learns, gains +0.09 to +0.18).
 PPO_GAIN = Quantity(name="paired reward gain", read=paired_gain, bound=0.02)
 PPO_VALUE = Quantity(name="value loss last/first", read=value_loss_ratio, bound=0.8, higher_is_better=False)
 

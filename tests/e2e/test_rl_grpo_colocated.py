@@ -19,7 +19,8 @@ NUM_GPUS = 2
 TRAIN_ARGS = (
     "--colocate", "--ci-test", "--advantage-estimator", "grpo",
     "--rollout-batch-size", "32", "--n-samples-per-prompt", "4", "--num-rollout", "30",
-    "--lr", "8e-4", "--use-kl-loss", "--kl-loss-coef", "0.001", "--kl-loss-type", "k3",
+    "--lr", "8e-4", "--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--min-lr", "8e-5",
+    "--weight-decay", "0.01", "--use-kl-loss", "--kl-loss-coef", "0.001", "--kl-loss-type", "k3",
     "--eval-interval", "4", "--ci-paired-eval-samples", "8",
 )
 ROLLOUTS = int(TRAIN_ARGS[TRAIN_ARGS.index("--num-rollout") + 1])

@@ -17,7 +17,8 @@ NUM_GPUS = 1
 TRAIN_ARGS = (
     "--colocate", "--ci-test", "--advantage-estimator", "ppo", "--use-critic",
     "--rollout-batch-size", "32", "--n-samples-per-prompt", "4", "--num-rollout", "30",
-    "--lr", "8e-4", "--critic-lr", "3e-3", "--kl-coef", "0.01", "--gamma", "1.0", "--lam", "0.95",
+    "--lr", "8e-4", "--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--min-lr", "8e-5",
+    "--weight-decay", "0.01", "--critic-lr", "3e-3", "--kl-coef", "0.01", "--gamma", "1.0", "--lam", "0.95",
     "--ci-paired-eval-samples", "8",
 )
 ROLLOUTS = int(TRAIN_ARGS[TRAIN_ARGS.index("--num-rollout") + 1])
