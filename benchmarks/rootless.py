@@ -30,6 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUP = ROOT / "runners" / "setup_slots.py"
+sys.path.insert(0, str(SETUP.parent))
+import setup_slots  # noqa: E402  (runners/ is no package: the script is its own module)
+
 ROOTFS = Path(os.environ.get("SLIME_CI_DOCKER_ROOT", "/var/lib/slime-ci-docker")) / "rootfs-bookworm.tar"
 HOST_IMAGE = os.environ.get("SLIME_CI_LOCAL_IMAGE", "slime-ci-local:bookworm")
 SLOT_IMAGE = "localhost/slime-ci-local:bookworm"
@@ -76,9 +79,9 @@ def main() -> int:
     token = uuid.uuid4().hex[:6]
     root = Path(tempfile.mkdtemp(prefix="slime-ci-bench-", dir="/tmp"))
     os.chmod(root, 0o755)
-    uid = next(u for u in range(64001, 65000) if _free(u))
+    uid = next(u for u in range(64001, 65000) if setup_slots.uid_free(u))
     slot_args = ["--slots", "1", "--root", str(root), "--prefix", f"bench{token}-", "--uid-base", str(uid - 1),
-                 "--subid-base", str(_free_subid_base()), "--gpus", "0"]
+                 "--subid-base", str(setup_slots.subids_end(1_600_000_000)), "--gpus", "0"]
     try:
         up = subprocess.run([sys.executable, str(SETUP), "up", *slot_args, "--image-tar", str(ROOTFS)],
                             capture_output=True, text=True, timeout=600, check=False)
@@ -121,30 +124,6 @@ def main() -> int:
         subprocess.run([sys.executable, str(SETUP), "down", "--remove", *slot_args],
                        capture_output=True, timeout=300, check=False)
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _free(uid: int) -> bool:
-    import pwd
-
-    try:
-        pwd.getpwuid(uid)
-    except KeyError:
-        return True
-    return False
-
-
-def _free_subid_base() -> int:
-    ends = [1_600_000_000]
-    for path in ("/etc/subuid", "/etc/subgid"):
-        try:
-            lines = Path(path).read_text().splitlines()
-        except FileNotFoundError:
-            continue
-        for line in lines:
-            parts = line.split(":")
-            if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-                ends.append(int(parts[1]) + int(parts[2]))
-    return max(ends)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,28 @@ def parse_subids(text: str) -> list[tuple[str, int, int]]:
     return out
 
 
+def uid_free(uid: int) -> bool:
+    """Whether no user of this host has `uid`."""
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return True
+    return False
+
+
+def subids_end(floor: int) -> int:
+    """The first id past every range of /etc/subuid and /etc/subgid, and at least `floor`:
+    where a new slot's subordinate ids can start without overlapping anyone's."""
+    ends = [floor]
+    for path in ("/etc/subuid", "/etc/subgid"):
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            continue
+        ends.extend(start + count for _, start, count in parse_subids(text))
+    return max(ends)
+
+
 def subid_conflict(entries: list[tuple[str, int, int]], user: str, start: int) -> str | None:
     """Whose range overlaps [start, start + 65536) other than `user`'s own (pure)."""
     for name, s, n in entries:

@@ -35,6 +35,9 @@ from _ci import REPO
 
 NUM_GPUS = 0
 SETUP = REPO / "runners" / "setup_slots.py"
+sys.path.insert(0, str(SETUP.parent))
+import setup_slots  # noqa: E402  (runners/ is no package: the script is its own module)
+
 ROOTFS = Path(os.environ.get("SLIME_CI_DOCKER_ROOT", "/var/lib/slime-ci-docker")) / "rootfs-bookworm.tar"
 IMAGE = "localhost/slime-ci-local:bookworm"
 # What a job passes to `docker run` here: the engines' default bridge network needs
@@ -63,31 +66,9 @@ class Slots:
 
 def _free_uid_base() -> int:
     for base in range(63000, 64000, 10):
-        if all(_no_uid(base + i) for i in (1, 2)):
+        if all(setup_slots.uid_free(base + i) for i in (1, 2)):
             return base
     raise RuntimeError("no free uid pair between 63001 and 64000")
-
-
-def _no_uid(uid: int) -> bool:
-    try:
-        pwd.getpwuid(uid)
-    except KeyError:
-        return True
-    return False
-
-
-def _free_subid_base() -> int:
-    taken = []
-    for path in ("/etc/subuid", "/etc/subgid"):
-        try:
-            lines = Path(path).read_text().splitlines()
-        except FileNotFoundError:
-            continue
-        for line in lines:
-            parts = line.split(":")
-            if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-                taken.append(int(parts[1]) + int(parts[2]))
-    return max([1_500_000_000, *taken])
 
 
 def _skip_reason() -> str | None:
@@ -120,7 +101,7 @@ def slots() -> Iterator[Slots]:
     uid_base = _free_uid_base()
     pattern = f"/dev/shm/slime-ci-slots-{token}_{{gpu_id}}.lock"
     args = ("--slots", "2", "--root", str(root), "--prefix", f"rlt{token}-", "--uid-base", str(uid_base),
-            "--subid-base", str(_free_subid_base()), "--gpus", "2", "--lock-path-pattern", pattern)
+            "--subid-base", str(setup_slots.subids_end(1_500_000_000)), "--gpus", "2", "--lock-path-pattern", pattern)
     try:
         up = _setup("up", *args, "--image-tar", str(ROOTFS))
         assert up.returncode == 0, up.stdout + up.stderr
