@@ -41,11 +41,12 @@ from ci.registry.model import (
     MONITOR_SESSION,
     VERDICT_SESSION,
     Check,
+    ShardPolicy,
     Smoke,
     Suite,
     Tier,
 )
-from ci.registry.repo_suites import SESSIONS, SUITES
+from ci.registry.repo_suites import SESSIONS, SHARDING, SUITES
 from ci.registry.workflow_style import Style
 from ci.select.discover import is_test_file
 from ci.select.shard_count import ShardCount, suite_counts
@@ -87,6 +88,9 @@ class Job:
     history_store: bool = False  # a check that reads the shared run history (its secret)
     writes_issues: bool = False  # the monitor: it keeps the issues of held entries (GITHUB_TOKEN)
     report: str | None = None  # a check's file, uploaded as an artifact
+    # A GPU suite's job: on a PR without the all-entries label it runs only the entries the
+    # PR's diff reaches (`run --by-executed`, docs/selection.md).
+    narrows: bool = False
 
     @property
     def self_hosted(self) -> bool:
@@ -165,6 +169,7 @@ def job_for(suite: Suite, style: Style | None = None, count: ShardCount | None =
         shards=count.count if count else suite.shards,
         shards_why=count.why if count else "",
         full_history=suite.dynamic,
+        narrows=suite.needs_gpus and not suite.dynamic,
         minutes=suite_minutes(suite),
         crons=_crons(style, suite_cadences(suite)),
     )
@@ -225,10 +230,11 @@ def table(suites: Sequence[Suite] = SUITES, style: Style | None = None,
     """Every CI job: one per suite, then this repository's sessions that are not suites (lint,
     the GPU smoke; scheduled checks after the stability job), or an adopting repository's
     check job. Suites with a target get the shard count `counts` gives, else the one the
-    committed durations of `root` give."""
-    style = style or Style()
+    committed durations of `root` give. Without a style: this repository's own, which sizes
+    its shards for the runner its SHARDING names."""
+    style = style or Style(sharding=SHARDING)
     if counts is None:
-        counts = suite_counts(root, suites, smokes=smokes_of(sessions))
+        counts = suite_counts(root, suites, smokes=smokes_of(sessions), policy=style.sharding)
     own = ([session_job(x, style, suites, counts.get(x.name)) for x in sessions if runs_in_ci(x)]
            if style.own_jobs else [])
     extra: tuple[Job, ...] = tuple(j for j in own if not j.scheduled_only)
@@ -603,7 +609,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _history_counts(root: Path, suites: Sequence[Suite], sessions: Sequence[Check | Smoke],
-                    url: str | None) -> dict[str, ShardCount] | None:
+                    url: str | None, policy: ShardPolicy) -> dict[str, ShardCount] | None:
     """Shard counts from the history's p90 per entry (None: the committed durations decide).
 
     A smoke is sized by the committed durations alone: the history keeps its entries under
@@ -623,8 +629,8 @@ def _history_counts(root: Path, suites: Sequence[Suite], sessions: Sequence[Chec
               file=sys.stderr)
         return None
     smokes = smokes_of(sessions)
-    return {**suite_counts(root, suites, smokes=smokes),
-            **suite_counts(root, suites, measured=p90, source="history p90")}
+    return {**suite_counts(root, suites, smokes=smokes, policy=policy),
+            **suite_counts(root, suites, measured=p90, source="history p90", policy=policy)}
 
 
 def main(argv: list[str]) -> int:
@@ -641,7 +647,8 @@ def main(argv: list[str]) -> int:
 
         return resolve_main(args, root, registry.suites)
     jobs = table(registry.suites, registry.style, registry.sessions, root=root,
-                 counts=_history_counts(root, registry.suites, registry.sessions, args.history))
+                 counts=_history_counts(root, registry.suites, registry.sessions, args.history,
+                                        registry.sharding))
     given = [f for f, v in (("--paths", args.paths), ("--diff", args.diff),
                             ("--paths-from", args.paths_from)) if v is not None]
     if len(given) > 1:

@@ -258,9 +258,31 @@ def _record(job: Job) -> dict[str, Node]:
     return {"name": "Record the run in the history", "if": "always()", "env": env, "run": run}
 
 
+# A PR's GPU job runs the entries its diff reaches: what each entry executed (the restored
+# snapshot of main's runs) against `git diff HEAD^1 HEAD`, the checkout being the merge commit
+# whose first parent is the base tip. The all-entries label, a push, the schedule and dispatch
+# run every entry. The expression is the event's, never the PR's code.
+NARROW_BASE = "HEAD^1"
+
+
+def narrow_condition(style: Style) -> str:
+    """True on a pull_request event whose labels lack the all-entries label."""
+    return (f"github.event_name == 'pull_request' && !contains(github.event.pull_request.labels.*.name, "
+            f"'{style.all_entries_label}')")
+
+
+def narrowed_run(job: Job) -> str:
+    """The job's command, with `--by-executed` when NARROW (the step's env) is true."""
+    return (f'if [ "$NARROW" = true ]; then {job.command()} -- --by-executed {NARROW_BASE}; '
+            f"else {job.command()}; fi")
+
+
 def _steps(job: Job, style: Style) -> list[Node]:
+    narrows = job.narrows and not job.infinite and not job.matrix
     depth: dict[str, Node] = ({"fetch_depth": Note(0, "the session diffs against origin/main")}
-                              if job.full_history else {})
+                              if job.full_history else
+                              {"fetch_depth": Note(2, "a PR's merge commit and the base tip: its diff")}
+                              if narrows else {})
     steps: list[Node] = build.prepare(style, build.checkout(**depth))
     if records_durations(job):
         steps += _restore_durations(job)
@@ -298,6 +320,9 @@ def _steps(job: Job, style: Style) -> list[Node]:
         run = (f"timeout --signal=INT --kill-after=5m {bound}m {job.command()} || {{ rc=$?; "
                f'if [ "$rc" -eq 124 ]; then echo "no failure in {bound} minutes"; '
                'else exit "$rc"; fi; }')
+    elif narrows:
+        env["NARROW"] = _expr(narrow_condition(style))
+        run = narrowed_run(job)
     else:
         run = job.command()
     step: dict[str, Node] = {"name": job.command() if not job.matrix else

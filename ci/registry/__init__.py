@@ -28,6 +28,7 @@ from ci.registry.model import (
     MetricGate,
     Profile,
     SelectionPolicy,
+    ShardPolicy,
     Smoke,
     SmokeRun,
     Suite,
@@ -38,5 +39,5 @@ __all__ = [
     "AUTO_QUARANTINE_MIN_RUNS", "AUTO_QUARANTINE_RATE", "CPU_TIER", "FRAMEWORK_IMAGE", "GPU_RUNNER_LABELS",
     "GPU_TIER", "JOB_MINUTES", "MONITOR_COMMAND", "MONITOR_PURPOSE", "MONITOR_REPORT", "MONITOR_SESSION",
     "TEST_IMAGE", "VERDICT_SESSION", "Check", "Entry", "Isolation", "MetricGate", "Profile", "Registry",
-    "SelectionPolicy", "Smoke", "SmokeRun", "Suite", "Tier", "load_registry",
+    "SelectionPolicy", "ShardPolicy", "Smoke", "SmokeRun", "Suite", "Tier", "load_registry",
 ]

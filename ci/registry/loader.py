@@ -20,7 +20,7 @@ from typing import Any
 
 import ci.registry.repo_suites as suites_module
 from ci.errors import UsageError
-from ci.registry.model import Check, SelectionPolicy, Smoke, Suite
+from ci.registry.model import Check, SelectionPolicy, ShardPolicy, Smoke, Suite
 from ci.registry.repo_suites import SUITES
 from ci.registry.workflow_style import Style, style_from
 
@@ -50,11 +50,13 @@ class Registry:
     profiles: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     host_env: Mapping[str, str] = field(default_factory=dict)
     selection: SelectionPolicy = field(default_factory=SelectionPolicy)  # SELECTION, when set
+    sharding: ShardPolicy = field(default_factory=ShardPolicy)  # SHARDING, when set
 
     @property
     def style(self) -> Style:
         """How this repository's workflow is rendered (its messages name this registry)."""
-        return replace(style_from(self.workflow), registry=self.name)
+        return replace(style_from(self.workflow), registry=self.name, sharding=self.sharding,
+                       all_entries_label=self.selection.all_entries_label)
 
     def __iter__(self) -> Iterator[Suite]:
         return iter(self.suites)
@@ -102,8 +104,9 @@ def read_registry(path: Path) -> Registry | None:
     """The registry a file declares (SUITES, and WORKFLOW / PROFILES / HOST_ENV when set)."""
     name = registry_name(path)
     if path.resolve() == Path(suites_module.__file__ or "").resolve():
-        return Registry(suites=SUITES, source=path, name=name,
-                        sessions=suites_module.SESSIONS)  # the toolkit's own, already imported
+        return Registry(suites=SUITES, source=path, name=name,  # the toolkit's own, already imported
+                        sessions=suites_module.SESSIONS, sharding=suites_module.SHARDING,
+                        selection=getattr(suites_module, "SELECTION", None) or SelectionPolicy())
     module = _execute(path)
     suites = getattr(module, "SUITES", None)
     if suites is None:
@@ -114,7 +117,8 @@ def read_registry(path: Path) -> Registry | None:
                     profiles={k: tuple(v) for k, v in profiles.items()},
                     host_env=dict(getattr(module, "HOST_ENV", {}) or {}),
                     sessions=tuple(getattr(module, "SESSIONS", ()) or ()),
-                    selection=getattr(module, "SELECTION", None) or SelectionPolicy())
+                    selection=getattr(module, "SELECTION", None) or SelectionPolicy(),
+                    sharding=getattr(module, "SHARDING", None) or ShardPolicy())
 
 
 def registry_name(path: Path) -> str:

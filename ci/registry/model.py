@@ -25,8 +25,13 @@ Profile = Literal["cpu", "agent", "e2e", "dev", "lint"]
 GPU_RUNNER_LABELS: tuple[str, ...] = ("self-hosted", "gpu")
 JOB_MINUTES: dict[Tier, int] = {"cpu": 60, "gpu": 720}
 # The cores of a hosted runner of a public repository (actions-selection-isolation-facts.md):
-# what a CPU shard's files share, and so what a suite's shard count is computed for.
+# what a CPU shard's files share, and so what a suite's shard count is computed for, unless
+# the registry's SHARDING says otherwise (a private repository's runner has 2).
 HOSTED_CORES = 4
+# What a shard job spends before its first test, unless SHARDING says: the job's own steps
+# (checkout, setup-python, pip install nox, the caches), the session's venv and the suite's
+# `before` step. A stated bound; a registry sets what `benchmarks/pr_feedback.py` measured.
+SETUP_SECONDS = 60.0
 
 FRAMEWORK_IMAGE = "slimerl/slime:latest"
 TEST_IMAGE = "slimerl/slime-test:latest"
@@ -228,6 +233,16 @@ DEFAULT_LEAK_PATHS = (
     "ci/registry/repo_suites.py", ".slime-ci/*", "Dockerfile*", "*/Dockerfile*", "*.dockerfile",
 )
 ALL_ENTRIES_LABEL = "run-ci-all-entries"  # a PR label: its labelled suites run every entry
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardPolicy:
+    """What a suite's or smoke's `target_minutes` is met on (ci/select/shard_count.py): the
+    runner its shard jobs get and what each job spends before its first test."""
+
+    runner_cores: int = HOSTED_CORES
+    setup_seconds: float = SETUP_SECONDS
+    max_shards: int = 8  # no suite is worth more jobs than this: each costs a runner and a set-up
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ci.errors import UsageError
 from ci.registry.cadences import DEFAULT_SCHEDULES
-from ci.registry.model import GPU_RUNNER_LABELS
+from ci.registry.model import ALL_ENTRIES_LABEL, GPU_RUNNER_LABELS, ShardPolicy
 
 NOX_VERSION = "2026.10.20"
 
@@ -46,13 +46,27 @@ class Style:
     # Paths no GPU job can be affected by (globs; a trailing / is a directory).
     gpu_irrelevant: tuple[str, ...] = ("docs/", "*.md", "*.png", "*.jpg", "*.jpeg", "*.svg", "*.gif")
     comment_commands: bool = True  # the comment gateway and the one-file workflow
+    # Set from the registry's SHARDING and SELECTION (ci.registry.loader.Registry.style), never
+    # from WORKFLOW: the runner the shard counts are sized for, and the label with which a PR's
+    # GPU jobs run every entry instead of those its diff reaches.
+    sharding: ShardPolicy = field(default_factory=ShardPolicy)
+    all_entries_label: str = ALL_ENTRIES_LABEL
+
+
+# Style fields a registry declares elsewhere than in WORKFLOW.
+_NOT_WORKFLOW = {"sharding": "SHARDING = ShardPolicy(...)",
+                 "all_entries_label": "SELECTION = SelectionPolicy(all_entries_label=...)"}
 
 
 def style_from(settings: Mapping[str, Any] | None) -> Style:
     """The Style a registry's `WORKFLOW` mapping declares; the defaults without one."""
     if not settings:
         return Style()
-    known = {f.name for f in fields(Style)}
+    elsewhere = sorted(set(settings) & set(_NOT_WORKFLOW))
+    if elsewhere:
+        raise UsageError(f"WORKFLOW in the registry: {elsewhere[0]} is not a workflow key; declare "
+                         f"{_NOT_WORKFLOW[elsewhere[0]]} in the registry instead")
+    known = {f.name for f in fields(Style)} - set(_NOT_WORKFLOW)
     unknown = sorted(set(settings) - known)
     if unknown:
         raise UsageError(f"WORKFLOW in the registry: unknown key(s) {', '.join(unknown)}; "

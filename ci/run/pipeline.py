@@ -107,10 +107,17 @@ def select(opts: Options, hints: Hints, *, measured: Mapping[str, float]) -> Sel
     if args.only:
         entries = selection.select_only(entries, args.only)
     if args.by_executed:
+        from ci.history.record import executed_records
         from ci.select.job_entries import narrow
 
+        def say(message: str) -> None:
+            print(message, file=sys.stderr)
+
+        # The store's newest trusted record per entry (in a GPU job: the restored snapshot of
+        # main's runs), else the checkout's records file.
+        records = executed_records(args.history_url, opts.root, warn=lambda m: say(f"warning: {m}"))
         entries = narrow(opts.root, entries, args.by_executed, opts.registry.selection,
-                         note=lambda m: print(m, file=sys.stderr))
+                         note=say, records=records)
     if args.shard:
         index, count = selection.parse_shard(args.shard)
         entries = selection.shard(entries, index, count, durations)

@@ -95,12 +95,17 @@ def json_fields(chosen: JobEntries | None) -> dict[str, Any]:
 
 
 def narrow(root: Path, entries: Sequence[ResolvedEntry], base: str, policy: SelectionPolicy,
-           note: Callable[[str], None]) -> list[ResolvedEntry]:
-    """`run --by-executed BASE`: the entries HEAD's diff against BASE reaches, each with its reason."""
+           note: Callable[[str], None], *,
+           records: Mapping[str, executed.Record] | None = None) -> list[ResolvedEntry]:
+    """`run --by-executed BASE`: the entries HEAD's diff against BASE reaches, each with its reason.
+
+    `records`: what the run's store holds (a GPU job's trusted snapshot), over the checkout's
+    records file; None reads the file alone."""
     from ci.select.changed import diff_vs_base
 
     merge_base, _, _ = diff_vs_base(root, base)
-    chosen = for_diff(root, [(e.id, e.path) for e in entries], branch_changes(root, merge_base), policy)
+    chosen = for_diff(root, [(e.id, e.path) for e in entries], branch_changes(root, merge_base), policy,
+                      records=records)
     why = {p.entry: p.reason for p in chosen.picks}
     note(f"selection by executed code: {chosen.summary()} (against {base})")
     for p in chosen.picks:

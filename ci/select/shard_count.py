@@ -20,20 +20,19 @@ from pathlib import Path, PurePosixPath
 
 from ci.durations import BASELINE_FILES, baseline
 from ci.errors import CIError
-from ci.registry.model import HOSTED_CORES, Smoke, Suite
+from ci.registry.model import HOSTED_CORES, ShardPolicy, Smoke, Suite
 from ci.select.discover import TestFile, iter_test_files, read_test_file
 from ci.select.entries import ResolvedEntry, estimate, partition, resolve, smoke_entries
 
-# What a shard job spends before its first test, on top of its files. Measured on the
-# development machine (2 cores, shared, warm uv cache): `nox -s toolkit --install-only` into
-# a fresh env directory, 33 s wall (the venv, torch's CPU wheel, the dev profile); the
-# suite's `before` step, `python -m ci audit`, 1.2 s of CPU. The hosted job's own steps
-# (checkout, setup-python, pip install nox, the durations caches) cannot be measured here:
-# 25 s is a stated bound until the history keeps each job's wall time. Ray heads start
-# inside the files that use them, so their start-up is in those files' measured seconds.
-SETUP_SECONDS = 60.0
-# No hosted suite is worth more parallel jobs than this: each costs a runner and a set-up.
-MAX_SHARDS = 8
+DEFAULT_POLICY = ShardPolicy()
+
+# Where the registry sets no SHARDING: ci.registry.model.ShardPolicy's defaults, a public
+# repository's 4-core hosted runner and a stated 60 s set-up. The set-up is the job's own steps
+# (checkout, setup-python, pip install nox, the durations caches), the session's venv and the
+# suite's `before` step; `benchmarks/pr_feedback.py` measures the venv and the suite apart.
+# Ray heads start inside the files that use them, so their start-up is in those files' seconds.
+SETUP_SECONDS = DEFAULT_POLICY.setup_seconds
+MAX_SHARDS = DEFAULT_POLICY.max_shards
 # More shards that shorten the slowest job by less than this do not help.
 HELPS_SECONDS = 5.0
 
@@ -92,10 +91,12 @@ def _reach(count: int, seconds: float) -> str:
 
 def suite_counts(root: Path, suites: Sequence[Suite], *,
                  measured: Mapping[str, float] | None = None,
-                 source: str = "", smokes: Sequence[Smoke] = ()) -> dict[str, ShardCount]:
+                 source: str = "", smokes: Sequence[Smoke] = (),
+                 policy: ShardPolicy = DEFAULT_POLICY) -> dict[str, ShardCount]:
     """The count of each suite and smoke with a target, from `measured` (the history's p90)
-    over the checkout's committed durations; the rest keep their `shards`. A smoke's entries
-    are those its runs select of `suites`."""
+    over the checkout's committed durations, for the runner and set-up `policy` says (the
+    registry's SHARDING); the rest keep their `shards`. A smoke's entries are those its runs
+    select of `suites`."""
     wanted = [s for s in suites if s.target_minutes is not None and s.shards == 1 and not s.dynamic]
     sized = [s for s in smokes if s.target_minutes is not None and s.shards == 1]
     if not wanted and not sized:
@@ -104,10 +105,11 @@ def suite_counts(root: Path, suites: Sequence[Suite], *,
         source = next((f for f in BASELINE_FILES if (root / f).is_file()), "no durations")
     if measured is None:
         try:
-            return dict(_committed_counts(root, tuple(wanted), source, tuple(suites), tuple(sized)))
+            return dict(_committed_counts(root, tuple(wanted), source, tuple(suites), tuple(sized),
+                                          policy))
         except TypeError:  # a registry that lists entries in a list: unhashable, so not cached
-            return _counts(root, wanted, baseline(root), source, suites, sized)
-    return _counts(root, wanted, {**baseline(root), **measured}, source, suites, sized)
+            return _counts(root, wanted, baseline(root), source, suites, sized, policy)
+    return _counts(root, wanted, {**baseline(root), **measured}, source, suites, sized, policy)
 
 
 # The job table is built many times in one process (the workflow, its checks, the plan), and
@@ -115,8 +117,8 @@ def suite_counts(root: Path, suites: Sequence[Suite], *,
 # checkout do not change while it runs.
 @lru_cache(maxsize=8)
 def _committed_counts(root: Path, suites: tuple[Suite, ...], source: str, every: tuple[Suite, ...],
-                      smokes: tuple[Smoke, ...]) -> tuple[tuple[str, ShardCount], ...]:
-    return tuple(_counts(root, suites, baseline(root), source, every, smokes).items())
+                      smokes: tuple[Smoke, ...], policy: ShardPolicy) -> tuple[tuple[str, ShardCount], ...]:
+    return tuple(_counts(root, suites, baseline(root), source, every, smokes, policy).items())
 
 
 def _files(root: Path, suites: Sequence[Suite]) -> dict[str, TestFile]:
@@ -128,7 +130,8 @@ def _files(root: Path, suites: Sequence[Suite]) -> dict[str, TestFile]:
 
 
 def _counts(root: Path, suites: Sequence[Suite], durations: Mapping[str, float], source: str,
-            every: Sequence[Suite] = (), smokes: Sequence[Smoke] = ()) -> dict[str, ShardCount]:
+            every: Sequence[Suite] = (), smokes: Sequence[Smoke] = (),
+            policy: ShardPolicy = DEFAULT_POLICY) -> dict[str, ShardCount]:
     by_name = {s.name: s for s in every}
     ran = [by_name[r.suite] for m in smokes for r in m.runs if r.suite in by_name]
     files = _files(root, [*suites, *ran])
@@ -148,5 +151,7 @@ def _counts(root: Path, suites: Sequence[Suite], durations: Mapping[str, float],
             out[suite.name] = ShardCount(suite=suite.name, count=suite.shards, minutes=0.0,
                                          why=f"no measured durations: shards={suite.shards}")
             continue
-        out[suite.name] = count_shards(suite, entries, durations, source=source)
+        out[suite.name] = count_shards(suite, entries, durations, source=source,
+                                       cores=policy.runner_cores, setup=policy.setup_seconds,
+                                       max_shards=policy.max_shards)
     return out

@@ -259,7 +259,7 @@ def test_github_publishes_the_running_jobs_and_the_reasons(tmp_path: Path, monke
     line, shards = output.read_text(encoding="utf-8").splitlines()
     assert line == 'jobs=["cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke"]'
     # Every matrix job's shards, gpu_smoke's target met by one: the matrices the jobs read.
-    assert shards == ('shards={"toolkit": {"shard": [1, 2], "of": [2]}, '
+    assert shards == ('shards={"toolkit": {"shard": [1, 2, 3], "of": [3]}, '
                       '"gpu_smoke": {"shard": [1], "of": [1]}}')
     lines = summary.read_text(encoding="utf-8").splitlines()
     assert lines[:4] == ["### CI plan: pull_request synchronize, from this repository; labels: run-ci-megatron",

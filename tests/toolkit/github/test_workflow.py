@@ -56,9 +56,13 @@ def _workflow() -> dict[str, Any]:
 
 def _nox_step(job: dict[str, Any]) -> dict[str, Any]:
     """The step running the job's session (not the history steps around it)."""
-    (step,) = [s for s in job["steps"] if s.get("run", "").startswith("nox -s ")
+    (step,) = [s for s in job["steps"] if s.get("run", "").startswith(("nox -s ", _NARROWED))
                and not s["run"].startswith("nox -s history ")]
     return step
+
+
+_NARROWED = 'if [ "$NARROW" = true ]; then nox -s '
+
 
 
 def _ci(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -110,13 +114,23 @@ def test_one_job_per_session_each_running_nox() -> None:
     assert list(jobs) == ["plan", *(s.name for s in SUITES), "lint", "gpu_smoke", "megatron_stability",
                           *SCHEDULED_CHECKS, "monitor", "hud", "pages", "verdict"]
     matrix = {j.id: j.matrix for j in table()}
+    narrows = {j.id: j.narrows for j in table()}
+    assert sorted(k for k, v in narrows.items() if v) == sorted(
+        s.name for s in SUITES if s.needs_gpus and not s.dynamic)
     for job_id, job in jobs.items():
         if job_id in ("megatron_stability", "plan", "verdict", *HUD_JOBS):  # their own shape: tested on their own
             continue
         last = _nox_step(job)
         # K is the matrix's width: the plan job's count for a job sized by a target.
         sharded = ' -- --shard "$SHARD/$SHARDS"' if matrix[job_id] else ""
-        assert last["run"] == f"nox -s {job_id}{sharded}"
+        if narrows[job_id]:  # a GPU suite: on a PR, the entries its diff reaches
+            assert last["run"] == (f'if [ "$NARROW" = true ]; then nox -s {job_id} -- --by-executed '
+                                   f"HEAD^1; else nox -s {job_id}; fi")
+            assert "'run-ci-all-entries'" in last["env"]["NARROW"]
+            assert "github.event_name == 'pull_request'" in last["env"]["NARROW"]
+            assert job["steps"][0]["with"]["fetch-depth"] == 2
+        else:
+            assert last["run"] == f"nox -s {job_id}{sharded}"
         assert job["steps"][2]["run"].startswith("python -m pip install nox==")
         gpu = job_id not in {"cpu_unit", "agent_adapter", "toolkit", "lint", "gpu_smoke", *SCHEDULED_CHECKS,
                              "monitor"}
@@ -124,7 +138,7 @@ def test_one_job_per_session_each_running_nox() -> None:
         assert ("SLIME_TEST_ENABLE_INFINITE_RUN" in last.get("env", {})) == gpu
         assert job["timeout-minutes"] > 0
     assert jobs["changed"]["steps"][0]["with"]["fetch-depth"] == 0
-    assert "fetch-depth" not in jobs["megatron"]["steps"][0]["with"]
+    assert "fetch-depth" not in jobs["cpu_unit"]["steps"][0]["with"]
     assert jobs["cpu_unit"]["env"]["SLIME_CI_TORCH_INDEX"].endswith("/whl/cpu")
 
 

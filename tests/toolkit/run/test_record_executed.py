@@ -180,6 +180,32 @@ def test_run_by_executed_runs_only_the_entries_the_branch_reaches(repo):
 
 
 @pytest.mark.slow
+def test_run_by_executed_reads_the_records_of_its_store(repo):
+    # A GPU job of a PR has no records file: the restored snapshot of main's runs
+    # (.ci-cache/history.sqlite, the run's own store) is what it selects from.
+    aside = repo / ".ci-cache/records-aside-run.json"
+    (repo / RECORDS).replace(aside)
+    git(repo, "checkout", "-q", "-b", "run-from-store", "main")
+    try:
+        replace_in(CK, "    found = resolve_step(root, step)\n",
+                   "    found = resolve_step(root, step)\n    assert found != -4\n")(repo)
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-am", "x")
+        proc = run_ci("run", "--suite", "train", "--root", str(repo), "--emulate-gpus", "--gpus", "2",
+                      "--by-executed", "HEAD^", "--dry-run")
+        off = run_ci("run", "--suite", "train", "--root", str(repo), "--emulate-gpus", "--gpus", "2",
+                     "--by-executed", "HEAD^", "--history", "off", "--dry-run")
+    finally:
+        git(repo, "checkout", "-q", "main")
+        aside.replace(repo / RECORDS)
+    assert proc.returncode == 0, proc.stderr
+    assert "selection by executed code: 1 of 2 entries (against HEAD^)" in proc.stderr
+    assert f"left out {RANKS_ID}: executes none of the changed code" in proc.stderr
+    # With neither the store nor the file, no entry has a record, and every entry runs.
+    assert off.returncode == 0, off.stderr
+    assert "selection by executed code: 2 of 2 entries (against HEAD^)" in off.stderr
+
+
+@pytest.mark.slow
 def test_a_module_level_change_selects_both(repo):
     picked = plan_for(repo, "module-level", replace_in(CK, "\nclass CheckpointError", "\nLIMIT = 3\n\n\nclass CheckpointError"))
     assert picked == {LOADS_ID: (True, f"executes {CK} (module level changed)"),
