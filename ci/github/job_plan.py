@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -107,6 +108,12 @@ class Job:
         """Whether the job runs as a matrix of `--shard I/K` jobs (a target's, even of 1 shard,
         or a fixed count above 1)."""
         return self.shards > 1 or self.planned_shards
+
+    def narrowed(self, event: Event, all_entries_label: str) -> bool:
+        """Whether this event runs the job on the entries its diff reaches (`--by-executed`):
+        a GPU suite's job on a PR without the all-entries label (ci/github/workflow.py)."""
+        return (self.narrows and not self.matrix and not self.infinite and event.name == "pull_request"
+                and not any(x.casefold() == all_entries_label.casefold() for x in event.labels))
 
     def command(self, shard: int | None = None) -> str:
         """The shell command the job runs (what a developer types locally)."""
@@ -351,6 +358,8 @@ PLAN_JOB = "plan"
 VERDICT_JOB = VERDICT_SESSION  # the PR's merge gate (ci/github/workflow.py renders it)
 PLAN_OUTPUT = "jobs"
 SHARDS_OUTPUT = "shards"
+# A narrowed job's base: a PR's checkout is the merge commit, its first parent the base tip.
+NARROW_BASE = "HEAD^1"
 
 
 def gated_by_plan(job: Job) -> bool:
@@ -688,7 +697,10 @@ def main(argv: list[str]) -> int:
              "runs": d.runs, "why": d.why, "shards": d.job.shards,
              **({"shards_why": d.job.shards_why} if d.job.shards_why else {}),
              "commands": [d.job.command(i) for i in range(1, d.job.shards + 1)]
-             if d.job.matrix else [d.job.command()], **json_fields(chosen.get(d.job.id))}
+             if d.job.matrix else
+             [f"{d.job.command()} -- --by-executed {shlex.quote(NARROW_BASE)}"]
+             if d.job.narrowed(event, registry.selection.all_entries_label) else [d.job.command()],
+             **json_fields(chosen.get(d.job.id))}
             for d in decisions
         ], indent=2))
     else:

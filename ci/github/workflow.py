@@ -32,6 +32,7 @@ from ci.github.ingest_workflow import (
 )
 from ci.github.job_plan import (
     BASE_BRANCH,
+    NARROW_BASE,
     PLAN_JOB,
     PLAN_OUTPUT,
     SHARDS_OUTPUT,
@@ -261,8 +262,7 @@ def _record(job: Job) -> dict[str, Node]:
 # A PR's GPU job runs the entries its diff reaches: what each entry executed (the restored
 # snapshot of main's runs) against `git diff HEAD^1 HEAD`, the checkout being the merge commit
 # whose first parent is the base tip. The all-entries label, a push, the schedule and dispatch
-# run every entry. The expression is the event's, never the PR's code.
-NARROW_BASE = "HEAD^1"
+# run every entry (the plan's `Job.narrowed`). The expression is the event's, never the PR's code.
 
 
 def narrow_condition(style: Style) -> str:

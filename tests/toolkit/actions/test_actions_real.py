@@ -55,7 +55,9 @@ def test_a_planted_ckpt_break_run_for_real_reaches_the_verdict_comment(tmp_path)
     assert out.disagreements == ()
     # The ckpt job alone ran its session for real, on emulated GPUs and one entry.
     assert [j for j, run in jobs.items() if run.real] == ["ckpt"]
-    assert commands(out, "ckpt")[0] == "nox -s ckpt"  # the step's command, as the plan has it
+    # The step's command on a PR: the entries the diff reaches (the snapshot holds no record
+    # of ckpt's entries, so every one runs).
+    assert commands(out, "ckpt")[0] == "nox -s ckpt -- --by-executed 'HEAD^1'"
     real = [r for r in out.records if r["tool"] == "nox" and r.get("depth") == "real"]
     assert [(r["job"], r["argv"], r["added"]) for r in real[:1]] == [(
         "ckpt", ["-s", "ckpt"], ["--emulate-gpus", "--only", ENTRY])]
