@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import os
+import shlex
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
