@@ -36,10 +36,10 @@ sys.path.insert(0, str(ROOT))
 from ci.durations import baseline  # noqa: E402
 from ci.github.job_plan import Event, Job, plan, table  # noqa: E402
 from ci.registry.loader import load_registry  # noqa: E402
-from ci.registry.model import HOSTED_CORES, Smoke, Suite  # noqa: E402
+from ci.registry.model import Smoke, Suite  # noqa: E402
 from ci.select.discover import iter_test_files, read_test_file  # noqa: E402
 from ci.select.entries import resolve, smoke_entries  # noqa: E402
-from ci.select.shard_count import SETUP_SECONDS, shard_walls  # noqa: E402
+from ci.select.shard_count import shard_walls  # noqa: E402
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +78,8 @@ def modelled(root: Path, jobs: list[Job]) -> list[Run]:
             entries = resolve(suites[job.session], files)
         else:
             continue
-        walls = shard_walls(entries, job.shards, durations, cores=HOSTED_CORES, setup=SETUP_SECONDS)
+        walls = shard_walls(entries, job.shards, durations, cores=reg.sharding.runner_cores,
+                            setup=reg.sharding.setup_seconds)
         out += [Run(job=job.id, shard=i if job.matrix else 0, shards=job.shards, cache="model",
                     seconds=round(wall, 1), rc=-1) for i, wall in enumerate(walls, 1)]
     return out
@@ -160,7 +161,9 @@ def main() -> int:
             print("  " + " ".join(argv_of(job, shard, args.narrow)))
         return 0
     if args.model:
-        print(f"modelled from the committed durations, {HOSTED_CORES} cores, {SETUP_SECONDS:.0f} s "
+        sharding = load_registry(ROOT).sharding
+        print(f"modelled from the committed durations, {sharding.runner_cores} cores (SHARDING), "
+              f"{sharding.setup_seconds:.0f} s "
               "set-up a job (not measured):")
         print("\n".join(summary(modelled(ROOT, jobs))))
         return 0

@@ -131,8 +131,12 @@ def test_plan_command_json_and_added_label(capsys: pytest.CaptureFixture[str]) -
     assert main(["--labels", "run-ci-megatron", "--added", "run-ci-ckpt", "--json"]) == 0
     rows = {r["job"]: r for r in json.loads(capsys.readouterr().out)}
     assert [j for j, r in rows.items() if r["runs"]] == ["ckpt"]
-    assert rows["ckpt"]["commands"] == ["nox -s ckpt"]
+    # A PR runs the entries its diff reaches; the all-entries label runs every one.
+    assert rows["ckpt"]["commands"] == ["nox -s ckpt -- --by-executed 'HEAD^1'"]
     assert rows["megatron"]["runs"] is False
+    assert main(["--labels", "run-ci-ckpt,run-ci-all-entries", "--json"]) == 0
+    every = {r["job"]: r for r in json.loads(capsys.readouterr().out)}
+    assert every["ckpt"]["commands"] == ["nox -s ckpt"]
 
 
 @pytest.mark.parametrize(("argv", "message"), [
