@@ -50,8 +50,9 @@ class Run:
     shard: int  # 0: the job has no matrix
     shards: int
     cache: str  # "warm" or "cold"
-    seconds: float
+    seconds: float  # the whole job: clone, set-up, suite
     rc: int
+    setup_seconds: float = 0.0  # clone and `nox --install-only` (0 in a modelled figure)
 
 
 def hosted_jobs(root: Path) -> list[Job]:
@@ -93,23 +94,34 @@ def argv_of(job: Job, shard: int, narrow: list[str]) -> list[str]:
 
 
 def run_one(job: Job, shard: int, narrow: list[str], cache: str, work: Path, log: Path) -> Run:
-    """Clone HEAD, run the job's command in it, time both: what the job's runner spends."""
+    """Clone HEAD and run the job's command in it, as its runner does, timed in two parts: the
+    set-up (clone, then `nox -s S --install-only`: the venv and its installs) and the suite
+    (`nox -R -s S -- ...` in that venv). Their sum is the job's wall time."""
     clone = work / f"{job.id}-{shard}-{cache}"
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     if cache == "cold":
         env["UV_CACHE_DIR"] = str(work / f"uv-cache-{job.id}-{shard}")
+    argv = argv_of(job, shard, narrow)
+    steps = [["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)],
+             [*argv[:3], "--install-only"],
+             [argv[0], "-R", *argv[1:]]]
     start = time.monotonic()
+    setup = 0.0
+    rc = 0
     with log.open("a", encoding="utf-8") as out:
         out.write(f"\n=== {job.id} shard {shard}/{job.shards} ({cache}) ===\n")
         out.flush()
-        rc = subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)],
-                            stdout=out, stderr=subprocess.STDOUT, check=False).returncode
-        if rc == 0:
-            rc = subprocess.run(argv_of(job, shard, narrow), cwd=clone, env=env, stdout=out,
+        for i, step in enumerate(steps):
+            rc = subprocess.run(step, cwd=clone if i else ROOT, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, check=False).returncode
+            if i == 1:
+                setup = time.monotonic() - start
+            if rc:
+                break
     seconds = time.monotonic() - start
     shutil.rmtree(clone, ignore_errors=True)  # a clone with its venv is a few GB
-    return Run(job=job.id, shard=shard, shards=job.shards, cache=cache, seconds=round(seconds, 1), rc=rc)
+    return Run(job=job.id, shard=shard, shards=job.shards, cache=cache, seconds=round(seconds, 1),
+               rc=rc, setup_seconds=round(setup, 1))
 
 
 def summary(runs: list[Run]) -> list[str]:
@@ -119,13 +131,17 @@ def summary(runs: list[Run]) -> list[str]:
         mine = [r for r in runs if r.cache == cache]
         for r in mine:
             name = f"{r.job} {r.shard}/{r.shards}" if r.shard else r.job
-            ended = "modelled" if r.rc == -1 else f"exit {r.rc}"
+            ended = "modelled" if r.rc == -1 else f"exit {r.rc}, set-up {r.setup_seconds:.1f} s"
             lines.append(f"  {cache:<5} {name:<20} {r.seconds:7.1f} s  {ended}")
         slowest = max(mine, key=lambda r: r.seconds)
         total = sum(r.seconds for r in mine)
         lines.append(f"{cache}: slowest job {slowest.job}"
                      + (f" {slowest.shard}/{slowest.shards}" if slowest.shard else "")
                      + f" {slowest.seconds / 60:.1f} min; sum of {len(mine)} jobs {total / 60:.1f} min")
+        if cache != "model":
+            setups = sorted(r.setup_seconds for r in mine)
+            lines.append(f"{cache}: set-up (clone + install) median {setups[len(setups) // 2]:.1f} s, "
+                         f"max {setups[-1]:.1f} s")
     return lines
 
 
@@ -174,7 +190,9 @@ def main() -> int:
         for cache in caches:
             for job, shard in shards:
                 runs.append(run_one(job, shard, args.narrow, cache, Path(tmp), log))
-                print(f"  {runs[-1].job} {shard or ''} ({cache}): {runs[-1].seconds:.1f} s, exit {runs[-1].rc}")
+                r = runs[-1]
+                print(f"  {r.job} {shard or ''} ({cache}): {r.seconds:.1f} s "
+                      f"(set-up {r.setup_seconds:.1f} s), exit {r.rc}", flush=True)
     print("\n".join(summary(runs)))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in runs], indent=1) + "\n", encoding="utf-8")
