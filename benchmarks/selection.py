@@ -28,32 +28,20 @@ sys.path.insert(0, str(ROOT))
 
 from ci.durations import DURATIONS_FILE, DurationStore  # noqa: E402
 from ci.durations import baseline as baseline_durations  # noqa: E402
+from ci.quality.audit_cases import replay  # noqa: E402
 from ci.quality.plants import discover as discover_plants  # noqa: E402
-from ci.quality.select_audit import replay  # noqa: E402
 from ci.registry.loader import load_registry  # noqa: E402
 from ci.select import executed  # noqa: E402
-from ci.select.by_execution import Change, changes, parse_diff, pick  # noqa: E402
+from ci.select.by_execution import pick  # noqa: E402
 from ci.select.discover import discover  # noqa: E402
 from ci.select.entries import resolve  # noqa: E402
+from ci.select.job_entries import commit_changes  # noqa: E402
 
 GOAL_RECALL, GOAL_RATIO = 1.0, 0.4
 
 
 def git(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False)
-
-
-def commit_changes(sha: str) -> tuple[Change, ...]:
-    """What one commit changed against its first parent, function by function."""
-    diff = git("diff", "-U0", "-M", "--no-color", "--no-ext-diff", f"{sha}^", sha).stdout
-
-    def show(rev: str):
-        def read(path: str) -> str | None:
-            out = git("show", f"{rev}:{path}")
-            return out.stdout if out.returncode == 0 else None
-        return read
-
-    return changes(parse_diff(diff), show(f"{sha}^"), show(sha))
 
 
 def main() -> int:
@@ -83,7 +71,7 @@ def main() -> int:
     picked_s = all_s = 0.0
     reasons: Counter[str] = Counter()
     for sha in shas:
-        diff = commit_changes(sha)
+        diff = commit_changes(ROOT, sha)
         chosen = total = 0
         for suite in gpu:
             es = entries[suite.name]

@@ -22,7 +22,7 @@ import pytest
 from slime.backends.engine import EngineClient, EngineRouter, create_engine_actor
 from slime.model.tiny import build_tiny_model
 from slime.ray.placement import actor_options, create_placement_group, plan_layout
-from slime.utils.external_utils.ray_head import private_head
+from slime.utils.external_utils.ray_head import DASHBOARD_LIMITS, private_head
 
 NUM_GPUS = 0
 
@@ -38,7 +38,8 @@ class Probe:
         import ray
 
         return {"gpus": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid(),
-                "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+                "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "limits": {name: os.environ.get(name) for name in DASHBOARD_LIMITS}}
 
 
 def _running(pid):
@@ -88,6 +89,9 @@ def test_actors_land_on_their_bundles(head):
     whole = [probe.options(**actor_options(pg, b, 1.0)).remote() for b in (2, 3)]
     r, e, w = (ray.get([a.where.remote() for a in group]) for group in (ranks, engines, whole))
     head.update(x["pid"] for x in (*r, *e, *w))
+    # The head's processes (its workers inherit them) have Ray's dashboard start-up limits
+    # raised to the head's own start-up budget (300 s by default).
+    assert r[0]["limits"] == dict.fromkeys(DASHBOARD_LIMITS, "300"), r[0]["limits"]
     for rank, engine in zip(r, e, strict=True):
         assert len(rank["gpus"]) == 1 and rank["gpus"] == engine["gpus"], (rank, engine)
         assert rank["pid"] != engine["pid"]

@@ -6,12 +6,14 @@ the quarantine holds (its flake rate, `ci.history.stats.auto_quarantine`, or the
 CODEOWNERS), its rate and its last failures; every entry failing run after run on main gets
 one with the range to bisect. An issue is found again by its marker,
 
-    <!-- slime-ci:entry=<entry id> kind=<flaky|broken-main> -->
+    <!-- slime-ci:entry=<entry id> kind=<flaky|broken-main|selection-leak> -->
 
 and the `slime-ci` label, so each entry has one issue per kind, whatever its title becomes.
 A flaky issue closes itself once the entry's last `quarantine_clean_runs` runs all passed at
 the first try (the quarantine lets it go then too); a broken-main issue once main passes it
-again. A closed issue reopens when the entry flakes or breaks again after it was closed.
+again. A closed issue reopens when the entry flakes or breaks again after it was closed. The
+selection-leak issues are `python -m ci select-audit --issues`'s (ci/quality/leak_issues.py):
+this command leaves them as they are.
 
 Everything a test wrote (the reasons of its failures) is quoted inert, bodies are cut to
 GitHub's limit with a line saying so, an entry that two suites hold gets one issue naming
@@ -35,10 +37,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Literal, NoReturn
+from typing import Literal, NoReturn, cast
 
 from ci.errors import EXIT_FAILED, EXIT_OK, StoreError, UsageError
 from ci.github.inert_text import BODY_LIMIT, TITLE_LIMIT, code, fit, plain, run_link
+from ci.github.issue_kinds import MARKER_RE, WORDS, IssueKind, Wanted, codeowners, marker, owner_of
 from ci.github.rest_client import GitHub, GitHubError
 from ci.history.stats import after_lifts, auto_quarantine, clean_tail, flakiness, streaks
 from ci.history.store import HISTORY_ENV, HISTORY_FILE, AttemptRow, BisectRow, open_store, resolve_url
@@ -46,12 +49,9 @@ from ci.history.verdicts import OK, infra_cause, short, when
 from ci.registry.loader import load_registry
 from ci.registry.model import Suite
 
-IssueKind = Literal["flaky", "broken-main"]
 LABEL = "slime-ci"
-MARKER_RE = re.compile(r"<!-- slime-ci:entry=(.+?) kind=(flaky|broken-main) -->")
 # Added to the body when the monitor closes an issue: one closed without it was closed by hand.
 CLOSED_MARK = "<!-- slime-ci:closed-by-monitor -->"
-CODEOWNERS_PATHS = (".github/CODEOWNERS", "CODEOWNERS", "docs/CODEOWNERS")
 STREAK_RUNS = 3  # as the monitor: failing this many runs in a row on main
 HISTORY_RUNS = 500
 LAST_FAILURES = 5
@@ -59,80 +59,10 @@ LAST_FAILURES = 5
 # 200 issues at once otherwise. The rest are opened by the next runs.
 MAX_NEW = 10
 BOT_LOGIN = "github-actions[bot]"  # who the monitor job's GITHUB_TOKEN writes as
-
-
-# In the marker an entry id keeps no `>` (which would end the HTML comment early and show the
-# rest), no `<`, no line break; `%` is encoded so that decoding gives the id back.
-_MARKER_ESCAPES = {"%": "%25", ">": "%3E", "<": "%3C", "\n": "%0A", "\r": "%0D"}
 FLAKY_TITLE = "Flaky: "  # how a flaky entry's issue title begins (the HUD searches by it)
 
 
-def marker(entry_id: str, kind: IssueKind) -> str:
-    safe = "".join(_MARKER_ESCAPES.get(c, c) for c in entry_id)
-    return f"<!-- slime-ci:entry={safe} kind={kind} -->"
-
-
-# --- owners -----------------------------------------------------------------------------------
-
-def _pattern(raw: str) -> re.Pattern[str]:
-    """A CODEOWNERS pattern (gitignore-like) as a regular expression over repository paths."""
-    body = raw.strip("/")
-    rx = ""
-    i = 0
-    while i < len(body):
-        if body.startswith("**", i):
-            rx, i = rx + ".*", i + 2
-        elif body[i] == "*":
-            rx, i = rx + "[^/]*", i + 1
-        elif body[i] == "?":
-            rx, i = rx + "[^/]", i + 1
-        else:
-            rx, i = rx + re.escape(body[i]), i + 1
-    anywhere = not raw.startswith("/") and "/" not in body
-    return re.compile(("(?:.*/)?" if anywhere else "") + rx + "(?:/.*)?")
-
-
-def codeowners(root: Path) -> list[tuple[re.Pattern[str], tuple[str, ...]]]:
-    """The rules of the repository's CODEOWNERS file, in file order (the last match wins)."""
-    for rel in CODEOWNERS_PATHS:
-        path = root / rel
-        if path.is_file():
-            rules = []
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-                parts = line.split("#", 1)[0].split()
-                if parts:
-                    rules.append((_pattern(parts[0]), tuple(parts[1:])))
-            return rules
-    return []
-
-
-def owner_of(path: str, entry_owner: str, suite_owner: str,
-             rules: Sequence[tuple[re.Pattern[str], tuple[str, ...]]]) -> str:
-    """Who answers for an entry: the registry's word first, then CODEOWNERS' last matching rule."""
-    if entry_owner or suite_owner:
-        return entry_owner or suite_owner
-    found: tuple[str, ...] = ()
-    for rx, owners in rules:
-        if rx.fullmatch(path):
-            found = owners
-    return " ".join(found)
-
-
 # --- what should be tracked -------------------------------------------------------------------
-
-@dataclass(frozen=True, kw_only=True)
-class Wanted:
-    """An issue that should be open: its entry, kind, title and body."""
-
-    entry_id: str
-    kind: IssueKind
-    title: str
-    body: str
-    owner: str
-    since: float  # when what it reports last happened (a flake, a failure on main)
-    suites: tuple[str, ...] = ()
-    by_registry: bool = False  # held by Entry.quarantine, not by its rate
-
 
 @dataclass(frozen=True, kw_only=True)
 class Existing:
@@ -278,7 +208,7 @@ def merged(wanted: Sequence[Wanted]) -> list[Wanted]:
             continue
         suites = tuple(x for w in group for x in w.suites)
         first, *rest = group
-        lead = "Flaky" if kind == "flaky" else "Failing on main"
+        lead = WORDS[kind][0]
         body = "\n\n---\n\n".join([first.body, *(w.body.split("\n", 1)[1] for w in rest)])  # one marker
         owners = " ".join(dict.fromkeys(o for w in group for o in w.owner.split()))
         out.append(Wanted(entry_id=entry_id, kind=kind, body=body, owner=owners, suites=suites,
@@ -319,7 +249,7 @@ def existing_issues(items: Sequence[object], author: str = BOT_LOGIN) -> list[Ex
         found = MARKER_RE.match(str(i.get("body") or ""))
         number = i.get("number")
         if found and isinstance(number, int):
-            kind: IssueKind = "flaky" if found.group(2) == "flaky" else "broken-main"
+            kind = cast(IssueKind, found.group(2))
             out.append(Existing(number=number, entry_id=urllib.parse.unquote(found.group(1)), kind=kind,
                                 state=str(i.get("state", "open")), closed_at=_closed_at(i.get("closed_at")),
                                 body=str(i.get("body") or ""), title=str(i.get("title") or "")))
@@ -327,9 +257,10 @@ def existing_issues(items: Sequence[object], author: str = BOT_LOGIN) -> list[Ex
 
 
 def plan(wanted: Sequence[Wanted], existing: Sequence[Existing], rows: Sequence[AttemptRow],
-         suites: Sequence[Suite], *, max_new: int = MAX_NEW) -> list[Action]:
+         suites: Sequence[Suite], *, max_new: int = MAX_NEW, audited: bool = False) -> list[Action]:
     """What to do: open what is missing, reopen what came back, close what recovered; at most
-    `max_new` opened or reopened (the rest `wait`), an unchanged issue left as it is."""
+    `max_new` opened or reopened (the rest `wait`), an unchanged issue left as it is.
+    `audited`: the leak audit ran, so a selection-leak issue it no longer calls for closes."""
     by_key: dict[tuple[str, IssueKind], Existing] = {}
     actions: list[Action] = []
     # One issue per key: the oldest open one, else the oldest. Another open one behind the
@@ -351,15 +282,15 @@ def plan(wanted: Sequence[Wanted], existing: Sequence[Existing], rows: Sequence[
         opened += new
         if x is None:
             actions.append(Action(verb="open", entry_id=w.entry_id, kind=w.kind, number=None, wanted=w,
-                                  why="held by the quarantine" if w.kind == "flaky" else "failing on main"))
+                                  why=WORDS[w.kind][1]))
         elif x.state == "open":
             if (x.title, x.body) != (w.title, w.body):
-                why = "still held" if w.kind == "flaky" else "still failing on main"
+                why = WORDS[w.kind][2]
                 actions.append(Action(verb="update", entry_id=w.entry_id, kind=w.kind, number=x.number,
                                       wanted=w, why=why))
         elif x.closed_at is not None and w.since > x.closed_at:
             actions.append(Action(verb="reopen", entry_id=w.entry_id, kind=w.kind, number=x.number, wanted=w,
-                                  why=f"{'flaked' if w.kind == 'flaky' else 'failed on main'} again "
+                                  why=f"{WORDS[w.kind][3]} again "
                                       f"on {when(w.since)}, after the issue was closed"))
         elif w.kind == "flaky" and x.closed_by_hand and x.closed_at is not None and not w.by_registry:
             # A person closed it: the entry is trusted again. Its flakes before then are
@@ -374,7 +305,12 @@ def plan(wanted: Sequence[Wanted], existing: Sequence[Existing], rows: Sequence[
     for x in by_key.values():
         if x.state != "open" or (x.entry_id, x.kind) in want:
             continue
-        if x.kind == "flaky":
+        if x.kind == "selection-leak":
+            if audited:
+                actions.append(Action(verb="close", entry_id=x.entry_id, kind=x.kind, number=x.number,
+                                      body=x.body, why="the leak audit selects it again for every "
+                                                       "known failure it caught"))
+        elif x.kind == "flaky":
             n = clean_runs.get(x.entry_id, 10)
             if tail.get(x.entry_id, 0) >= n:
                 actions.append(Action(verb="close", entry_id=x.entry_id, kind=x.kind, number=x.number,

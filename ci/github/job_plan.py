@@ -80,7 +80,8 @@ class Job:
     label: str | None = None  # None: every pull request, push and dispatch
     shards: int = 1
     shards_why: str = ""  # how the count was reached (ci/select/shard_count.py); "": fixed
-    full_history: bool = False  # the session diffs against origin/main
+    full_history: bool = False  # checks out every commit: the session diffs against origin/main,
+    # or replays commits (the monitor's leak audit)
     minutes: int = LINT_MINUTES  # timeout-minutes (ci/registry/job_timeouts.py)
     crons: tuple[str, ...] = ()  # the scheduled runs that run it (ci/registry/cadences.py)
     scheduled_only: bool = False  # only its crons, never a PR, push or dispatch
@@ -216,7 +217,8 @@ def monitor_job(style: Style) -> Job | None:
         return None
     return Job(id=MONITOR_SESSION, session=MONITOR_SESSION, tier="cpu", runs_on=style.hosted_runner,
                purpose=MONITOR_PURPOSE, minutes=MONITOR_MINUTES, kind="check", crons=crons,
-               scheduled_only=True, history_store=True, report=MONITOR_REPORT, writes_issues=True)
+               scheduled_only=True, history_store=True, report=MONITOR_REPORT, writes_issues=True,
+               full_history=True)  # its leak audit replays the commits a bisect blamed
 
 
 # A repository that adopted the toolkit checks its generated workflow in CI with this job

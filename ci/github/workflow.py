@@ -279,8 +279,9 @@ def narrowed_run(job: Job) -> str:
 
 def _steps(job: Job, style: Style) -> list[Node]:
     narrows = job.narrows and not job.infinite and not job.matrix
-    depth: dict[str, Node] = ({"fetch_depth": Note(0, "the session diffs against origin/main")}
-                              if job.full_history else
+    whole = ("the leak audit replays the commits a bisect blamed" if job.writes_issues
+             else "the session diffs against origin/main")
+    depth: dict[str, Node] = ({"fetch_depth": Note(0, whole)} if job.full_history else
                               {"fetch_depth": Note(2, "a PR's merge commit and the base tip: its diff")}
                               if narrows else {})
     steps: list[Node] = build.prepare(style, build.checkout(**depth))

@@ -254,6 +254,17 @@ class SelectionPolicy:
     non_python_leaks_under: tuple[str, ...] = ("slime",)
     all_entries_label: str = ALL_ENTRIES_LABEL
     recall: float = 1.0  # python -m ci select-audit fails below this share of the plants
+    # Under `--record-executed` (coverage.py in every process) each entry's timeout is this many
+    # times its own: a ckpt entry of 161 s took over 600 s recorded on a busy 2-core host.
+    # An explicit `--timeout` is kept as given.
+    recording_timeout_factor: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.recall <= 1.0:
+            raise ValueError(f"SelectionPolicy(recall={self.recall}): a share, between 0 and 1")
+        if self.recording_timeout_factor < 1.0:
+            raise ValueError(f"SelectionPolicy(recording_timeout_factor={self.recording_timeout_factor}): "
+                             "at least 1 (recording never makes an entry faster)")
 
 # The failure monitor's session: entries failing 3 consecutive runs on main. Its CI job is
 # the scheduled `monitor` (ci/github/job_plan.py, any repository whose schedules map a cron to the
@@ -267,9 +278,11 @@ MONITOR_BISECT_PLAN = ".ci-cache/bisect-plan.jsonl"
 MONITOR_COMMAND = ("python", "-m", "ci", "history", "monitor", "--out", MONITOR_REPORT,
                    "--bisect-plan", MONITOR_BISECT_PLAN, "--unreachable-ok")
 MONITOR_PURPOSE = "The failure monitor: entries failing 3 consecutive runs on main, with the range to bisect"
-# The monitor job also keeps one issue per held or main-breaking entry (ci/github/flaky_issues.py);
-# without GITHUB_TOKEN (a laptop) it says so in one line and passes.
+# The monitor job also keeps one issue per held or main-breaking entry (ci/github/flaky_issues.py)
+# and, from the leak audit it replays, one per entry the selection would miss
+# (ci/quality/leak_issues.py); without GITHUB_TOKEN (a laptop) each says so in one line and passes.
 ISSUES_COMMAND = ("python", "-m", "ci", "issues", "--unreachable-ok")
+LEAK_ISSUES_COMMAND = ("python", "-m", "ci", "select-audit", "--issues", "--unreachable-ok")
 # The PR's `verdict` check (ci/github/pr_verdicts.py): the job passes `-- --pr N --base SHA …`.
 VERDICT_SESSION = "verdict"
 VERDICT_COMMAND = ("python", "-m", "ci", "why")

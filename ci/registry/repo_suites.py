@@ -9,6 +9,7 @@ from __future__ import annotations
 from ci.registry.model import (
     FRAMEWORK_IMAGE,
     ISSUES_COMMAND,
+    LEAK_ISSUES_COMMAND,
     MONITOR_COMMAND,
     MONITOR_PURPOSE,
     MONITOR_SESSION,
@@ -244,10 +245,11 @@ SESSIONS: tuple[Check | Smoke, ...] = (
           purpose="The GPU tier without GPUs, on every push: " + ", ".join(_SMOKE_ON_PUSH_NAMES)
                   + " entries (emulated); precision and the rest nightly (gpu_smoke_nightly)",
           runs=_SMOKE_ON_PUSH, target_minutes=7),
-    # Not yet recording (record_executed): under coverage a private Ray head's dashboard missed
-    # Ray's 60 s start-up limit at load 12-24 on 2 cores, failing the entry (docs/selection.md).
+    # It records what each entry executed (record_executed): its runs, ingested as main's, are
+    # what a PR's GPU jobs select from (docs/selection.md). Recorded entries get
+    # SelectionPolicy.recording_timeout_factor times their timeouts.
     Smoke(name="gpu_smoke_nightly", profiles=("e2e", "gpu-host"), tags=("cpu", "nightly"),
-          cadences=("nightly",), minutes=90,
+          cadences=("nightly",), minutes=150, record_executed=True,
           purpose="Every entry of megatron, precision, ckpt and sglang_config on emulated GPUs, nightly "
                   "(gpu_smoke runs a subset on every push)",
           runs=(SmokeRun(suite="megatron"), SmokeRun(suite="precision"), SmokeRun(suite="ckpt"),
@@ -261,7 +263,7 @@ SESSIONS: tuple[Check | Smoke, ...] = (
           purpose="The HUD: the run history as a static site (`-- --out DIR`); GitHub Pages hourly",
           commands=(("python", "-m", "ci", "hud"),)),
     Check(name=MONITOR_SESSION, profiles=("history",), tags=(), posargs=True, purpose=MONITOR_PURPOSE,
-          commands=(ISSUES_COMMAND, MONITOR_COMMAND)),
+          commands=(ISSUES_COMMAND, LEAK_ISSUES_COMMAND, MONITOR_COMMAND)),
     Check(name=VERDICT_SESSION, profiles=("history",), tags=(), posargs=True, purpose=VERDICT_PURPOSE,
           commands=(VERDICT_COMMAND,)),
     Check(name="actions", profiles=("actions",), tags=(), posargs=True,

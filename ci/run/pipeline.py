@@ -123,6 +123,9 @@ def select(opts: Options, hints: Hints, *, measured: Mapping[str, float]) -> Sel
         entries = selection.shard(entries, index, count, durations)
     if args.timeout is not None:
         entries = [replace(e, timeout=args.timeout) for e in entries]
+    elif args.record_executed:  # coverage in every process: a recorded entry runs longer
+        factor = opts.registry.selection.recording_timeout_factor
+        entries = [replace(e, timeout=e.timeout * factor) for e in entries]
     first = hints.first
     ordered = (selection.failure_first(entries, durations, failed=first.failed, changed=first.changed)
                if first is not None else selection.widest_first(entries, durations))

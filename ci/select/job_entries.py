@@ -125,16 +125,30 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def branch_changes(root: Path, merge_base: str) -> tuple[Change, ...]:
     """What HEAD changed against `merge_base`, function by function (`git diff -U0`)."""
-    diff = _git(root, "diff", "-U0", "-M", "--no-color", "--no-ext-diff", merge_base, "HEAD")
+    return revision_changes(root, merge_base, "HEAD")
+
+
+def commit_known(root: Path, sha: str) -> bool:
+    """Whether the checkout holds the commit and its first parent (a shallow clone may not)."""
+    return _git(root, "rev-parse", "--verify", "-q", f"{sha}^{{commit}}").returncode == 0 and \
+        _git(root, "rev-parse", "--verify", "-q", f"{sha}^1^{{commit}}").returncode == 0
+
+
+def commit_changes(root: Path, sha: str) -> tuple[Change, ...]:
+    """What one commit changed against its first parent, function by function."""
+    return revision_changes(root, f"{sha}^1", sha)
+
+
+def revision_changes(root: Path, old: str, new: str) -> tuple[Change, ...]:
+    """What `new` changed against `old`, function by function (`git diff -U0`)."""
+    diff = _git(root, "diff", "-U0", "-M", "--no-color", "--no-ext-diff", old, new)
     if diff.returncode != 0:
-        raise UsageError(f"git diff {merge_base} HEAD failed: {diff.stderr.strip()[:200]}")
+        raise UsageError(f"git diff {old} {new} failed: {diff.stderr.strip()[:200]}")
 
-    def read_old(path: str) -> str | None:
-        shown = _git(root, "show", f"{merge_base}:{path}")
-        return shown.stdout if shown.returncode == 0 else None
+    def reader(rev: str) -> Callable[[str], str | None]:
+        def read(path: str) -> str | None:
+            shown = _git(root, "show", f"{rev}:{path}")
+            return shown.stdout if shown.returncode == 0 else None
+        return read
 
-    def read_new(path: str) -> str | None:
-        shown = _git(root, "show", f"HEAD:{path}")
-        return shown.stdout if shown.returncode == 0 else None
-
-    return changes(parse_diff(diff.stdout), read_old, read_new)
+    return changes(parse_diff(diff.stdout), reader(old), reader(new))

@@ -121,8 +121,8 @@ class _Recorded:
 
 
 def test_a_smoke_that_records_passes_the_flag_and_one_that_does_not_never(sessions, monkeypatch):
-    """The nightly smoke as it is, and the same smoke with `record_executed` set, registered
-    by the noxfile's own `_smoke_session`."""
+    """The nightly smoke as it is (it records), and the same smoke with `record_executed`
+    unset, registered by the noxfile's own `_smoke_session`."""
     from dataclasses import replace
 
     from nox import registry
@@ -135,19 +135,19 @@ def test_a_smoke_that_records_passes_the_flag_and_one_that_does_not_never(sessio
                    if isinstance(s, Smoke) and s.name == "gpu_smoke_nightly")
     before = dict(registry.get())
     try:
-        module._smoke_session(replace(nightly, name="recording_nightly", record_executed=True))
-        recording = registry.get()["recording_nightly"]
+        module._smoke_session(replace(nightly, name="plain_nightly", record_executed=False))
+        plain = registry.get()["plain_nightly"]
     finally:
         registry._REGISTRY.clear()
         registry._REGISTRY.update(before)
     ran = {}
-    for name, func in (("recording_nightly", recording), ("gpu_smoke_nightly", found["gpu_smoke_nightly"])):
+    for name, func in (("plain_nightly", plain), ("gpu_smoke_nightly", found["gpu_smoke_nightly"])):
         session = _Recorded()
         func.func(session)
         ran[name] = session.ran
-    assert ran["recording_nightly"] == [("python", "-m", "ci", "smoke", "recording_nightly",
+    assert ran["gpu_smoke_nightly"] == [("python", "-m", "ci", "smoke", "gpu_smoke_nightly",
                                          "--record-executed")]
-    assert ran["gpu_smoke_nightly"] == [("python", "-m", "ci", "smoke", "gpu_smoke_nightly")]
+    assert ran["plain_nightly"] == [("python", "-m", "ci", "smoke", "plain_nightly")]
 
 
 def test_every_smoke_installs_the_coverage_recording_needs():

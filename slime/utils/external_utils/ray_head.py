@@ -463,6 +463,11 @@ def _start(argv: tuple[str, ...], *, env: Mapping[str, str], ports: RayPorts, te
     return head, proc, guard
 
 
+# Ray's own start-up limits of the dashboard (ray/dashboard/consts.py, ray_constants.py): a
+# private head raises them to its start-up budget unless the caller's environment sets them.
+DASHBOARD_LIMITS = ("RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT", "RAY_DASHBOARD_STARTUP_TIMEOUT_S")
+
+
 @contextlib.contextmanager
 def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | None = None,
                  start_timeout: float = 300.0, keep_temp: bool = False,
@@ -510,6 +515,11 @@ def private_head(*, num_gpus: int, env: Mapping[str, str], ports: RayPorts | Non
         # one the first time any `ray.init()` starts a local cluster on this account, and a
         # head that finds it then refuses drivers that bring none).
         "RAY_AUTH_MODE": "disabled",
+        # Ray gives each dashboard module 30 s to report ready and the dashboard 60 s to come
+        # up; on a loaded host, and slower still with coverage in every process
+        # (`--record-executed`), a head missed them and failed ("Module NodeHead failed to
+        # start") well inside its own start-up budget (`start_timeout`), which is the bound.
+        **{name: str(int(start_timeout)) for name in DASHBOARD_LIMITS if name not in env},
     }
     argv = ray_start_argv(ray_cli or ray_executable(), ports=ports, temp_dir=str(temp_dir),
                           num_gpus=num_gpus)

@@ -94,7 +94,8 @@ def test_the_monitor_opens_the_issue_dispatches_the_bisect_and_publishes_the_hud
     assert set(ran(out)) == {"monitor", "hud", "pages"}
     assert ran(out)["monitor"].result == "failure"  # `history monitor` exits 1: an entry is failing
     assert ran(out)["hud"].result == ran(out)["pages"].result == "success"
-    # The monitor's commands are the real ones (ci.registry ISSUES_COMMAND, MONITOR_COMMAND), then
+    # The monitor's commands are the real ones (ci.registry ISSUES_COMMAND, LEAK_ISSUES_COMMAND,
+    # MONITOR_COMMAND: no record here, so no leak and no leak issue), then
     # the dispatch step that only a failing monitor runs.
     assert commands(out, "monitor")[0] == "nox -s monitor"
     assert commands(out, "hud") == ["nox -s hud -- --out site"]

@@ -1,8 +1,11 @@
-"""`python -m ci select-audit`: each plant's patch replayed against the records, recall and GPU-seconds.
+"""`python -m ci select-audit`: each plant's patch, and each commit a bisect blamed, replayed
+against the records: recall and GPU-seconds.
 
 A scratch checkout with a GPU suite of two entries, a CPU suite, three plants and a records
 file. The records are written through the store's own `save` (what a recording run writes;
-the recording itself is proven in tests/toolkit/run/test_record_executed.py).
+the recording itself is proven in tests/toolkit/run/test_record_executed.py). Blamed commits
+are real commits of a git repository made of the checkout, and the bisect answers naming
+them real rows of a SQLite history store, written by the store's own `record_bisects`.
 """
 
 import json
@@ -13,7 +16,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import run_ci, write
+from _gitrepo import git
 
+from ci.history.store import open_store
 from ci.select.executed import MODULE, RECORDS_FILE, Record, save
 
 NUM_GPUS = 0
@@ -132,6 +137,71 @@ def test_entries_without_records_always_run_and_are_counted(checkout):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 of 2 GPU entries have no record and always run" in proc.stdout
     assert "1600 / 1600 = 1.00" in proc.stdout
+
+
+def blame(root: Path, store: Path, entry: str, sha: str, kind: str = "first-bad") -> None:
+    """A bisect answer in the store: `sha` broke `entry` of suite train."""
+    with open_store(f"sqlite:///{store}") as s:
+        s.record_bisects([{
+            "uid": f"{entry}-{sha}-{kind}", "suite": "train", "entry_id": entry, "good": "g", "bad": "b",
+            "kind": kind, "commit": sha, "candidates": sha, "confidence": 0.99, "attempts_per_commit": 1,
+            "width": 1, "rounds": 1, "steps": 1, "trigger": "cli", "started_at": 1.0, "ended_at": 2.0,
+            "summary": f"{sha[:7]} broke it"}])
+
+
+def commit_change(root: Path, old: str, new: str, message: str) -> str:
+    lib = root / "pkg/lib.py"
+    lib.write_text(lib.read_text().replace(old, new))
+    git(root, "commit", "-q", "-am", message)
+    return git(root, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def history(checkout):
+    git(checkout, "init", "-q", "-b", "main")
+    git(checkout, "add", "-A")
+    git(checkout, "commit", "-q", "-m", "start")
+    return checkout / "history.db"
+
+
+def test_a_blamed_commit_is_replayed_and_its_entry_selected(checkout, history):
+    recording(checkout, (MODULE, "train"))
+    sha = commit_change(checkout, "return steps", "return 0", "break train")
+    blame(checkout, history, "tests/e2e/test_trains.py", sha)
+    start = git(checkout, "rev-parse", "HEAD^")
+    blame(checkout, history, "tests/e2e/test_loads.py", start, kind="undetermined")  # blames nothing
+    proc = run_ci("select-audit", "--root", str(checkout), "--history", f"sqlite:///{history}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(sha[:10])]
+    assert len(rows) == 1, proc.stdout
+    assert start[:10] not in proc.stdout + proc.stderr, "an undetermined answer is no case"
+    assert "yes" in rows[0] and "1 of 2" in rows[0] and "executes pkg/lib.py:train" in rows[0]
+    assert "recall 1.00 (1 of 1 blamed commits" in proc.stdout
+
+
+def test_a_blamed_commit_the_selection_would_miss_fails_the_audit(checkout, history):
+    recording(checkout, (MODULE, "train"))
+    # The bisect says this change to load broke the training entry, whose record never ran
+    # load: what selection would have missed (a leak).
+    sha = commit_change(checkout, "return path", "return None", "break load")
+    blame(checkout, history, "tests/e2e/test_trains.py", sha)
+    proc = run_ci("select-audit", "--root", str(checkout), "--history", f"sqlite:///{history}")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith(sha[:10]))
+    assert "MISSED" in row and "executes none of the changed code" in row
+    assert "recall 0.00 (0 of 1 blamed commits" in proc.stdout
+    assert "recall 1.00 (3 of 3 plants" in proc.stdout  # the blamed commit alone fails it
+
+
+def test_a_blamed_commit_this_checkout_lacks_is_named_and_left_out(checkout, history):
+    recording(checkout, (MODULE, "train"))
+    blame(checkout, history, "tests/e2e/test_trains.py", "0" * 40)
+    blame(checkout, history, "tests/e2e/test_gone.py", git(checkout, "rev-parse", "HEAD"))
+    proc = run_ci("select-audit", "--root", str(checkout), "--history", f"sqlite:///{history}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "left out blamed commit 0000000000 tests/e2e/test_trains.py: this checkout lacks it" in proc.stderr
+    assert "tests/e2e/test_gone.py: the entry is no longer in suite 'train'" in proc.stderr
+    assert "no blamed commit to replay" in proc.stdout
 
 
 if __name__ == "__main__":

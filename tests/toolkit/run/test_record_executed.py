@@ -161,17 +161,24 @@ def test_a_change_inside_the_loader_selects_only_the_entry_that_loads(repo):
     assert picked[RANKS_ID] == (False, "executes none of the changed code")
 
 
-@pytest.mark.slow
-def test_run_by_executed_runs_only_the_entries_the_branch_reaches(repo):
-    git(repo, "checkout", "-q", "-b", "run-in-load", "main")
+def dry_runs_on(repo: Path, branch: str, edit, *argsets: tuple[str, ...]) -> list:
+    """Commit `edit` on a new branch off main; `run --suite train --dry-run` there with each
+    set of extra arguments."""
+    git(repo, "checkout", "-q", "-b", branch, "main")
     try:
-        replace_in(CK, "    found = resolve_step(root, step)\n",
-                   "    found = resolve_step(root, step)\n    assert found != -2\n")(repo)
-        git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-am", "x")
-        proc = run_ci("run", "--suite", "train", "--root", str(repo), "--emulate-gpus", "--gpus", "2",
-                      "--by-executed", "main", "--dry-run")
+        edit(repo)
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-am", branch)
+        return [run_ci("run", "--suite", "train", "--root", str(repo), "--emulate-gpus", "--gpus", "2",
+                       *args, "--dry-run") for args in argsets]
     finally:
         git(repo, "checkout", "-q", "main")
+
+
+@pytest.mark.slow
+def test_run_by_executed_runs_only_the_entries_the_branch_reaches(repo):
+    [proc] = dry_runs_on(repo, "run-in-load", replace_in(
+        CK, "    found = resolve_step(root, step)\n", "    found = resolve_step(root, step)\n    assert found != -2\n"),
+        ("--by-executed", "main"))
     assert proc.returncode == 0, proc.stderr
     assert "selection by executed code: 1 of 2 entries (against main)" in proc.stderr
     assert f"left out {RANKS_ID}: executes none of the changed code" in proc.stderr
@@ -185,17 +192,12 @@ def test_run_by_executed_reads_the_records_of_its_store(repo):
     # (.ci-cache/history.sqlite, the run's own store) is what it selects from.
     aside = repo / ".ci-cache/records-aside-run.json"
     (repo / RECORDS).replace(aside)
-    git(repo, "checkout", "-q", "-b", "run-from-store", "main")
     try:
-        replace_in(CK, "    found = resolve_step(root, step)\n",
-                   "    found = resolve_step(root, step)\n    assert found != -4\n")(repo)
-        git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-am", "x")
-        proc = run_ci("run", "--suite", "train", "--root", str(repo), "--emulate-gpus", "--gpus", "2",
-                      "--by-executed", "HEAD^", "--dry-run")
-        off = run_ci("run", "--suite", "train", "--root", str(repo), "--emulate-gpus", "--gpus", "2",
-                     "--by-executed", "HEAD^", "--history", "off", "--dry-run")
+        proc, off = dry_runs_on(repo, "run-from-store", replace_in(
+            CK, "    found = resolve_step(root, step)\n",
+            "    found = resolve_step(root, step)\n    assert found != -4\n"),
+            ("--by-executed", "HEAD^"), ("--by-executed", "HEAD^", "--history", "off"))
     finally:
-        git(repo, "checkout", "-q", "main")
         aside.replace(repo / RECORDS)
     assert proc.returncode == 0, proc.stderr
     assert "selection by executed code: 1 of 2 entries (against HEAD^)" in proc.stderr
@@ -203,6 +205,20 @@ def test_run_by_executed_reads_the_records_of_its_store(repo):
     # With neither the store nor the file, no entry has a record, and every entry runs.
     assert off.returncode == 0, off.stderr
     assert "selection by executed code: 2 of 2 entries (against HEAD^)" in off.stderr
+
+
+@pytest.mark.slow
+def test_a_recording_run_gives_each_entry_the_registry_s_longer_timeout(repo):
+    # The suite's timeout is 300 s; SelectionPolicy.recording_timeout_factor (3) under recording,
+    # and an explicit --timeout as given.
+    plain, recording, explicit = (
+        run_ci("run", "--suite", "train", "--root", str(repo), "--emulate-gpus", "--gpus", "2", *args,
+               "--dry-run") for args in ((), ("--record-executed",), ("--record-executed", "--timeout", "42")))
+    for proc in (plain, recording, explicit):
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{LOADS_ID}  gpus=1  timeout=300s" in plain.stdout
+    assert f"{LOADS_ID}  gpus=1  timeout=900s" in recording.stdout
+    assert f"{LOADS_ID}  gpus=1  timeout=42s" in explicit.stdout
 
 
 @pytest.mark.slow
