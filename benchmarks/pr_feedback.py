@@ -11,6 +11,7 @@ machine already has (warm), or an empty one (cold), or both.
     python benchmarks/pr_feedback.py --only toolkit --narrow tests/toolkit/test_results.py \\
         tests/toolkit/test_docs.py                         # a small case: two files, split the same way
     python benchmarks/pr_feedback.py --model               # no run: each shard as the count models it
+    python benchmarks/pr_feedback.py --cache cold --setup-only   # each job's set-up from an empty uv cache
 
 What is measured is HEAD, committed: a clone holds no uncommitted edit. GPU jobs (self-hosted)
 and the verdict job are not hosted CPU work and are left out. Run it on an idle machine: the
@@ -53,6 +54,7 @@ class Run:
     seconds: float  # the whole job: clone, set-up, suite
     rc: int
     setup_seconds: float = 0.0  # clone and `nox --install-only` (0 in a modelled figure)
+    suite_ran: bool = True  # False: `--setup-only`, the job's set-up alone
 
 
 def hosted_jobs(root: Path) -> list[Job]:
@@ -93,10 +95,12 @@ def argv_of(job: Job, shard: int, narrow: list[str]) -> list[str]:
     return args + (["--", *rest] if rest else [])
 
 
-def run_one(job: Job, shard: int, narrow: list[str], cache: str, work: Path, log: Path) -> Run:
+def run_one(job: Job, shard: int, narrow: list[str], cache: str, work: Path, log: Path, *,
+            setup_only: bool = False) -> Run:
     """Clone HEAD and run the job's command in it, as its runner does, timed in two parts: the
     set-up (clone, then `nox -s S --install-only`: the venv and its installs) and the suite
-    (`nox -R -s S -- ...` in that venv). Their sum is the job's wall time."""
+    (`nox -R -s S -- ...` in that venv). Their sum is the job's wall time. `setup_only`: the
+    set-up alone (what a cold cache changes)."""
     clone = work / f"{job.id}-{shard}-{cache}"
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     if cache == "cold":
@@ -104,7 +108,7 @@ def run_one(job: Job, shard: int, narrow: list[str], cache: str, work: Path, log
     argv = argv_of(job, shard, narrow)
     steps = [["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)],
              [*argv[:3], "--install-only"],
-             [argv[0], "-R", *argv[1:]]]
+             [argv[0], "-R", *argv[1:]]][:2 if setup_only else 3]
     start = time.monotonic()
     setup = 0.0
     rc = 0
@@ -121,7 +125,7 @@ def run_one(job: Job, shard: int, narrow: list[str], cache: str, work: Path, log
     seconds = time.monotonic() - start
     shutil.rmtree(clone, ignore_errors=True)  # a clone with its venv is a few GB
     return Run(job=job.id, shard=shard, shards=job.shards, cache=cache, seconds=round(seconds, 1),
-               rc=rc, setup_seconds=round(setup, 1))
+               rc=rc, setup_seconds=round(setup, 1), suite_ran=not setup_only)
 
 
 def summary(runs: list[Run]) -> list[str]:
@@ -135,6 +139,11 @@ def summary(runs: list[Run]) -> list[str]:
             lines.append(f"  {cache:<5} {name:<20} {r.seconds:7.1f} s  {ended}")
         slowest = max(mine, key=lambda r: r.seconds)
         total = sum(r.seconds for r in mine)
+        if not all(r.suite_ran for r in mine):
+            setups = sorted(r.setup_seconds for r in mine)
+            lines.append(f"{cache}: set-up only (clone + install), median {setups[len(setups) // 2]:.1f} s, "
+                         f"max {setups[-1]:.1f} s ({slowest.job})")
+            continue
         lines.append(f"{cache}: slowest job {slowest.job}"
                      + (f" {slowest.shard}/{slowest.shards}" if slowest.shard else "")
                      + f" {slowest.seconds / 60:.1f} min; sum of {len(mine)} jobs {total / 60:.1f} min")
@@ -154,6 +163,9 @@ def main() -> int:
     parser.add_argument("--narrow", nargs="+", default=[], metavar="PATH",
                         help="pass these test paths to each shard (a small case of the same split)")
     parser.add_argument("--json", type=Path, help="write the runs to this file")
+    parser.add_argument("--setup-only", action="store_true",
+                        help="time each job's set-up alone (clone, `nox --install-only`): with "
+                             "`--cache cold`, what an empty uv cache adds to the warm figures")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("--model", action="store_true",
                         help="run nothing: each shard's wall time as the shard count models it "
@@ -185,11 +197,15 @@ def main() -> int:
         return 0
     runs = []
     with tempfile.TemporaryDirectory(prefix="pr-feedback-") as tmp:
+        # As a runner's workspace is: readable by the unprivileged users the rootless-slot tests
+        # run the checkout's Python as (mkdtemp makes it 0700).
+        Path(tmp).chmod(0o755)
         log = Path(tmp).parent / f"pr-feedback-{os.getpid()}.log"
         print(f"  output of every job: {log}")
         for cache in caches:
             for job, shard in shards:
-                runs.append(run_one(job, shard, args.narrow, cache, Path(tmp), log))
+                runs.append(run_one(job, shard, args.narrow, cache, Path(tmp), log,
+                                    setup_only=args.setup_only))
                 r = runs[-1]
                 print(f"  {r.job} {shard or ''} ({cache}): {r.seconds:.1f} s "
                       f"(set-up {r.setup_seconds:.1f} s), exit {r.rc}", flush=True)

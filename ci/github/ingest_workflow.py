@@ -35,6 +35,7 @@ from ci.github.yaml_writer import (
     _uses,
 )
 from ci.history.ingest import ARTIFACT_PREFIX, EXPORT_DIR, SNAPSHOT_ARTIFACT, SNAPSHOT_KEY
+from ci.history.job_times import JQ
 from ci.history.store import HISTORY_ENV, HISTORY_ENVIRONMENT, HISTORY_FILE, HISTORY_SECRET, HISTORY_SESSION
 from ci.registry.job_timeouts import LINT_MINUTES
 from ci.registry.workflow_style import Style
@@ -54,6 +55,27 @@ _FETCH = Script((
     f'  gh api "repos/$REPO/actions/artifacts/$id/zip" > "{DOWNLOADED}/$id.zip"',
     "done",
 ))
+
+
+JOBS_FILE = "$RUNNER_TEMP/jobs.jsonl"
+# The finished run's jobs as GitHub timed them; one the API does not give is a warning, and
+# the runs are still recorded.
+_JOBS = Script((
+    'gh api --paginate "repos/$REPO/actions/runs/$RUN/attempts/$ATTEMPT/jobs" \\',
+    f"  --jq '{JQ}' > \"{JOBS_FILE}\" \\",
+    "  || { echo \"::warning::the run's jobs could not be read: their times are not recorded\"; "
+    f'rm -f "{JOBS_FILE}"; }}',
+))
+
+
+def fetch_jobs() -> dict[str, Node]:
+    """The step that writes the finished run's jobs (name, start, end, conclusion, labels) to
+    JOBS_FILE, one JSON object a line, for `history ingest --jobs`."""
+    return {"name": "Fetch the run's jobs and their times (what its author waited for)",
+            "env": {"GH_TOKEN": _expr("github.token"), "REPO": _expr("github.repository"),
+                    "RUN": _expr("github.event.workflow_run.id"),
+                    "ATTEMPT": _expr("github.event.workflow_run.run_attempt")},
+            "run": _JOBS}
 
 
 def fetch_exports(run: str) -> dict[str, Node]:
@@ -97,10 +119,11 @@ def ingest(style: Style, watched: tuple[str, ...]) -> dict[str, Node]:
         # The artifacts' zip files as the API serves them, never unpacked: `history ingest`
         # reads their members in memory. Most finished runs (a PR's CPU jobs) export none.
         fetch_exports(_expr("github.event.workflow_run.id")),
+        fetch_jobs(),
         {"name": "Validate and record them, trust and PR from the event", "id": "ingest",
          "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")},
          "run": f'nox -s {HISTORY_SESSION} -- ingest "{DOWNLOADED}" --event-file "$GITHUB_EVENT_PATH" '
-                f'--trusted-workflow {TRUSTED_PATH}'},
+                f'--trusted-workflow {TRUSTED_PATH} --jobs "{JOBS_FILE}"'},
         {"name": "Snapshot the trusted runs for the GPU jobs (after a trusted run only)",
          "if": f"{_FRESH}",
          "env": {HISTORY_ENV: _expr(f"secrets.{HISTORY_SECRET}")},

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from ci.durations import DURATIONS_FILE, DurationStore
 from ci.errors import EXIT_FAILED, EXIT_OK, StoreError, UsageError
@@ -24,6 +24,9 @@ from ci.history.record import import_durations
 from ci.history.stats import Flakiness, Streak, flakiness, streaks
 from ci.history.store import HISTORY_ENV, HISTORY_FILE, HistoryStore, describe, open_store, resolve_url
 from ci.log import Log
+
+if TYPE_CHECKING:
+    from ci.history.ingest import Trigger
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="record them as untrusted runs of pull request N into a local SQLite "
                              "store only (the verdict job, which holds no credential; the shared "
                              "store takes trust from the event alone)")
+    ing.add_argument("--jobs", type=Path, metavar="FILE",
+                     help="also record the run's jobs' wall times: GitHub's job objects, one JSON "
+                          "object a line (the ingest job's `gh api …/jobs`); a file that is not there "
+                          "is one warning (the fetch failed)")
     ing.add_argument("--dry-run", action="store_true",
                      help="validate and say what would be recorded; open no store, write nothing")
     ing.add_argument("--trusted-workflow", metavar="PATH", default=None,
@@ -101,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("pull", add_help=False,
                    help="download main's trusted snapshot (the ingest job's artifact) for `why --last`; "
                         "`python -m ci history pull --help`")
+    waits = sub.add_parser("waits", parents=[common],
+                           help="what a pull request's author waited for: each workflow run's slowest "
+                                "hosted job (the jobs' times the ingest job records), newest last")
+    waits.add_argument("--event", default="pull_request", help="runs of this event (default: pull_request)")
+    waits.add_argument("--last", type=int, default=30, help="the last N runs (default: 30)")
     imp = sub.add_parser("import-durations", parents=[common],
                          help=f"import {DURATIONS_FILE} as one run (done automatically on a new store)")
     imp.add_argument("--hardware-kind", default="cpu", help="the hardware they were measured on")
@@ -225,7 +237,10 @@ def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
     folder = args.dir if args.dir.is_absolute() else root / args.dir
     # The step output `trusted`: how many trusted runs were added; the ingest job refreshes the
     # GPU jobs' snapshot only after one.
-    if not folder.is_dir() or not any(folder.iterdir()):  # most runs have no GPU job
+    empty = not folder.is_dir() or not any(folder.iterdir())  # most runs have no GPU job
+    if args.jobs is not None and args.pr is not None:
+        raise UsageError("--jobs goes with --event-file: a job's times are recorded with the run's event")
+    if empty and args.jobs is None:
         log.line(f"ingest: no exported run in {folder}; nothing to do")
         log.output("trusted", "0")
         return EXIT_OK
@@ -241,12 +256,24 @@ def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
     else:
         # Whether the run's head is on the default branch: this checkout's history says, never
         # the branch's name (a tag can carry it).
-        source = trigger(read_event(args.event_file), run_file=ONE_FILE_WORKFLOW,
+        payload = read_event(args.event_file)
+        source = trigger(payload, run_file=ONE_FILE_WORKFLOW,
                          trusted_workflow=args.trusted_workflow or TRUSTED_WORKFLOW,
                          on_branch=lambda sha, branch: on_branch(root, sha, branch),
                          bisect_workflow=BISECT_WORKFLOW)
         if source.doubt:
             _warn(f"ingest: {source.describe()}: not trusted, {source.doubt}")
+    if args.jobs is not None:
+        # The commit the run tested, GitHub's word in the event (a record's commit must match it
+        # only where the run is trusted; a job's time names it whoever's run it was).
+        run = payload.get("workflow_run") if isinstance(payload, dict) else None
+        head = run.get("head_sha") if isinstance(run, dict) else None
+        commit = head if isinstance(head, str) and len(head) <= 64 else ""
+        _ingest_jobs(args.jobs, source, commit, url, log, dry_run=args.dry_run)
+    if empty:
+        log.line(f"ingest: no exported run in {folder}; nothing more to do")
+        log.output("trusted", "0")
+        return EXIT_OK
     batch = collect_batch(folder, trigger=source, now=time.time(),
                           on_default=lambda sha: on_branch(root, sha, source.branch))
     runs = batch.runs
@@ -261,6 +288,42 @@ def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
              + (f"; {len(batch.bisects)} bisect answer(s), {bisected} new" if batch.bisects else "")
              + f", in {describe(url)}")
     log.output("trusted", str(added if source.trusted else 0))
+    return EXIT_OK
+
+
+def _ingest_jobs(path: Path, source: Trigger, commit: str, url: str, log: Log, *, dry_run: bool) -> None:
+    """`ingest --jobs FILE`: the run's jobs' wall times, with the event's word on event, PR and trust."""
+    from ci.history.job_times import read_jobs
+
+    if not path.is_file():
+        _warn(f"ingest: no jobs' times at {path} (the fetch of the run's jobs failed?); none recorded")
+        return
+    rows = read_jobs(path, run_id=str(source.run_id), attempt=source.run_attempt or 1, event=source.event,
+                     commit=commit, pr=source.pr, trusted=source.trusted)
+    if dry_run:
+        log.line(f"ingest: {len(rows)} job time(s) would be recorded; nothing written")
+        return
+    with open_store(url) as store:
+        added = store.record_job_times(rows)
+    log.line(f"ingest: {source.describe()}: {len(rows)} job time(s), {added} new")
+
+
+def _waits(args: argparse.Namespace, url: str) -> int:
+    """`waits`: each run's slowest hosted job, the last `--last`, and a one-line summary."""
+    from ci.history.job_times import summary, waits
+
+    if args.last < 1:
+        raise UsageError("--last must be at least 1")
+    with open_store(url, create=False) as store:
+        found = waits(store.job_times(event=args.event), event=args.event)[-args.last:]
+    if args.json:
+        print(json.dumps([asdict(w) for w in found], indent=1))
+        return EXIT_OK
+    for w in found:
+        pr = f"PR #{w.pr}" if w.pr else "-"
+        print(f"  {_when(w.started_at)}  {w.commit[:10] or '-':<10}  {pr:<9}  {w.seconds / 60:5.1f} min  "
+              f"{w.slowest} (slowest of {w.jobs} hosted jobs)")
+    print(summary(found, last=args.last))
     return EXIT_OK
 
 
@@ -295,6 +358,8 @@ def main(argv: Sequence[str]) -> int:
         return _ingest(args, root, url, log)
     if args.command == "snapshot":
         return _snapshot(args, root, url, log)
+    if args.command == "waits":
+        return _waits(args, url)
     if getattr(args, "unreachable_ok", False):
         return _soft_monitor(args, root, url, log)
     return _read(args, root, url, log)
@@ -359,6 +424,11 @@ def _read(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
         if gone:
             md += (f"\n\n{len(gone)} failing entr{'y' if len(gone) == 1 else 'ies'} not in the registry "
                    "(deleted, or never registered) ignored.")
+        from ci.history.job_times import summary, waits
+
+        pr_waits = waits(store.job_times(event="pull_request"))
+        if pr_waits:  # what pull requests' authors waited for, beside what main broke
+            md += f"\n\nPull requests' {summary(pr_waits, last=30)}."
         if args.json:
             print(json.dumps([asdict(s) for s in found], indent=1))
         else:

@@ -160,6 +160,28 @@ executed = Table(
 )
 
 
+# Each job of a finished workflow run, with GitHub's start and end (the ingest job reads the
+# run's jobs from the API, ci/history/job_times.py): what a pull request's author waits for is
+# its slowest hosted job. Event, PR and trust are the workflow_run event's word.
+job_times = Table(
+    "job_times", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("gh_run_id", String(32), nullable=False),
+    Column("gh_run_attempt", Integer, nullable=False),
+    Column("job", String(256), nullable=False),
+    Column("event", String(64), nullable=False),
+    Column("commit", String(64), nullable=False),
+    Column("pr", Integer, nullable=True),
+    Column("trusted", Boolean, nullable=False),
+    Column("hosted", Boolean, nullable=False),  # a GitHub-hosted runner, not a self-hosted one
+    Column("conclusion", String(32), nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("completed_at", Float, nullable=False),
+    UniqueConstraint("gh_run_id", "gh_run_attempt", "job", name="job_time_once"),
+    Index("job_times_by_event", "event", "started_at"),
+)
+
+
 def _v1(conn: Connection) -> None:
     for table in (runs, attempts, metrics):
         table.create(conn, checkfirst=True)
@@ -209,6 +231,10 @@ def _v7(conn: Connection) -> None:
     executed.create(conn, checkfirst=True)
 
 
+def _v8(conn: Connection) -> None:
+    job_times.create(conn, checkfirst=True)
+
+
 # (version, what it does, the step). Append only: a store at version N runs N+1… in order.
 MIGRATIONS: tuple[tuple[int, str, Callable[[Connection], None]], ...] = (
     (1, "runs, entry attempts and e2e metric series", _v1),
@@ -220,5 +246,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[Connection], None]], ...] = (
         "Actions run, attempt and job (`gh_run_id`, `gh_run_attempt`, `gh_job`)", _v6),
     (7, "what each passing entry of a run executed (`executed`: its files and functions), "
         "for selection by executed code", _v7),
+    (8, "each job of a finished workflow run with GitHub's start and end (`job_times`): the "
+        "wait a pull request's author sees", _v8),
 )
 LATEST = MIGRATIONS[-1][0]

@@ -13,6 +13,7 @@ import html
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
+from ci.history.job_times import Wait, summary
 from ci.history.store import AttemptRow
 from ci.history.verdicts import Verdict
 from ci.hud import svg
@@ -21,6 +22,7 @@ from ci.hud.gpu_use import NOT_RECORDED, HostDay
 from ci.hud.grid import Cell, Column, Grid
 
 STYLE = "hud.css"
+WAITS_SHOWN = 30  # the index says what pull requests waited for over their last this many runs
 COMMIT_W, CELL_W = 210, 16  # px: the commit column and one cell (ci/hud/style.py agrees)
 LEGEND = (("pass", "passed"), ("fail", "failed"), ("flaky", "flaky"), ("infra", "infrastructure"),
           ("quarantined", "quarantined"), ("not-run", "not run"))
@@ -137,11 +139,13 @@ def streak_rows(grid: Grid, repo: str) -> str:
             + "".join(rows) + "</tbody></table>")
 
 
-def index(grid: Grid, *, branch: str, repo: str, prs: Sequence[int], generated: float) -> str:
+def index(grid: Grid, *, branch: str, repo: str, prs: Sequence[int], generated: float,
+          waits: Sequence[Wait] = ()) -> str:
     prs_html = ""
-    if prs:
-        prs_html = ("<h2>Pull requests</h2><p>" + " ".join(f'<a href="p/{n}.html">#{n}</a>' for n in prs)
-                    + "</p>")
+    if prs or waits:
+        links = " ".join(f'<a href="p/{n}.html">#{n}</a>' for n in prs)
+        prs_html = ("<h2>Pull requests</h2>" + f'<p class="note">{esc(summary(waits, last=WAITS_SHOWN))}</p>'
+                    + (f"<p>{links}</p>" if prs else ""))
     intro = (f'<p class="note">The last {len(grid.commits)} commits of <code>{esc(branch)}</code> that '
              f"trusted runs tested, newest first, by {len(grid.columns)} entries. Hover or focus a cell "
              "(Tab) for its verdict and evidence; a cell links to its run, a column head to the "

@@ -1,5 +1,6 @@
 """What the HUD reads from the history store: attempts (through the store's own query), the
-bisect answers, the GPU attempts with their host, and the gated metrics.
+bisect answers, the GPU attempts with their host, the gated metrics, and the pull requests'
+waits (their runs' slowest hosted jobs, from the jobs' times the ingest job records).
 
 The store's `attempts()` is the one read of attempts; the two queries here read what it
 does not carry (a run's host and an attempt's devices, the `bisects` table's rows), and
@@ -12,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ci.errors import StoreError
+from ci.history.job_times import Wait, waits
 from ci.history.store import AttemptRow, BisectRow, HistoryStore, MetricRow
 
 
@@ -37,6 +39,7 @@ class History:
     bisects: tuple[BisectRow, ...] = ()
     gpu: tuple[GpuAttempt, ...] = ()
     metrics: Mapping[tuple[str, str], tuple[MetricRow, ...]] = field(default_factory=dict)
+    waits: tuple[Wait, ...] = ()  # pull requests' runs, oldest first
 
 
 def bisects(store: HistoryStore) -> list[BisectRow]:
@@ -82,4 +85,5 @@ def read(store: HistoryStore, *, branch: str, last_runs: int, include_prs: bool,
             for name in names:
                 metrics[(entry, name)] = tuple(m for m in series if m.name == name)
     return History(main=tuple(rows), prs=tuple(prs), bisects=tuple(bisects(store)),
-                   gpu=tuple(gpu_attempts(store, since=since)), metrics=metrics)
+                   gpu=tuple(gpu_attempts(store, since=since)), metrics=metrics,
+                   waits=tuple(waits(store.job_times(event="pull_request"))))

@@ -69,6 +69,7 @@ def render(history: History, s: Settings) -> dict[str, str]:
             by_run[r.run_uid].append(r)
     out: dict[str, str] = {pages.STYLE: CSS}
     out["index.html"] = pages.index(g, branch=s.branch, repo=s.repo, prs=sorted(prs, reverse=True),
+                                    waits=history.waits,
                                     generated=s.generated)
     for col in g.columns:
         metrics = {name: series for (entry, name), series in history.metrics.items() if entry == col.entry_id}

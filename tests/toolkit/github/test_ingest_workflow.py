@@ -39,7 +39,7 @@ def test_it_watches_both_test_workflows_by_their_names_and_reads_what_they_uploa
     assert job["permissions"] == {"actions": "read"}  # downloads artifacts; writes nothing to GitHub
     assert job["environment"] == {"name": "ci-history", "deployment": False}
     steps = job["steps"]
-    checkout, fetch, record = steps[0], steps[3], steps[4]
+    checkout, fetch, jobs, record = steps[0], steps[3], steps[4], steps[5]
     # The branch named in full (a tag `main` is not it), with its whole commit graph: a trusted
     # run's head must be one of its commits (ci/history/on_branch.py).
     assert checkout["with"] == {"ref": "refs/heads/${{ github.event.repository.default_branch }}",
@@ -58,11 +58,15 @@ def test_it_watches_both_test_workflows_by_their_names_and_reads_what_they_uploa
         u.startswith(prefix) for u in uploaded)
     # Nothing from the artifact runs: the steps that run are the install, the fetch, the
     # ingest and the snapshot, all from the default branch's checkout.
-    assert [s["run"] for s in steps if "run" in s][2] == (
+    assert record["run"] == (
         'nox -s history -- ingest "$RUNNER_TEMP/history" --event-file "$GITHUB_EVENT_PATH" '
-        f"--trusted-workflow {WORKFLOW_PATH}")  # only the test workflow's own file is trusted
+        f'--trusted-workflow {WORKFLOW_PATH} --jobs "$RUNNER_TEMP/jobs.jsonl"')  # only its own file trusted
+    # The run attempt's jobs as GitHub timed them, a line each; a refusal is a warning, not a failure.
+    assert jobs["env"]["RUN"] == fetch["env"]["RUN"] and jobs["env"]["ATTEMPT"] == (
+        "${{ github.event.workflow_run.run_attempt }}")
+    assert '/actions/runs/$RUN/attempts/$ATTEMPT/jobs"' in jobs["run"] and "|| {" in jobs["run"]
     # The secret only in the environment of the steps that open the store.
-    snap, save, publish = steps[5:]
+    snap, save, publish = steps[6:]
     assert [s for s in steps if "secrets." in json.dumps(s)] == [record, snap]
     for step in (record, snap):
         assert step["env"] == {"SLIME_CI_HISTORY_URL": "${{ secrets.SLIME_CI_HISTORY_URL }}"}

@@ -245,8 +245,10 @@ def _monitor_job_command():
     (upload,) = [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
     assert upload["if"] == "always()" and upload["with"]["path"] == MONITOR_REPORT
     (session,) = [x for x in SESSIONS if x.name == "monitor"]
-    issues, command = session.commands  # what `nox -s monitor` runs in its venv: issues, then the monitor
+    # What `nox -s monitor` runs in its venv: the issues, the leak audit's issues, then the monitor.
+    issues, leaks, command = session.commands
     assert issues[:4] == ("python", "-m", "ci", "issues")
+    assert leaks[:5] == ("python", "-m", "ci", "select-audit", "--issues")
     assert command[0] == "python"
     return [sys.executable, *command[1:]], MONITOR_REPORT
 

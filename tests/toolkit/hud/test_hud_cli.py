@@ -10,11 +10,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: t
 import _hud_history as planted
 from _ci import REPO, run_ci
 
+from ci.history.job_times import JobTime
+from ci.history.store import open_store
+
 NUM_GPUS = 0
 
 
 def test_a_site_from_either_store_with_the_pr_pages_apart(store_url, tmp_path):
     planted.plant(store_url)
+    with open_store(store_url) as store:  # two PR runs' jobs, as the ingest job records them
+        store.record_job_times([
+            JobTime(gh_run_id=run, gh_run_attempt=1, job=name, event="pull_request", commit="f" * 40, pr=7,
+                    trusted=False, hosted=hosted, conclusion="success", started_at=1e9, completed_at=1e9 + secs)
+            for run, slowest in (("1", 300.0), ("2", 420.0))
+            for name, hosted, secs in (("toolkit (shard 1/3)", True, slowest), ("cpu_unit", True, 120.0),
+                                       ("megatron", False, 3000.0))])
     out = tmp_path / "site"
     proc = run_ci("hud", "--out", str(out), "--history", store_url, "--root", str(REPO), "--include-prs",
                   env={"GITHUB_REPOSITORY": "acme/slime"})
@@ -24,6 +34,9 @@ def test_a_site_from_either_store_with_the_pr_pages_apart(store_url, tmp_path):
         assert (out / rel).is_file(), rel
     index = (out / "index.html").read_text(encoding="utf-8")
     assert '<a href="p/7.html">#7</a>' in index
+    # What PR authors waited for: the slowest hosted job of each run (not the GPU job).
+    assert ("wait of the last 2 pull_request run(s): median 6.0 min, p90 7.0 min, worst 7.0 min; "
+            "slowest most often: toolkit (shard 1/3)") in index
     assert "f" * 40 not in index  # the PR's commit is never a row of main's grid
     pr = (out / "p" / "7.html").read_text(encoding="utf-8")
     # The verdict table of its latest run: test_a passes on main, so its failure is new.
