@@ -256,10 +256,19 @@ def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
     else:
         # Whether the run's head is on the default branch: this checkout's history says, never
         # the branch's name (a tag can carry it).
+        def reach(sha: str, branch: str) -> bool:
+            if not empty:
+                return on_branch(root, sha, branch)
+            try:  # only the jobs' times to record: a checkout without the branch is no reason to stop
+                return on_branch(root, sha, branch)
+            except UsageError as exc:
+                _warn(f"ingest: the jobs' times are recorded as untrusted ({exc})")
+                return False
+
         payload = read_event(args.event_file)
         source = trigger(payload, run_file=ONE_FILE_WORKFLOW,
                          trusted_workflow=args.trusted_workflow or TRUSTED_WORKFLOW,
-                         on_branch=lambda sha, branch: on_branch(root, sha, branch),
+                         on_branch=reach,
                          bisect_workflow=BISECT_WORKFLOW)
         if source.doubt:
             _warn(f"ingest: {source.describe()}: not trusted, {source.doubt}")
