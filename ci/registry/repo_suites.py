@@ -106,7 +106,9 @@ PLANTS_CI: tuple[str, ...] = (
 # The shard counts of the targets below are sized for a 2-core runner: the CI machine that
 # runs `.ci/run` has 2, as a private fork's hosted runner does (a public repository's has 4),
 # so a count that meets its target here meets it there too, at the price of more set-ups.
-# The set-up is what `benchmarks/pr_feedback.py` measured (docs/benchmarks.md, PR feedback).
+# The 60 s set-up is a bound for a hosted runner (its start, checkout, Python, a torch
+# download); `benchmarks/pr_feedback.py` measured 4 s warm and 11 s cold for the clone and the
+# install alone here (docs/benchmarks.md, PR feedback).
 SHARDING = ShardPolicy(runner_cores=2, setup_seconds=60.0)
 
 SUITES: tuple[Suite, ...] = (

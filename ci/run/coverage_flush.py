@@ -13,26 +13,42 @@ and coverage: it runs in processes that have neither the toolkit nor the reposit
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from typing import Any
 
 DEFAULT_INTERVAL = 0.2  # seconds between writes of a busy process
 _started: set[int] = set()  # pids whose flusher runs (a forked child starts its own)
+# Set when the process begins to exit: the flusher stops before the interpreter tears its
+# modules down (a daemon thread still writing then can crash the process: entries that had
+# passed their checks ended with SIGSEGV at exit under recording), and a write in progress
+# ends first (`_writing`). Coverage's own write at exit comes after.
+_stopping = threading.Event()
+_writing = threading.Lock()
 
 
 def _flush_forever(interval: float) -> None:
     import coverage
 
-    while True:
-        threading.Event().wait(interval)
+    while not _stopping.wait(interval):
         cov = coverage.Coverage.current()
         if cov is None:
             continue
-        try:
-            cov.save()
-        except Exception:  # a failed write must never break the measured process
-            continue
+        with _writing:
+            if _stopping.is_set():
+                return
+            try:
+                cov.save()
+            except Exception:  # a failed write must never break the measured process
+                continue
+
+
+def stop() -> None:
+    """Stop this process's flusher and wait for a write in progress (at exit)."""
+    _stopping.set()
+    with _writing:
+        pass
 
 
 def start(interval: float) -> None:
@@ -50,3 +66,9 @@ def coverage_init(reg: Any, options: dict[str, str]) -> None:
     interval = float(options.get("interval", DEFAULT_INTERVAL))
     start(interval)
     os.register_at_fork(after_in_child=lambda: start(interval))
+    # threading's exit hooks run before atexit's, so before coverage's own write at exit.
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        register(stop) if register is not None else atexit.register(stop)
+    except RuntimeError:  # the interpreter is already shutting down: nothing more to write
+        stop()

@@ -215,5 +215,36 @@ def test_changing_the_unrecorded_actors_function_leaves_the_entry_out(repo):
     assert picked == {ENTRY_ID: (False, "executes none of the changed code")}
 
 
+FLUSHER_STOPS = """
+import sys, threading, time
+import coverage
+sys.path.insert(0, sys.argv[1])
+import coverage_flush
+cov = coverage.Coverage(data_file=sys.argv[2])
+cov.start()
+coverage_flush.start(0.05)
+time.sleep(0.3)
+[flusher] = [t for t in threading.enumerate() if t.name == "slime-ci-coverage-flush"]
+coverage_flush.stop()
+flusher.join(2)
+cov.stop()
+cov.save()
+print("stopped" if not flusher.is_alive() else "still running")
+"""
+
+
+def test_the_flusher_stops_before_the_process_exits(tmp_path):
+    # At exit the flusher is stopped (threading's exit hook, before coverage's own write): a
+    # daemon thread still writing while the interpreter tears down can crash the process.
+    import subprocess
+
+    from _ci import REPO
+
+    done = subprocess.run([sys.executable, "-c", FLUSHER_STOPS, str(REPO / "ci/run"), str(tmp_path / "data")],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "stopped"
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q"]))
