@@ -373,6 +373,24 @@ def apply(gh: GitHub, actions: Sequence[Action]) -> tuple[list[str], list[str]]:
     return done, refused
 
 
+def listed(gh: GitHub, author: str) -> list[Existing]:
+    """The monitor's issues on GitHub, open and closed (`existing_issues`); a refusal is a
+    UsageError that says what the job needs."""
+    try:
+        return existing_issues(gh.pages(f"/issues?labels={LABEL}&state=all"), author)
+    except GitHubError as exc:
+        hint = "; the job needs `issues: write`" if exc.status in (401, 403) else ""
+        raise UsageError(f"cannot list the {LABEL} issues: {exc}{hint}") from None
+
+
+def say_planned(actions: Sequence[Action], prog: str) -> None:
+    """`--dry-run`: each action, then how many, none taken."""
+    for a in actions:
+        print(f"would {a.verb} {'#' + str(a.number) if a.number else 'an issue'}: "
+              f"{a.kind} {a.entry_id} ({a.why})")
+    print(f"{prog}: {len(actions)} action(s), none taken (--dry-run)")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `python -m ci issues --help`)")
@@ -429,19 +447,10 @@ def main(argv: Sequence[str]) -> int:
         raise
     wanted = wanted_issues(rows, registry.suites, root, repo=repo, k=args.k, lifts=lifts, bisects=answers,
                            server=os.environ.get("GITHUB_SERVER_URL", "https://github.com"))
-    existing: list[Existing] = []
-    if gh is not None:
-        try:
-            existing = existing_issues(gh.pages(f"/issues?labels={LABEL}&state=all"), args.author)
-        except GitHubError as exc:
-            hint = "; the job needs `issues: write`" if exc.status in (401, 403) else ""
-            raise UsageError(f"cannot list the {LABEL} issues: {exc}{hint}") from None
+    existing = listed(gh, args.author) if gh is not None else []
     actions = plan(wanted, existing, rows, registry.suites, max_new=args.max_new)
     if gh is None:
-        for a in actions:
-            print(f"would {a.verb} {'#' + str(a.number) if a.number else 'an issue'}: "
-                  f"{a.kind} {a.entry_id} ({a.why})")
-        print(f"issues: {len(actions)} action(s), none taken (--dry-run)")
+        say_planned(actions, "issues")
         return EXIT_OK
     lifting = [a for a in actions if a.verb == "lift" and a.wanted is not None]
     if lifting:

@@ -17,11 +17,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ci.errors import EXIT_FAILED, EXIT_OK, UsageError
-from ci.github.flaky_issues import BOT_LOGIN, LABEL, MAX_NEW, apply, existing_issues, merged, plan
+from ci.errors import EXIT_FAILED, EXIT_OK
+from ci.github.flaky_issues import BOT_LOGIN, MAX_NEW, apply, listed, merged, plan, say_planned
 from ci.github.inert_text import code, plain
 from ci.github.issue_kinds import WORDS, Wanted, codeowners, marker, owner_of
-from ci.github.rest_client import GitHub, GitHubError
+from ci.github.rest_client import GitHub
 from ci.quality.audit_cases import BLAMED, Audit, Case
 from ci.registry.loader import Registry
 
@@ -79,20 +79,10 @@ def keep_issues(audit: Audit, registry: Registry, root: Path, *, repo: str | Non
         return EXIT_OK
     wanted = merged(leak_issues(audit, registry, root))
     gh = None if dry_run else GitHub.from_env(os.environ, repo)
-    existing = []
-    if gh is not None:
-        try:
-            existing = [x for x in existing_issues(gh.pages(f"/issues?labels={LABEL}&state=all"), author)
-                        if x.kind == "selection-leak"]
-        except GitHubError as exc:
-            hint = "; the job needs `issues: write`" if exc.status in (401, 403) else ""
-            raise UsageError(f"cannot list the {LABEL} issues: {exc}{hint}") from None
+    existing = [x for x in listed(gh, author) if x.kind == "selection-leak"] if gh is not None else []
     actions = plan(wanted, existing, (), registry.suites, max_new=max_new, audited=True)
     if gh is None:
-        for a in actions:
-            print(f"would {a.verb} {'#' + str(a.number) if a.number else 'an issue'}: {a.kind} {a.entry_id} "
-                  f"({a.why})")
-        print(f"select-audit: {len(actions)} issue action(s), none taken (--dry-run)")
+        say_planned(actions, "select-audit")
         return EXIT_OK
     done, refused = apply(gh, actions)
     for line in done:
