@@ -135,6 +135,25 @@ def test_ingest_records_the_jobs_with_the_events_word_once_and_waits_reads_them(
     assert "Pull requests' wait of the last 1 pull_request run(s): median 6.0 min" in report.read_text()
 
 
+def test_a_version_7_store_gains_the_table_and_keeps_its_runs(store_url):
+    from sqlalchemy import inspect, text
+
+    from ci.history import schema
+    from ci.history.rows import RunRecord
+    from ci.history.schema import LATEST
+
+    with open_store(store_url) as store:
+        store.record(RunRecord(uid="07" * 16, suite="unit", started_at=1e9, ended_at=1e9 + 1, exit_code=0))
+        with store.engine.begin() as conn:
+            conn.execute(text("DROP TABLE job_times"))
+            conn.execute(schema.meta.update().values(value="7"))
+    with open_store(store_url) as store:
+        assert store.version == LATEST == 8
+        assert "job_times" in inspect(store.engine).get_table_names()
+        assert [r.uid for r in store.runs()] == ["07" * 16]
+        assert store.record_job_times(parsed(JOBS)) == 4 and len(store.job_times()) == 4
+
+
 def test_a_missing_or_bad_jobs_file(tmp_path):
     url = f"sqlite:///{tmp_path / 'shared.sqlite'}"
     missing = _ingest(tmp_path, url, tmp_path / "nope.jsonl")
