@@ -223,7 +223,10 @@ class Smoke:
     # Every run records what each entry executed (`smoke --record-executed`, about 1.3x the
     # time): the nightly's records, exported with its runs, are what PR selection reads.
     record_executed: bool = False
-
+    # Its suites' runs one after another instead of at once (`smoke --one-at-a-time`). Four
+    # suites recording at once on a 2-core runner drove the load to 79 and engines missed
+    # their start; one suite at a time keeps at most a run's own entries (-j) on the cores.
+    one_at_a_time: bool = False
 
 
 # Files that change what entries do without being executed as code (vLLM's CI calls such a

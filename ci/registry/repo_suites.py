@@ -249,9 +249,10 @@ SESSIONS: tuple[Check | Smoke, ...] = (
           runs=_SMOKE_ON_PUSH, target_minutes=7),
     # It records what each entry executed (record_executed): its runs, ingested as main's, are
     # what a PR's GPU jobs select from (docs/selection.md). Recorded entries get
-    # SelectionPolicy.recording_timeout_factor times their timeouts.
+    # SelectionPolicy.recording_timeout_factor times their timeouts. Its suites run one at a
+    # time: recording all four at once overloaded a 2-core runner (load 79, engines late).
     Smoke(name="gpu_smoke_nightly", profiles=("e2e", "gpu-host"), tags=("cpu", "nightly"),
-          cadences=("nightly",), minutes=150, record_executed=True,
+          cadences=("nightly",), minutes=150, record_executed=True, one_at_a_time=True,
           purpose="Every entry of megatron, precision, ckpt and sglang_config on emulated GPUs, nightly "
                   "(gpu_smoke runs a subset on every push)",
           runs=(SmokeRun(suite="megatron"), SmokeRun(suite="precision"), SmokeRun(suite="ckpt"),

@@ -13,7 +13,7 @@ it turns recording off in a process and everything it starts. Each process write
 (`parallel`), labelled with the entry's id as a static context (`context =
 ${SLIME_CI_ENTRY}`): unlike dynamic contexts, a static context works under every core,
 sysmon included. When the run ends the files are combined and, per entry that passed,
-reduced to {file: functions} (`ci.select.executed`) and stored with the commit. A failed
+reduced to {file: functions, lines} (`ci.select.executed`) and stored with the commit. A failed
 entry keeps its earlier record: it stopped early and executed less than it would.
 """
 
@@ -135,9 +135,10 @@ class ExecutedRecorder(RunObserver):
         self.records = {}
         for r in judgement.results:
             if r.ok:
-                files = executed.reduce(self.root, measured.get(r.entry.id, {}))
-                self.records[r.entry.id] = executed.Record(entry=r.entry.id, commit=self.commit,
-                                                           recorded_at=now, files=files)
+                got = executed.reduce(self.root, measured.get(r.entry.id, {}))
+                self.records[r.entry.id] = executed.Record(
+                    entry=r.entry.id, commit=self.commit, recorded_at=now, files=got.files,
+                    lines=got.lines, blobs=got.blobs)
         return replace(judgement, results=tuple(
             replace(r, executed=self.records[r.entry.id].files) if r.entry.id in self.records else r
             for r in judgement.results))

@@ -6,7 +6,9 @@ starts Ray heads and imports torch, with a core idle. Here every run is its own
 `python -m ci run --suite S --emulate-gpus`, all started together and all holding GPUs
 through one shared lock directory: no two entries ever hold the same logical GPU (nor,
 so, the same Ray port block), and an entry that wants all of them waits for them in
-the lock's queue as it would behind another runner.
+the lock's queue as it would behind another runner. A smoke whose registry entry sets
+`one_at_a_time` (or `--one-at-a-time`) runs them one after another instead, on the same
+lock files: the recording nightly does, as recording four suites at once overloads 2 cores.
 
 Each line a run prints is shown with its suite's name in front (GitHub's `::` commands
 as they are, so annotations still work); a table at the end gives each suite's exit
@@ -18,6 +20,7 @@ report, and the command exits 130.
     python -m ci smoke gpu_smoke --dry-run        # each run's plan, nothing started
     python -m ci smoke gpu_smoke --history URL    # every other option goes to each `ci run`
     python -m ci smoke gpu_smoke --shard 2/3      # one CI shard: its share of every run's entries
+    python -m ci smoke gpu_smoke --one-at-a-time  # its runs one after another (gpu_smoke_nightly's way)
 
 `--shard I/K` splits the smoke's entries, all its runs' together, by their measured durations
 (the split `ci run --shard` makes of one suite); each run then takes only its entries of that
@@ -158,6 +161,18 @@ def run_together(cmds: Sequence[SmokeCommand], *, cwd: Path | None = None,
             for i, (c, p) in enumerate(zip(cmds, procs, strict=True))]
 
 
+def run_one_at_a_time(cmds: Sequence[SmokeCommand], *, cwd: Path | None = None,
+                      out: TextIO = sys.stdout) -> list[tuple[str, int, float]]:
+    """`run_together` for one command after another (a smoke's `one_at_a_time`): a failing run
+    does not stop the next; an interrupt does, and the runs not started are left out."""
+    results: list[tuple[str, int, float]] = []
+    for c in cmds:
+        if PROCESS.received:
+            break
+        results.extend(run_together([c], cwd=cwd, out=out))
+    return results
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m ci smoke",
@@ -171,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", metavar="I/K",
                    help="run shard I of K of the smoke's entries, all its runs' together, balanced by "
                         "measured durations (a CI matrix job); default: every entry")
+    p.add_argument("--one-at-a-time", action="store_true",
+                   help="run the smoke's suites one after another instead of at once (the default "
+                        "of a smoke whose registry entry sets one_at_a_time, as gpu_smoke_nightly does)")
     return p
 
 
@@ -188,9 +206,11 @@ def main(argv: Sequence[str]) -> int:
         cmds = commands(smoke, os.path.join(locks, "gpu_{gpu_id}.lock"), rest)
         part = f" (shard {args.shard}: {sum(len(r.patterns) for r in smoke.runs)} entries)" \
             if args.shard else ""
-        print(f"{smoke.name}{part}: {len(cmds)} run(s) at once on {smoke.gpus} emulated GPUs: "
+        serial = args.one_at_a_time or smoke.one_at_a_time
+        how = "one at a time" if serial else "at once"
+        print(f"{smoke.name}{part}: {len(cmds)} run(s) {how} on {smoke.gpus} emulated GPUs: "
               f"{', '.join(c.suite for c in cmds)}", flush=True)
-        results = run_together(cmds, cwd=root)
+        results = (run_one_at_a_time if serial else run_together)(cmds, cwd=root)
     finally:
         shutil.rmtree(locks, ignore_errors=True)
     width = max(len("suite"), *(len(s) for s, _, _ in results))

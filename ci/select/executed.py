@@ -2,7 +2,10 @@
 
 A record names, for each repository file an entry ran, the functions whose bodies ran
 (`Cls.method`, `outer.inner`), plus `<module>` for lines at module level (run on import)
-and the class name for lines of a class body (also run on import). The run observer
+and the class name for lines of a class body (also run on import); and the lines that ran,
+as spans (`"1-5,9"`), with the file's git blob id at the recorded commit, so selection can
+tell which branch of a function ran and map those lines onto a later version of the file
+(`ci.select.blocks`). The run observer
 `ci.run.record_executed` writes records; selection (`ci.select.by_execution`) reads the
 newest one per entry. The store is one JSON file under `.ci-cache/`: a checkout's last
 trusted recording run, per entry, with the commit it ran.
@@ -12,18 +15,20 @@ from __future__ import annotations
 
 import ast
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ci.errors import UsageError
 
 MODULE = "<module>"  # module-level code: a change there counts as the whole file
 RECORDS_FILE = Path(".ci-cache") / "executed" / "records.json"
-FORMAT = 1
+FORMAT = 2  # 1: functions only; still read (selection falls back to functions)
+READ_FORMATS = (1, 2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,12 +94,63 @@ class Record:
     commit: str
     recorded_at: float
     files: Mapping[str, tuple[str, ...]]  # repository path -> functions executed, sorted
+    # repository path -> the lines that ran, as spans; {} for a record made before lines were
+    # kept (format 1): selection then goes by functions alone
+    lines: Mapping[str, str] = field(default_factory=dict)
+    # repository path -> the file's git blob id as it ran (`git hash-object`): which version
+    # of the file `lines` number
+    blobs: Mapping[str, str] = field(default_factory=dict)
 
 
-def reduce(root: Path, measured: Mapping[str, Iterable[int]]) -> dict[str, tuple[str, ...]]:
-    """Executed lines by absolute file -> executed functions by repository path, for files of
-    `root` only (a site-packages file or a scratch copy elsewhere is not the repository's)."""
+def spans(lines: Iterable[int]) -> str:
+    """Line numbers as sorted spans: [1, 2, 3, 5] -> "1-3,5" (pure)."""
+    out: list[str] = []
+    run: list[int] = []
+    for n in sorted(set(lines)):
+        if run and n == run[-1] + 1:
+            run.append(n)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [n]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def parse_spans(text: str) -> frozenset[int]:
+    """`spans` read back; ValueError on anything else."""
+    out: set[int] = set()
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        lo, hi = int(first), int(last or first)
+        if lo < 1 or hi < lo:
+            raise ValueError(f"not a span of line numbers: {part!r}")
+        out.update(range(lo, hi + 1))
+    return frozenset(out)
+
+
+def blob_id(data: bytes) -> str:
+    """The git blob id of a file's bytes, as `git hash-object` gives it (pure)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reduced:
+    """What `reduce` keeps of one entry's measured lines, by repository path."""
+
+    files: dict[str, tuple[str, ...]]
+    lines: dict[str, str]
+    blobs: dict[str, str]
+
+
+def reduce(root: Path, measured: Mapping[str, Iterable[int]]) -> Reduced:
+    """Executed lines by absolute file -> executed functions, line spans and blob ids by
+    repository path, for files of `root` only (a site-packages file or a scratch copy
+    elsewhere is not the repository's)."""
     out: dict[str, tuple[str, ...]] = {}
+    ran: dict[str, str] = {}
+    blobs: dict[str, str] = {}
     base = root.resolve()
     for name, lines in measured.items():
         path = Path(name).resolve()
@@ -104,13 +160,18 @@ def reduce(root: Path, measured: Mapping[str, Iterable[int]]) -> dict[str, tuple
         if rel.startswith((".nox/", ".venv/", ".ci-cache/")):
             continue
         try:
-            source = path.read_text(encoding="utf-8")
+            data = path.read_bytes()
+            source = data.decode("utf-8")
         except (OSError, UnicodeDecodeError):
             continue
+        lines = tuple(lines)
         executed = executed_functions(scopes(source), lines)
         if executed:
             out[rel] = tuple(sorted(executed))
-    return dict(sorted(out.items()))
+            ran[rel] = spans(lines)
+            blobs[rel] = blob_id(data)
+    return Reduced(files=dict(sorted(out.items())), lines=dict(sorted(ran.items())),
+                   blobs=dict(sorted(blobs.items())))
 
 
 def load(path: Path) -> dict[str, Record]:
@@ -122,11 +183,12 @@ def load(path: Path) -> dict[str, Record]:
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: not a records file ({exc.__class__.__name__}); delete it and "
                          "record again with `python -m ci run --record-executed`") from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+    if not isinstance(raw, dict) or raw.get("format") not in READ_FORMATS:
         raise UsageError(f"{path}: unknown records format; delete it and record again "
                          "with `python -m ci run --record-executed`")
     return {entry: Record(entry=entry, commit=str(r["commit"]), recorded_at=float(r["recorded_at"]),
-                          files={f: tuple(fns) for f, fns in r["files"].items()})
+                          files={f: tuple(fns) for f, fns in r["files"].items()},
+                          lines=dict(r.get("lines", {})), blobs=dict(r.get("blobs", {})))
             for entry, r in raw["entries"].items()}
 
 
@@ -145,7 +207,8 @@ def _merge(path: Path, records: Iterable[Record]) -> None:
         kept[r.entry] = r
     body = {"format": FORMAT, "entries": {
         e: {"commit": r.commit, "recorded_at": r.recorded_at,
-            "files": {f: list(fns) for f, fns in r.files.items()}}
+            "files": {f: list(fns) for f, fns in r.files.items()},
+            "lines": dict(r.lines), "blobs": dict(r.blobs)}
         for e, r in sorted(kept.items())}}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".records-")
     with os.fdopen(fd, "w", encoding="utf-8") as out:

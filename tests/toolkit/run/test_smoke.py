@@ -117,6 +117,19 @@ def test_suites_run_at_once_on_disjoint_gpus_and_each_line_names_its_suite(repo)
     assert [row.split()[:2] for row in table[1:3]] == [["alpha", "0"], ["beta", "0"]]
 
 
+def test_one_at_a_time_the_suites_do_not_overlap_and_a_failure_does_not_stop_the_next(repo):
+    proc = _smoke(repo, "broken", "--one-at-a-time", env={"HOLD_S": "2"})
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "2 run(s) one at a time" in proc.stdout
+    marks = _marks(repo[1])
+    assert set(marks) == {"one", "two"}
+    one, two = marks["one"], marks["two"]
+    assert one["end"] <= two["start"], "beta started before alpha ended"
+    table = proc.stdout.splitlines()
+    table = table[table.index("suite  exit  seconds"):]
+    assert [row.split()[:2] for row in table[1:3]] == [["alpha", "0"], ["beta", "1"]]
+
+
 def test_an_entry_wanting_every_gpu_waits_for_the_other_suites_entries(repo):
     # Without the shared lock files each run would think both GPUs its own, and they would overlap.
     proc = _smoke(repo, "full", env={"HOLD_S": "2"})
