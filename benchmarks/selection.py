@@ -8,7 +8,8 @@ select-audit` does (the patch is the diff; one of the entries its `only:` names 
 picked). For each of the repository's last N commits that touch slime/ (fewer when there
 are fewer; the output says how many), the commit's own diff against its first parent is
 the pull request: every GPU suite's entries are picked by the rule in
-`ci.select.by_execution`, and the GPU-seconds of the picked entries (duration times GPUs,
+`ci.select.by_execution`, twice from the same records: by the functions each entry ran, and
+narrowed to the blocks of statements it entered (`ci.select.blocks`); the GPU-seconds of the picked entries (duration times GPUs,
 from the measured durations over tests/durations.json) are set against those of all
 entries. The goal: recall 1.0 on the plants, at most 0.4 of the GPU-seconds on the commits.
 Entries without a record always run, so before a recording run the ratio is 1.0: the
@@ -21,6 +22,7 @@ import argparse
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +34,7 @@ from ci.quality.audit_cases import replay  # noqa: E402
 from ci.quality.plants import discover as discover_plants  # noqa: E402
 from ci.registry.loader import load_registry  # noqa: E402
 from ci.select import executed  # noqa: E402
+from ci.select.blocks import git_line_map  # noqa: E402
 from ci.select.by_execution import pick  # noqa: E402
 from ci.select.discover import discover  # noqa: E402
 from ci.select.entries import resolve  # noqa: E402
@@ -68,28 +71,40 @@ def main() -> int:
     shas = git("log", "--no-merges", "--format=%H", f"-n{args.commits}", "--", "slime/").stdout.split()
     shas = [s for s in shas if git("rev-parse", "--verify", "-q", f"{s}^").returncode == 0]
     print(f"\ncommits: the last {len(shas)} that touch slime/ (asked for {args.commits})")
-    picked_s = all_s = 0.0
+    # The same records read two ways, side by side: by the functions an entry ran alone (as
+    # records without lines are read), and narrowed to the blocks it entered.
+    by_function = {e: replace(r, lines={}, blobs={}) for e, r in records.items()}
+    line_map = git_line_map(ROOT)
+    rules = {"functions": (by_function, None), "blocks": (records, line_map)}
+    picked_s = dict.fromkeys(rules, 0.0)
+    all_s = 0.0
     reasons: Counter[str] = Counter()
+    print(f"  {'commit':<10} {'functions':>9} {'blocks':>9}  subject")
     for sha in shas:
         diff = commit_changes(ROOT, sha)
-        chosen = total = 0
+        chosen = dict.fromkeys(rules, 0)
+        total = 0
         for suite in gpu:
             es = entries[suite.name]
-            for p, e in zip(pick([(e.id, e.path) for e in es], diff, records, registry.selection),
-                            es, strict=True):
-                cost = durations.get(e.id, 0.0) * e.num_gpus
-                all_s += cost
+            pairs = [(e.id, e.path) for e in es]
+            for e in es:
+                all_s += durations.get(e.id, 0.0) * e.num_gpus
                 total += 1
-                if p.runs:
-                    picked_s += cost
-                    chosen += 1
-                    leak_or_none = p.reason.startswith(("leak", "no record"))
-                    reasons[p.reason if leak_or_none else p.reason.split(" ")[0]] += 1
+            for rule, (recs, lines) in rules.items():
+                for p, e in zip(pick(pairs, diff, recs, registry.selection, line_map=lines), es, strict=True):
+                    if p.runs:
+                        picked_s[rule] += durations.get(e.id, 0.0) * e.num_gpus
+                        chosen[rule] += 1
+                        if rule == "blocks":
+                            kind = p.reason if p.reason.startswith(("leak", "no record")) else p.reason.split(" ")[0]
+                            reasons[kind] += 1
         subject = git("log", "-1", "--format=%s", sha).stdout.strip()[:60]
-        print(f"  {sha[:10]} {chosen:>3} of {total:<3} {subject}")
-    ratio = picked_s / all_s if all_s else float("nan")
-    print(f"GPU-seconds selected / all: {picked_s:.0f} / {all_s:.0f} = {ratio:.2f} (goal <= {GOAL_RATIO})")
-    print("reasons an entry ran: " + ", ".join(f"{k} {n}" for k, n in reasons.most_common()))
+        print(f"  {sha[:10]} {chosen['functions']:>4} of {total:<2} {chosen['blocks']:>4} of {total:<2}  {subject}")
+    for rule in rules:
+        ratio = picked_s[rule] / all_s if all_s else float("nan")
+        print(f"GPU-seconds selected / all, by {rule}: {picked_s[rule]:.0f} / {all_s:.0f} = {ratio:.2f} "
+              f"(goal <= {GOAL_RATIO})")
+    print("reasons an entry ran (blocks): " + ", ".join(f"{k} {n}" for k, n in reasons.most_common()))
     return 0
 
 

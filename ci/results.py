@@ -66,6 +66,8 @@ class Result:
     # What it executed (`run --record-executed`, a passing entry): repository file -> functions,
     # as ci.select.executed reduces them; None: not recorded.
     executed: Mapping[str, tuple[str, ...]] | None = None
+    # And the lines it ran: repository file -> (its git blob id, the lines as spans).
+    executed_lines: Mapping[str, tuple[str, str]] | None = None
 
     @property
     def ok(self) -> bool:

@@ -37,6 +37,7 @@ from ci.history.rows import (
     AttemptRecord,
     ExecutedRecord,
     RunRecord,
+    lines_problem,
 )
 from ci.history.store import HistoryStore
 from ci.results import MetricPoint
@@ -279,8 +280,8 @@ def _executed(items: list[Any]) -> tuple[ExecutedRecord, ...]:
     seen: set[str] = set()
     for i, x in enumerate(items):
         where = f"executed record {i}"
-        if not isinstance(x, dict) or set(x) != {"entry_id", "files"}:
-            raise ValueError(f"{where} is not an object of exactly `entry_id` and `files`")
+        if not isinstance(x, dict) or not {"entry_id", "files"} <= set(x) <= {"entry_id", "files", "lines"}:
+            raise ValueError(f"{where} is not an object of `entry_id`, `files` and (schema 9) `lines`")
         if not _text(x["entry_id"], 1024) or x["entry_id"] in seen:
             raise ValueError(f"{where}: `entry_id` is not text of at most 1024 characters, or repeats")
         seen.add(x["entry_id"])
@@ -296,7 +297,11 @@ def _executed(items: list[Any]) -> tuple[ExecutedRecord, ...]:
             count += len(fns)
         if count > MAX_EXECUTED_FUNCTIONS:
             raise ValueError(f"{where}: more than {MAX_EXECUTED_FUNCTIONS} functions")
-        out.append(ExecutedRecord(entry_id=x["entry_id"], files={p: tuple(f) for p, f in files.items()}))
+        lines = x.get("lines", {})
+        if (why := lines_problem(lines)) is not None:
+            raise ValueError(f"{where}: {why}")
+        out.append(ExecutedRecord(entry_id=x["entry_id"], files={p: tuple(f) for p, f in files.items()},
+                                  lines={p: (b, s) for p, (b, s) in lines.items()}))
     return tuple(out)
 
 

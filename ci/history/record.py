@@ -135,7 +135,9 @@ def executed_records(url: str | None, root: Path, warn: Warn) -> dict[str, execu
         warn(f"history: what entries executed is unavailable ({exc}); selecting from "
              f"{executed.RECORDS_FILE}")
         return local
-    stored = {e: executed.Record(entry=e, commit=r.commit, recorded_at=r.started_at, files=r.files)
+    stored = {e: executed.Record(entry=e, commit=r.commit, recorded_at=r.started_at, files=r.files,
+                                 lines={f: spans for f, (_, spans) in r.lines.items()},
+                                 blobs={f: blob for f, (blob, _) in r.lines.items()})
               for e, r in rows.items()}
     return {**local, **stored}
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +53,52 @@ class AttemptRecord:
 MAX_EXECUTED_FILES = 20_000  # repository files per entry
 MAX_EXECUTED_FUNCTIONS = 200_000  # functions per entry, all files together
 MAX_FUNCTION_CHARS = 1024
+MAX_SPAN_CHARS = 2_000_000  # the lines of all its files, as spans, per entry
+_BLOB = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a git blob id (SHA-1 or SHA-256)
+_SPANS = re.compile(r"[1-9][0-9]*(-[1-9][0-9]*)?(,[1-9][0-9]*(-[1-9][0-9]*)?)*")
+
+
+def lines_problem(lines: object) -> str | None:
+    """What is wrong with a record's lines ({file: [blob, spans]}), else None (pure)."""
+    if not isinstance(lines, Mapping) or len(lines) > MAX_EXECUTED_FILES:
+        return f"`lines` is not an object of at most {MAX_EXECUTED_FILES} files"
+    total = 0
+    for path, value in lines.items():
+        pair = tuple(value) if isinstance(value, (list, tuple)) else ()
+        if (not isinstance(path, str) or not 0 < len(path) <= MAX_FUNCTION_CHARS or "\x00" in path
+                or len(pair) != 2 or not all(isinstance(v, str) for v in pair)
+                or not _BLOB.fullmatch(pair[0]) or not _SPANS.fullmatch(pair[1])):
+            return f"{str(path)[:80]!r} is not a file with [a git blob id, line spans like \"1-5,9\"]"
+        total += len(pair[1])
+    if total > MAX_SPAN_CHARS:
+        return f"more than {MAX_SPAN_CHARS} characters of line spans"
+    return None
+
+
+def lines_json(lines: Mapping[str, tuple[str, str]]) -> str:
+    """A record's lines as the `executed.lines` column keeps them."""
+    return json.dumps({f: list(v) for f, v in sorted(lines.items())}, sort_keys=True)
+
+
+def lines_of(text: str | None) -> dict[str, tuple[str, str]]:
+    """The column read back; {} for a row of schema 8 or one no writer of ours made."""
+    try:
+        raw = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    if lines_problem(raw) is not None:
+        return {}
+    return {str(f): (str(v[0]), str(v[1])) for f, v in raw.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
 class ExecutedRecord:
-    """What one passing entry of the run executed: repository file -> its functions."""
+    """What one passing entry of the run executed: repository file -> its functions, and
+    (schema 9) -> (the file's git blob id, the lines it ran as spans)."""
 
     entry_id: str
     files: Mapping[str, tuple[str, ...]]
+    lines: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +136,8 @@ class RunRecord:
         data["attempts"] = tuple(AttemptRecord(**a) for a in data.get("attempts", ()))
         data["metrics"] = tuple(MetricPoint(**m) for m in data.get("metrics", ()))
         data["executed"] = tuple(ExecutedRecord(entry_id=x["entry_id"],
-                                                files={f: tuple(fns) for f, fns in x["files"].items()})
+                                                files={f: tuple(fns) for f, fns in x["files"].items()},
+                                                lines={f: (b, s) for f, (b, s) in x.get("lines", {}).items()})
                                  for x in data.get("executed", ()))
         return cls(**data)
 
@@ -237,6 +277,7 @@ def build_run(*, uid: str, suite: str, results: Sequence[Result], started_at: fl
         gh_job=storable(context.get("gh_job", ""), 128),
         attempts=attempt_records(results, root),
         metrics=tuple(p for r in results for p in metrics.get(r.entry.id, ())),
-        executed=tuple(ExecutedRecord(entry_id=storable(r.entry.id), files=dict(r.executed))
+        executed=tuple(ExecutedRecord(entry_id=storable(r.entry.id), files=dict(r.executed),
+                                      lines=dict(r.executed_lines or {}))
                        for r in results if r.executed is not None),
     )

@@ -155,6 +155,8 @@ executed = Table(
     Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
     Column("entry_id", Text, nullable=False),
     Column("files", Text, nullable=False),
+    # schema 9: the lines it ran, {path: [git blob id, spans]} (ci.select.executed); "{}" before
+    Column("lines", Text, nullable=False, server_default="{}"),
     UniqueConstraint("run_id", "entry_id", name="executed_once"),
     Index("executed_by_entry", "entry_id"),
 )
@@ -235,6 +237,13 @@ def _v8(conn: Connection) -> None:
     job_times.create(conn, checkfirst=True)
 
 
+def _v9(conn: Connection) -> None:
+    # Records made before keep "{}": selection reads them by their functions alone.
+    present = {c["name"] for c in inspect(conn).get_columns("executed")}
+    if "lines" not in present:
+        conn.execute(text("ALTER TABLE executed ADD COLUMN lines TEXT NOT NULL DEFAULT '{}'"))
+
+
 # (version, what it does, the step). Append only: a store at version N runs N+1… in order.
 MIGRATIONS: tuple[tuple[int, str, Callable[[Connection], None]], ...] = (
     (1, "runs, entry attempts and e2e metric series", _v1),
@@ -248,5 +257,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[Connection], None]], ...] = (
         "for selection by executed code", _v7),
     (8, "each job of a finished workflow run with GitHub's start and end (`job_times`): the "
         "wait a pull request's author sees", _v8),
+    (9, "records of executed code keep the lines each entry ran and the blob they number "
+        "(`executed.lines`), for selection by the blocks a change falls in", _v9),
 )
 LATEST = MIGRATIONS[-1][0]

@@ -10,13 +10,13 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ci.errors import StoreError, UsageError
 from ci.history.job_times import JobTime
-from ci.history.rows import RunRecord
+from ci.history.rows import RunRecord, lines_json, lines_of, lines_problem
 
 # `schema` (SQLAlchemy tables) is imported inside the methods that use a store, so the
 # toolkit without the `history` extra (an adopter's plain install) still imports this module.
@@ -172,6 +172,7 @@ class ExecutedRow:
     started_at: float
     run_uid: str
     files: Mapping[str, tuple[str, ...]]
+    lines: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # file -> (blob, spans)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -325,7 +326,8 @@ class HistoryStore:
                  "value": m.value} for m in run.metrics])
         if run.executed:
             conn.execute(schema.executed.insert(), [
-                {"run_id": run_id, "entry_id": x.entry_id, "files": _files_json(x.files)}
+                {"run_id": run_id, "entry_id": x.entry_id, "files": _files_json(x.files),
+                 "lines": lines_json(x.lines)}
                 for x in run.executed])
         return True
 
@@ -560,7 +562,8 @@ class HistoryStore:
                 for x in conn.execute(select(e).where(e.c.run_id.in_(wanted))
                                       .order_by(e.c.run_id, e.c.entry_id)):
                     ran.setdefault(x.run_id, []).append(
-                        ExecutedRecord(entry_id=x.entry_id, files=_files_of(x.files)))
+                        ExecutedRecord(entry_id=x.entry_id, files=_files_of(x.files),
+                                       lines=lines_of(x.lines)))
                 return [RunRecord(**{k: getattr(x, k) for k in _RUN_FIELDS},
                                   attempts=tuple(tries.get(x.id, ())), metrics=tuple(points.get(x.id, ())),
                                   executed=tuple(ran.get(x.id, ())))
@@ -581,7 +584,7 @@ class HistoryStore:
         r, e = schema.runs, schema.executed
         place = (func.row_number().over(partition_by=e.c.entry_id,
                                         order_by=(r.c.started_at.desc(), r.c.id.desc())).label("place"))
-        ranked = (select(e.c.entry_id, e.c.files, r.c.commit, r.c.started_at, r.c.uid, place)
+        ranked = (select(e.c.entry_id, e.c.files, e.c.lines, r.c.commit, r.c.started_at, r.c.uid, place)
                   .join(r, r.c.id == e.c.run_id))
         if trusted_only:
             ranked = ranked.where(r.c.trusted.is_(True))
@@ -590,7 +593,7 @@ class HistoryStore:
             with self.engine.connect() as conn:
                 return {x.entry_id: ExecutedRow(entry_id=x.entry_id, commit=x.commit,
                                                 started_at=float(x.started_at), run_uid=x.uid,
-                                                files=_files_of(x.files))
+                                                files=_files_of(x.files), lines=lines_of(x.lines))
                         for x in conn.execute(select(sub).where(sub.c.place == 1))}
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
@@ -728,6 +731,8 @@ def _check_executed(run: RunRecord) -> None:
             count += len(fns)
         if count > MAX_EXECUTED_FUNCTIONS:
             refuse(f"{where}: more than {MAX_EXECUTED_FUNCTIONS} functions")
+        if (why := lines_problem(x.lines)) is not None:
+            refuse(f"{where}: {why}")
 
 
 def check_record(run: RunRecord) -> None:

@@ -24,6 +24,7 @@ from ci.quality.plants import Plant
 from ci.quality.plants import discover as discover_plants
 from ci.registry.loader import Registry
 from ci.select import executed
+from ci.select.blocks import git_line_map
 from ci.select.by_execution import Change, changes, parse_diff, pick
 from ci.select.discover import discover
 from ci.select.entries import ResolvedEntry, resolve, select_only
@@ -73,7 +74,7 @@ def replay(root: Path, registry: Registry, plant: Plant, records: Mapping[str, e
     def diff() -> tuple[Change, ...]:
         return changes(parse_diff(plant.patch.read_text(encoding="utf-8")), _read(root), lambda _: None)
 
-    return _case(plant.key, PLANT, registry, suite.name, entries, catchers, diff, records, durations)
+    return _case(root, plant.key, PLANT, registry, suite.name, entries, catchers, diff, records, durations)
 
 
 def replay_blamed(root: Path, registry: Registry, answers: Sequence[BisectRow],
@@ -97,12 +98,13 @@ def replay_blamed(root: Path, registry: Registry, answers: Sequence[BisectRow],
             note(f"left out blamed commit {name}: this checkout lacks it or its parent "
                  "(a shallow clone? `git fetch --unshallow`)")
             continue
-        out.append(_case(name, BLAMED, registry, a.suite, entries, (a.entry_id,),
+        out.append(_case(root, name, BLAMED, registry, a.suite, entries, (a.entry_id,),
                          functools.partial(commit_changes, root, a.commit), records, durations))
     return out
 
 
-def _case(name: str, kind: str, registry: Registry, suite_name: str, entries: Sequence[ResolvedEntry],
+def _case(root: Path, name: str, kind: str, registry: Registry, suite_name: str,
+          entries: Sequence[ResolvedEntry],
           catchers: tuple[str, ...], diff: Callable[[], tuple[Change, ...]],
           records: Mapping[str, executed.Record], durations: Mapping[str, float]) -> Case:
     suite = registry[suite_name]
@@ -110,7 +112,8 @@ def _case(name: str, kind: str, registry: Registry, suite_name: str, entries: Se
         return Case(plant=name, kind=kind, suite=suite.name, catchers=catchers, selected=True,
                     why="a CPU suite runs every entry", picked=len(entries), total=len(entries),
                     gpu_seconds=0.0, gpu_seconds_all=0.0)
-    picks = {p.entry: p for p in pick([(e.id, e.path) for e in entries], diff(), records, registry.selection)}
+    picks = {p.entry: p for p in pick([(e.id, e.path) for e in entries], diff(), records, registry.selection,
+                                      line_map=git_line_map(root))}
     hit = [picks[c] for c in catchers if picks[c].runs]
     shown = hit[0] if hit else picks[catchers[0]]
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from ci.errors import UsageError
 from ci.history.run_observer import Hints, Judgement, RunEnd, RunObserver, RunStart
 from ci.log import Log
+from ci.results import Result
 from ci.run import coverage_flush
 from ci.select import executed
 
@@ -98,6 +99,11 @@ def measured_by_entry(data_dir: Path) -> dict[str, dict[str, list[int]]]:
     return out
 
 
+def _lines(record: executed.Record) -> dict[str, tuple[str, str]]:
+    """A record's lines as a run's result carries them to the history: file -> (blob, spans)."""
+    return {f: (record.blobs[f], spans) for f, spans in record.lines.items() if f in record.blobs}
+
+
 class ExecutedRecorder(RunObserver):
     """Records, per passing entry, what it executed; off unless the run asks for it."""
 
@@ -139,9 +145,13 @@ class ExecutedRecorder(RunObserver):
                 self.records[r.entry.id] = executed.Record(
                     entry=r.entry.id, commit=self.commit, recorded_at=now, files=got.files,
                     lines=got.lines, blobs=got.blobs)
-        return replace(judgement, results=tuple(
-            replace(r, executed=self.records[r.entry.id].files) if r.entry.id in self.records else r
-            for r in judgement.results))
+        def recorded(r: Result) -> Result:
+            record = self.records.get(r.entry.id) if self.records is not None else None
+            if record is None:
+                return r
+            return replace(r, executed=record.files, executed_lines=_lines(record))
+
+        return replace(judgement, results=tuple(recorded(r) for r in judgement.results))
 
     def run_ended(self, end: RunEnd) -> None:
         if not self.on:

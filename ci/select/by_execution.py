@@ -6,7 +6,10 @@ mapped to the def/class they fall in (a change at module level counts as the who
 an entry runs when it executed one of them, when its own file changed, when it has no
 record yet, or — every entry — when the diff touches a leak path (a file that changes
 behaviour without running as code: pyproject, constraints, noxfile, conftest, the
-registry, Dockerfiles, non-Python files under slime/). Pure: the caller reads git.
+registry, Dockerfiles, non-Python files under slime/). Where the record keeps the lines
+an entry ran, a function it ran counts only when it also entered the block of statements
+a change falls in (`ci.select.blocks`): a change to a branch it never took, or to a
+comment, does not run it. Pure: the caller reads git (and gives `line_map`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ci.registry.model import SelectionPolicy
-from ci.select.executed import MODULE, Record, changed_functions, scopes
+from ci.select.blocks import LineMap, Region, entered, regions
+from ci.select.executed import MODULE, Record, blob_id, changed_functions, parse_spans, scopes
 
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 WHOLE_FILE: frozenset[str] = frozenset({MODULE})
@@ -38,10 +42,14 @@ class FileDiff:
 
 @dataclass(frozen=True, kw_only=True)
 class Change:
-    """What a diff changed in one file: its functions, or the whole file (`WHOLE_FILE`)."""
+    """What a diff changed in one file: its functions, or the whole file (`WHOLE_FILE`); and,
+    where both sides could be read, the blocks its changes fall in (`ci.select.blocks`),
+    numbered as in the old file, whose git blob id is `blob`."""
 
     path: str
     functions: frozenset[str]
+    regions: tuple[Region, ...] | None = None
+    blob: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +110,8 @@ def changes(files: Iterable[FileDiff], read_old: Callable[[str], str | None],
     """Each changed file's functions: removed lines in the old source, added lines in the new.
     A file that is not Python, new, deleted, renamed or unparsable counts as a whole."""
     out: dict[str, set[str]] = {}
+    found_regions: dict[str, tuple[Region, ...]] = {}
+    blobs: dict[str, str] = {}
     for f in files:
         path = f.new_path or f.old_path
         assert path is not None
@@ -122,8 +132,13 @@ def changes(files: Iterable[FileDiff], read_old: Callable[[str], str | None],
                 found |= changed_functions(new_scopes, f.new_lines)
             else:  # no new side to read: an insertion counts for the scopes on both sides of it
                 found |= changed_functions(old_scopes, {m for a in f.insert_after for m in (a, a + 1)})
+            got = regions(old_src, new_src, f.old_lines, f.new_lines, f.insert_after)
+            if got is not None and path not in found_regions:
+                found_regions[path] = got
+                blobs[path] = blob_id(old_src.encode("utf-8"))
         out.setdefault(path, set()).update(found)
-    return tuple(Change(path=p, functions=frozenset(fns)) for p, fns in sorted(out.items()))
+    return tuple(Change(path=p, functions=frozenset(fns), regions=found_regions.get(p), blob=blobs.get(p))
+                 for p, fns in sorted(out.items()))
 
 
 def whole_files(paths: Iterable[str]) -> tuple[Change, ...]:
@@ -139,18 +154,51 @@ def leak(path: str, policy: SelectionPolicy) -> bool:
     return p.suffix != ".py" and any(p.is_relative_to(d) for d in policy.non_python_leaks_under)
 
 
-def _hits(change: Change, record: Record) -> list[str]:
+def _hits(change: Change, record: Record, line_map: LineMap | None) -> tuple[list[str], list[str]]:
+    """What of the change the entry ran, and what it ran only around: the functions that
+    hold changed lines, narrowed to the changed blocks where the record has their lines."""
     ran = record.files.get(change.path)
     if ran is None:
-        return []
+        return [], []
     if MODULE in change.functions:
-        return [f"{change.path} (module level changed)"]
-    return [f"{change.path}:{fn}" for fn in sorted(change.functions & set(ran))]
+        by_function = [f"{change.path} (module level changed)"]
+    else:
+        by_function = [f"{change.path}:{fn}" for fn in sorted(change.functions & set(ran))]
+    lines = _recorded_lines(change, record, line_map)
+    if not by_function or lines is None or change.regions is None:
+        return by_function, []
+    executed_lines, mapping = lines
+    assert change.regions is not None
+    hit = [f"{change.path}:{r.label()}" for r in change.regions if entered(r, executed_lines, mapping)]
+    return hit, ([] if hit else by_function)
+
+
+def _recorded_lines(change: Change, record: Record,
+                    line_map: LineMap | None) -> tuple[frozenset[int], Mapping[int, int] | None] | None:
+    """The entry's executed lines of the changed file and the map onto them from the diff's
+    old file (None: the same file); None when the record cannot say (no lines kept, another
+    version of the file that cannot be mapped)."""
+    spans, recorded = record.lines.get(change.path), record.blobs.get(change.path)
+    if spans is None or recorded is None or change.blob is None:
+        return None
+    try:
+        executed_lines = parse_spans(spans)
+    except ValueError:
+        return None
+    if recorded == change.blob:
+        return executed_lines, None
+    mapping = line_map(change.path, change.blob, recorded) if line_map is not None else None
+    return None if mapping is None else (executed_lines, mapping)
 
 
 def pick(entries: Sequence[tuple[str, str]], diff: Sequence[Change],
-         records: Mapping[str, Record], policy: SelectionPolicy) -> tuple[Pick, ...]:
-    """Each entry (id, its file) with whether the diff can reach it and the reason."""
+         records: Mapping[str, Record], policy: SelectionPolicy, *,
+         line_map: LineMap | None = None) -> tuple[Pick, ...]:
+    """Each entry (id, its file) with whether the diff can reach it and the reason.
+
+    `line_map` carries a changed file's old lines onto another recorded version of it (a
+    record of an earlier or later commit; `ci.select.blocks.git_line_map`); without it such
+    a record is read by its functions alone."""
     leaks = [c.path for c in diff if leak(c.path, policy)]
     changed = {c.path for c in diff}
     out = []
@@ -163,9 +211,19 @@ def pick(entries: Sequence[tuple[str, str]], diff: Sequence[Change],
         elif record is None:
             out.append(Pick(entry=entry, runs=True, reason="no record"))
         else:
-            hits = [h for c in diff for h in _hits(c, record)]
-            more = f" and {len(hits) - SHOWN_REASONS} more" if len(hits) > SHOWN_REASONS else ""
-            out.append(Pick(entry=entry, runs=bool(hits),
-                            reason="executes " + ", ".join(hits[:SHOWN_REASONS]) + more if hits
-                            else "executes none of the changed code"))
+            found = [_hits(c, record, line_map) for c in diff]
+            hits = [h for got, _ in found for h in got]
+            around = [h for _, near in found for h in near]
+            if hits:
+                out.append(Pick(entry=entry, runs=True, reason="executes " + _listed(hits)))
+            elif around:
+                out.append(Pick(entry=entry, runs=False,
+                                reason=f"executes {_listed(around)} but none of the changed blocks"))
+            else:
+                out.append(Pick(entry=entry, runs=False, reason="executes none of the changed code"))
     return tuple(out)
+
+
+def _listed(items: Sequence[str]) -> str:
+    more = f" and {len(items) - SHOWN_REASONS} more" if len(items) > SHOWN_REASONS else ""
+    return ", ".join(items[:SHOWN_REASONS]) + more

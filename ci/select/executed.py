@@ -152,7 +152,7 @@ def reduce(root: Path, measured: Mapping[str, Iterable[int]]) -> Reduced:
     ran: dict[str, str] = {}
     blobs: dict[str, str] = {}
     base = root.resolve()
-    for name, lines in measured.items():
+    for name, measured_lines in measured.items():
         path = Path(name).resolve()
         if not path.is_relative_to(base) or path.suffix != ".py":
             continue
@@ -164,7 +164,7 @@ def reduce(root: Path, measured: Mapping[str, Iterable[int]]) -> Reduced:
             source = data.decode("utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        lines = tuple(lines)
+        lines = tuple(measured_lines)
         executed = executed_functions(scopes(source), lines)
         if executed:
             out[rel] = tuple(sorted(executed))

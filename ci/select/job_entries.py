@@ -18,6 +18,7 @@ from ci.errors import CIError, UsageError
 from ci.registry.loader import Registry
 from ci.registry.model import SelectionPolicy, Suite
 from ci.select import executed
+from ci.select.blocks import git_line_map
 from ci.select.by_execution import Change, Pick, changes, parse_diff, pick
 from ci.select.discover import discover
 from ci.select.entries import ResolvedEntry, resolve
@@ -53,7 +54,7 @@ def for_diff(root: Path, entries: Sequence[tuple[str, str]], diff: Sequence[Chan
     """The entries the diff can reach, from `records` (the history's newest per entry, as
     the caller read them), else from the checkout's records file."""
     stored = records if records is not None else executed.load(root / executed.RECORDS_FILE)
-    return JobEntries(picks=pick(entries, diff, stored, policy))
+    return JobEntries(picks=pick(entries, diff, stored, policy, line_map=git_line_map(root)))
 
 
 def entries_by_job(root: Path, registry: Registry, jobs: Sequence[tuple[str, str]], event: str,

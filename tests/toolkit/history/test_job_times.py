@@ -148,7 +148,7 @@ def test_a_version_7_store_gains_the_table_and_keeps_its_runs(store_url):
             conn.execute(text("DROP TABLE job_times"))
             conn.execute(schema.meta.update().values(value="7"))
     with open_store(store_url) as store:
-        assert store.version == LATEST == 8
+        assert store.version == LATEST == 9
         assert "job_times" in inspect(store.engine).get_table_names()
         assert [r.uid for r in store.runs()] == ["07" * 16]
         assert store.record_job_times(parsed(JOBS)) == 4 and len(store.job_times()) == 4

@@ -1,4 +1,4 @@
-"""What each entry executed, in the history (schema 7): written with its run, exported and
+"""What each entry executed, in the history (schema 7; its lines, schema 9): written with its run, exported and
 ingested the way runs go, read back as the newest trusted record per entry, and what
 `python -m ci plan` selects from it.
 
@@ -30,6 +30,7 @@ NOW = time.time()
 CK = "slime/backends/fsdp/checkpoint.py"
 LOADS = {CK: ("<module>", "Checkpointer.save", "load"), "tests/e2e/test_loads.py": ("execute",)}
 RANKS = {CK: ("<module>", "latest_step"), "tests/e2e/_rank.py": ("<module>", "only_in_rank")}
+LINES = {CK: ("c" * 40, "1-12,20,31-33")}  # schema 9: the lines each ran, and the blob they number
 
 
 def _run(uid: str, *, started: float, commit: str = "a" * 40, trusted: bool = True,
@@ -40,7 +41,7 @@ def _run(uid: str, *, started: float, commit: str = "a" * 40, trusted: bool = Tr
     return RunRecord(uid=uid, suite="train", commit=commit, branch="main", event="schedule",
                      hardware="emulated", started_at=started, ended_at=started + 5, exit_code=0,
                      trusted=trusted, attempts=attempts,
-                     executed=tuple(ExecutedRecord(entry_id=e, files=f) for e, f in ran.items()))
+                     executed=tuple(ExecutedRecord(entry_id=e, files=f, lines=LINES) for e, f in ran.items()))
 
 
 def test_a_run_keeps_what_its_entries_executed_and_reads_it_back_whole(store_url):
@@ -54,6 +55,24 @@ def test_a_run_keeps_what_its_entries_executed_and_reads_it_back_whole(store_url
     assert {e: r.files for e, r in newest.items()} == {"tests/e2e/test_loads.py": LOADS,
                                                        "tests/e2e/test_ranks.py": RANKS}
     assert newest["tests/e2e/test_ranks.py"].commit == "a" * 40
+    assert newest["tests/e2e/test_ranks.py"].lines == LINES
+
+
+def test_a_version_8_store_gains_the_lines_and_its_records_read_by_functions(store_url):
+    from sqlalchemy import inspect, text
+
+    from ci.history import schema
+
+    with open_store(store_url) as store:
+        store.record(_run("05" * 16, started=NOW - 50))
+        with store.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE executed DROP COLUMN lines"))
+            conn.execute(schema.meta.update().values(value="8"))
+    with open_store(store_url) as store:
+        assert store.version == LATEST
+        assert "lines" in {c["name"] for c in inspect(store.engine).get_columns("executed")}
+        old = store.executed()["tests/e2e/test_loads.py"]
+        assert (old.files, old.lines) == (LOADS, {})
 
 
 def test_the_newest_trusted_record_per_entry_is_read_and_a_pull_requests_never(store_url):
@@ -120,7 +139,7 @@ def test_a_trusted_nightlys_records_come_through_export_and_ingest(tmp_path, sto
     nightly = Trigger(run_id=778, workflow=".github/workflows/pr-test.yml", event="schedule",
                       trusted=True, pr=None, head_sha="b" * 40)
     got = _through_the_artifact(tmp_path, run, nightly, store_url)
-    assert {e: r.files for e, r in got.items()} == {"tests/e2e/test_loads.py": LOADS}
+    assert {e: (r.files, r.lines) for e, r in got.items()} == {"tests/e2e/test_loads.py": (LOADS, LINES)}
 
 
 def test_a_pull_requests_records_are_ingested_untrusted_and_never_selected_from(tmp_path, store_url):
@@ -137,7 +156,10 @@ PR12 = Trigger(run_id=777, workflow=".github/workflows/pr-test.yml", event="pull
 
 
 @pytest.mark.parametrize(("executed_field", "why"), [
-    ([{"entry_id": "e", "files": {"a.py": ["f"]}, "extra": 1}], "exactly `entry_id` and `files`"),
+    ([{"entry_id": "e", "files": {"a.py": ["f"]}, "extra": 1}], "object of `entry_id`, `files` and"),
+    ([{"entry_id": "e", "files": {}, "lines": {"a.py": ["f" * 40, "1-x"]}}], "line spans like"),
+    ([{"entry_id": "e", "files": {}, "lines": {"a.py": ["nohex", "1-3"]}}], "a git blob id"),
+    ([{"entry_id": "e", "files": {}, "lines": {"a.py": "1-3"}}], "a git blob id"),
     ([{"entry_id": "e", "files": {"a.py": "f"}}], "list of function names"),
     ([{"entry_id": "e", "files": {"a.py": ["f\u0000"]}}], "list of function names"),
     ([{"entry_id": "e", "files": {}}, {"entry_id": "e", "files": {}}], "or repeats"),
@@ -166,6 +188,8 @@ def test_selection_reads_the_store_first_and_the_records_file_for_the_rest(tmp_p
         executed.Record(entry="tests/e2e/test_ranks.py", commit="f" * 40, recorded_at=NOW, files=RANKS)])
     got = executed_records(url, tmp_path, warn=pytest.fail)
     assert (got["tests/e2e/test_loads.py"].commit, got["tests/e2e/test_loads.py"].files) == ("e" * 40, LOADS)
+    assert (got["tests/e2e/test_loads.py"].lines, got["tests/e2e/test_loads.py"].blobs) == \
+        ({CK: "1-12,20,31-33"}, {CK: "c" * 40})
     assert got["tests/e2e/test_ranks.py"].commit == "f" * 40
     missing = f"sqlite:///{tmp_path / 'none.sqlite'}"
     assert set(executed_records(missing, tmp_path, warn=pytest.fail)) == set(got)
