@@ -169,7 +169,9 @@ def _hits(change: Change, record: Record, line_map: LineMap | None) -> tuple[lis
         return by_function, []
     executed_lines, mapping = lines
     assert change.regions is not None
-    hit = [f"{change.path}:{r.label()}" for r in change.regions if entered(r, executed_lines, mapping)]
+    hit = list(dict.fromkeys(f"{change.path} (module level changed)" if r.scope == MODULE
+                             else f"{change.path}:{r.label()}"
+                             for r in change.regions if entered(r, executed_lines, mapping)))
     return hit, ([] if hit else by_function)
 
 

@@ -157,7 +157,7 @@ def test_a_change_inside_the_loader_selects_only_the_entry_that_loads(repo):
     picked = plan_for(repo, "in-load", replace_in(
         CK, "    found = resolve_step(root, step)\n",
         "    found = resolve_step(root, step)  # changed\n    assert found != -1\n"))
-    assert picked[LOADS_ID] == (True, f"executes {CK}:load")
+    assert picked[LOADS_ID][0] and picked[LOADS_ID][1].startswith(f"executes {CK}:load lines ")
     assert picked[RANKS_ID] == (False, "executes none of the changed code")
 
 
@@ -182,7 +182,7 @@ def test_run_by_executed_runs_only_the_entries_the_branch_reaches(repo):
     assert proc.returncode == 0, proc.stderr
     assert "selection by executed code: 1 of 2 entries (against main)" in proc.stderr
     assert f"left out {RANKS_ID}: executes none of the changed code" in proc.stderr
-    assert f"{LOADS_ID}  gpus=1" in proc.stdout and f"[executes {CK}:load]" in proc.stdout
+    assert f"{LOADS_ID}  gpus=1" in proc.stdout and f"[executes {CK}:load lines " in proc.stdout
     assert f"{RANKS_ID}  gpus" not in proc.stdout
 
 
@@ -221,6 +221,30 @@ def test_a_recording_run_gives_each_entry_the_registry_s_longer_timeout(repo):
     assert f"{LOADS_ID}  gpus=1  timeout=42s" in explicit.stdout
 
 
+NOT_SAVED = "    if not marker.exists():\n        return None\n"
+
+
+@pytest.mark.slow
+def test_a_branch_of_a_function_both_ran_selects_only_the_entry_that_took_it(repo, records):
+    # Both entries ran latest_step: the loader found a step, test_ranks found none and took
+    # the early return. The records keep the lines, so the branch decides.
+    assert all("latest_step" in r["files"][CK] and CK in r["lines"] for r in records.values())
+    picked = plan_for(repo, "branch", replace_in(CK, NOT_SAVED, NOT_SAVED.replace("return None", "return (None)")))
+    assert picked[RANKS_ID][0] and picked[RANKS_ID][1].startswith(f"executes {CK}:latest_step lines ")
+    assert picked[LOADS_ID] == (False, f"executes {CK}:latest_step but none of the changed blocks")
+
+
+@pytest.mark.slow
+def test_a_branch_neither_took_selects_none_and_a_comment_changes_nothing(repo):
+    raising = replace_in(CK, "        raise CheckpointError(f\"{marker} holds", "        raise ValueError(f\"{marker} holds")
+    commented = replace_in(CK, "    marker = Path(root) / LATEST\n", "    # where the last step is named\n"
+                                                                    "    marker = Path(root) / LATEST\n")
+    for branch, edit in (("raise", raising), ("comment", commented)):
+        picked = plan_for(repo, branch, edit)
+        assert picked == {LOADS_ID: (False, f"executes {CK}:latest_step but none of the changed blocks"),
+                          RANKS_ID: (False, f"executes {CK}:latest_step but none of the changed blocks")}, branch
+
+
 @pytest.mark.slow
 def test_a_module_level_change_selects_both(repo):
     picked = plan_for(repo, "module-level", replace_in(CK, "\nclass CheckpointError", "\nLIMIT = 3\n\n\nclass CheckpointError"))
@@ -247,8 +271,8 @@ def test_a_file_neither_executes_selects_none_and_says_so(repo, records):
 @pytest.mark.slow
 def test_changing_the_rank_only_function_selects_the_entry_that_started_torchrun(repo):
     picked = plan_for(repo, "rank", replace_in("tests/e2e/_rank.py", "* 2", "* 2 + 0"))
-    assert picked == {LOADS_ID: (False, "executes none of the changed code"),
-                      RANKS_ID: (True, "executes tests/e2e/_rank.py:only_in_rank")}
+    assert picked[LOADS_ID] == (False, "executes none of the changed code")
+    assert picked[RANKS_ID][0] and picked[RANKS_ID][1].startswith("executes tests/e2e/_rank.py:only_in_rank lines ")
 
 
 @pytest.mark.slow
@@ -280,6 +304,8 @@ def test_the_run_puts_each_record_in_its_history_and_the_plan_reads_it_from_ther
         stored = store.executed()
     assert {e: {f: list(fns) for f, fns in r.files.items()} for e, r in stored.items()} == \
         {e: r["files"] for e, r in records.items()}
+    assert {e: {f: spans for f, (_, spans) in r.lines.items()} for e, r in stored.items()} == \
+        {e: r["lines"] for e, r in records.items()}
     assert {r.commit for r in stored.values()} == {git(repo, "rev-parse", "HEAD")}
     aside = repo / ".ci-cache/records-aside.json"
     (repo / RECORDS).replace(aside)  # the store alone must decide
@@ -289,8 +315,8 @@ def test_the_run_puts_each_record_in_its_history_and_the_plan_reads_it_from_ther
             "    found = resolve_step(root, step)  # changed\n    assert found != -3\n"))
     finally:
         aside.replace(repo / RECORDS)
-    assert picked == {LOADS_ID: (True, f"executes {CK}:load"),
-                      RANKS_ID: (False, "executes none of the changed code")}
+    assert picked[LOADS_ID][0] and picked[LOADS_ID][1].startswith(f"executes {CK}:load lines ")
+    assert picked[RANKS_ID] == (False, "executes none of the changed code")
 
 
 QUICK = """
