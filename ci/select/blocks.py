@@ -115,9 +115,16 @@ def _first_line(node: ast.AST) -> int:
 
 def innermost(found: Iterable[Block], line: int) -> Block | None:
     """The smallest block holding `line` (blocks nest, so the smallest is the innermost)."""
+    return _smallest(b for b in found if b.start <= line <= b.end)
+
+
+def _smallest(holding: Iterable[Block]) -> Block | None:
+    """The innermost of nested blocks. Two can span the same lines (a branch whose only
+    statement is a decorated def, its header counted for its body): `blocks` lists the
+    outer first, so the last of the smallest is the inner."""
     best: Block | None = None
-    for b in found:
-        if b.start <= line <= b.end and (best is None or b.end - b.start < best.end - best.start):
+    for b in holding:
+        if best is None or b.end - b.start <= best.end - best.start:
             best = b
     return best
 
@@ -179,8 +186,7 @@ def _region(block: Block | None, old_count: int) -> Region:
 
 
 def _around(found: tuple[Block, ...], after: int, old_count: int) -> Region:
-    holding = [b for b in found if b.start <= after and after + 1 <= b.end]
-    return _region(min(holding, key=lambda b: b.end - b.start) if holding else None, old_count)
+    return _region(_smallest(b for b in found if b.start <= after and after + 1 <= b.end), old_count)
 
 
 def _new_region(found: tuple[Block, ...], old_blocks: tuple[Block, ...], line: int,
@@ -201,8 +207,7 @@ def _new_region(found: tuple[Block, ...], old_blocks: tuple[Block, ...], line: i
                 return Region(scope=same[0].scope, lines=frozenset(same[0].body_lines()))
         if block.is_def:
             return Region(scope=block.scope, lines=frozenset())
-        holders = [b for b in found if b.start <= block.start and block.end <= b.end and b != block]
-        block = min(holders, key=lambda b: b.end - b.start) if holders else None
+        block = _smallest(b for b in found if b.start <= block.start and block.end <= b.end and b != block)
     return Region(scope=MODULE, lines=frozenset(range(1, old_count + 1)))
 
 

@@ -90,6 +90,15 @@ def test_the_blocks_of_a_file_nest_and_a_header_counts_for_its_body():
     assert code_lines(SOURCE) >= {IMPORT, FAST_READ, 7} and COMMENT not in code_lines(SOURCE)
 
 
+def test_a_decorated_def_alone_in_a_branch_is_its_own_block():
+    # The branch and the def's body (header included) span the same lines: the def is inner.
+    src = "if FAST:\n    @cached\n    def read():\n        return 1\n"
+    assert innermost(blocks(src), 4).scope == "read"
+    defined_only = frozenset({1, 2, 3})  # the branch ran and defined read, nobody called it
+    [region] = regions(src, src.replace("return 1", "return 2"), {4}, {4}, ())
+    assert not entered(region, defined_only, None) and entered(region, defined_only | {4}, None)
+
+
 def test_a_change_in_a_branch_reaches_only_the_entries_that_took_it():
     new = replaced(FAST_READ, "            data = os.read(path, 10)")
     assert reaches(new, FAST_CALL)
