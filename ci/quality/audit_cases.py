@@ -25,10 +25,11 @@ from ci.quality.plants import discover as discover_plants
 from ci.registry.loader import Registry
 from ci.select import executed
 from ci.select.blocks import git_line_map
-from ci.select.by_execution import Change, changes, parse_diff, pick
+from ci.select.by_execution import Change, changes, pick
 from ci.select.discover import discover
 from ci.select.entries import ResolvedEntry, resolve, select_only
 from ci.select.job_entries import commit_changes, commit_known
+from ci.select.unified_diff import parse_diff
 
 if TYPE_CHECKING:
     from ci.history.store import BisectRow

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ci.select.executed import MODULE
+from ci.select.unified_diff import parse_diff
 
 LineMap = Callable[[str, str, str], "Mapping[int, int] | None"]  # (path, old blob, recorded blob)
 _NO_CODE = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
@@ -241,8 +242,6 @@ def git_line_map(root: Path) -> LineMap:
         return cache[key]
 
     def _map(old_blob: str, recorded_blob: str) -> Mapping[int, int] | None:
-        from ci.select.by_execution import parse_diff
-
         text = _git(root, "diff", "-U0", "--no-color", "--no-ext-diff", old_blob, recorded_blob)
         old_count, new_count = count(old_blob), count(recorded_blob)
         if text is None or old_count is None or new_count is None:

@@ -19,9 +19,10 @@ from ci.registry.loader import Registry
 from ci.registry.model import SelectionPolicy, Suite
 from ci.select import executed
 from ci.select.blocks import git_line_map
-from ci.select.by_execution import Change, Pick, changes, parse_diff, pick
+from ci.select.by_execution import Change, Pick, changes, pick
 from ci.select.discover import discover
 from ci.select.entries import ResolvedEntry, resolve
+from ci.select.unified_diff import parse_diff
 
 
 @dataclass(frozen=True, kw_only=True)

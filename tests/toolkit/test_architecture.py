@@ -238,6 +238,7 @@ TESTED_ELSEWHERE: dict[str, tuple[str, str, str]] = {
     "ci/registry/u_files.py": ("u/test_u_selfcontained.py", "ci.registry.u_files", "U's copies and their sync"),
     "ci/select/import_graph.py": ("select/test_changed_affected.py", "import graph", "changed --affected"),
     "ci/select/executed.py": ("select/test_by_execution.py", "executed_functions", "records' scopes and lines"),
+    "ci/select/unified_diff.py": ("select/test_by_execution.py", "parse_diff", "hunks to changed lines"),
     "ci/quality/audit_cases.py": ("quality/test_select_audit.py", "blamed commit", "through select-audit"),
     "ci/github/issue_kinds.py": ("github/test_flaky_issues.py", "kind=broken-main", "markers and owners, "
                                  "through the issues they make"),

@@ -12,8 +12,9 @@ import pytest
 
 from ci.registry.model import SelectionPolicy
 from ci.select.blocks import blocks, code_lines, entered, git_line_map, innermost, regions
-from ci.select.by_execution import changes, parse_diff, pick
+from ci.select.by_execution import changes, pick
 from ci.select.executed import MODULE, Record, blob_id, spans
+from ci.select.unified_diff import parse_diff
 
 NUM_GPUS = 0
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ci.registry.model import SelectionPolicy
-from ci.select.by_execution import Change, changes, leak, parse_diff, pick, whole_files
+from ci.select.by_execution import Change, changes, leak, pick, whole_files
 from ci.select.executed import (
     MODULE,
     RECORDS_FILE,
@@ -22,6 +22,7 @@ from ci.select.executed import (
     save,
     scopes,
 )
+from ci.select.unified_diff import parse_diff
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import run_ci, write
