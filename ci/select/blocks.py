@@ -176,7 +176,7 @@ def regions(old_src: str, new_src: str | None, old_changed: Iterable[int], new_a
     added = [n for n in new_added if n in new_code]
     to_old = unchanged_pairs(old_changed, new_added, old_count, len(new_src.splitlines()))
     for line in added:
-        out.add(_new_region(new_blocks, old_blocks, line, to_old, old_count))
+        out.add(_new_region(new_blocks, old_blocks, line, to_old, new_code, old_count))
     return tuple(sorted(out, key=lambda r: (r.scope, sorted(r.lines))))
 
 
@@ -191,15 +191,16 @@ def _around(found: tuple[Block, ...], after: int, old_count: int) -> Region:
 
 
 def _new_region(found: tuple[Block, ...], old_blocks: tuple[Block, ...], line: int,
-                to_old: Mapping[int, int], old_count: int) -> Region:
-    """An added line's region: its block's unchanged lines, numbered as in the old file. A
+                to_old: Mapping[int, int], code: frozenset[int], old_count: int) -> Region:
+    """An added line's region: its block's unchanged lines of code, numbered as in the old
+    file (an old comment inside a new block says nothing of whether it ran). A
     block of added lines only is the same block of the old file when the statement it belongs
     to is unchanged (the branch of an `if` whose body was rewritten: control enters both
     alike); else it gives way to the block around it, but a new def or class, which no
     entry can have run, is empty."""
     block = innermost(found, line)
     while block is not None:
-        kept = frozenset(to_old[n] for n in block.body_lines() if n in to_old)
+        kept = frozenset(to_old[n] for n in block.body_lines() if n in to_old and n in code)
         if kept:
             return Region(scope=block.scope, lines=kept)
         if block.owner is not None and block.owner in to_old:

@@ -136,6 +136,15 @@ def test_an_insertion_counts_for_the_block_it_lands_in_on_the_new_side():
     assert reaches(handler, ran_save) and not reaches(handler, IMPORTED)
 
 
+def test_an_old_comment_inside_a_new_block_does_not_stand_for_the_block():
+    # A new `else` around an old comment: the comment is the block's only old line, and no
+    # entry ever "ran" a comment, so the region must be the block around the if.
+    old = "if FAST:\n    a()\n# note\nb()\n"
+    new = "if FAST:\n    a()\nelse:\n    c()\n# note\n    d()\nb()\n"
+    got = regions(old, new, (), {3, 4, 6}, ())
+    assert got and all(entered(r, frozenset({1, 4}), None) for r in got)  # ran the if, not its body
+
+
 def test_a_comment_or_a_blank_line_changes_nothing_and_a_new_def_reaches_nothing():
     assert change_regions(replaced(COMMENT, "        # the data, unchanged")) == ()
     new_def = inserted(14, "\ndef unused():\n    return 1\n")
