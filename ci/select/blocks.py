@@ -61,8 +61,9 @@ class Block:
 
 @dataclass(frozen=True, kw_only=True)
 class Region:
-    """Where one change falls: the lines of its block, numbered as in the old file. An entry
-    that ran none of them never entered the block. Empty `lines`: a wholly new def or class."""
+    """Where one change falls: the lines of code of its block, numbered as in the old file.
+    An entry that ran none of them never entered the block. Empty `lines`: a wholly new def
+    or class."""
 
     scope: str
     lines: frozenset[int]
@@ -161,37 +162,33 @@ def regions(old_src: str, new_src: str | None, old_changed: Iterable[int], new_a
     old_blocks, old_code = blocks(old_src), code_lines(old_src)
     if old_blocks is None or old_code is None:
         return None
-    old_count = len(old_src.splitlines())
     out: set[Region] = set()
     for line in old_changed:
         if line in old_code:
-            out.add(_region(innermost(old_blocks, line), old_count))
+            out.add(_region(innermost(old_blocks, line), old_code))
     if new_src is None:
         for a in insert_after:
-            out.add(_around(old_blocks, a, old_count))
+            out.add(_region(_smallest(b for b in old_blocks if b.start <= a and a + 1 <= b.end), old_code))
         return tuple(sorted(out, key=lambda r: (r.scope, sorted(r.lines))))
     new_blocks, new_code = blocks(new_src), code_lines(new_src)
     if new_blocks is None or new_code is None:
         return None
     added = [n for n in new_added if n in new_code]
-    to_old = unchanged_pairs(old_changed, new_added, old_count, len(new_src.splitlines()))
+    to_old = unchanged_pairs(old_changed, new_added, len(old_src.splitlines()), len(new_src.splitlines()))
     for line in added:
-        out.add(_new_region(new_blocks, old_blocks, line, to_old, new_code, old_count))
+        out.add(_new_region(new_blocks, old_blocks, line, to_old, new_code, old_code))
     return tuple(sorted(out, key=lambda r: (r.scope, sorted(r.lines))))
 
 
-def _region(block: Block | None, old_count: int) -> Region:
+def _region(block: Block | None, code: frozenset[int]) -> Region:
+    """A block of the old file as a region: its lines of code (none given: the whole file's)."""
     if block is None:  # between top-level statements: the file's top level
-        return Region(scope=MODULE, lines=frozenset(range(1, old_count + 1)))
-    return Region(scope=block.scope, lines=frozenset(block.body_lines()))
-
-
-def _around(found: tuple[Block, ...], after: int, old_count: int) -> Region:
-    return _region(_smallest(b for b in found if b.start <= after and after + 1 <= b.end), old_count)
+        return Region(scope=MODULE, lines=code)
+    return Region(scope=block.scope, lines=frozenset(n for n in block.body_lines() if n in code))
 
 
 def _new_region(found: tuple[Block, ...], old_blocks: tuple[Block, ...], line: int,
-                to_old: Mapping[int, int], code: frozenset[int], old_count: int) -> Region:
+                to_old: Mapping[int, int], code: frozenset[int], old_code: frozenset[int]) -> Region:
     """An added line's region: its block's unchanged lines of code, numbered as in the old
     file (an old comment inside a new block says nothing of whether it ran). A
     block of added lines only is the same block of the old file when the statement it belongs
@@ -206,11 +203,11 @@ def _new_region(found: tuple[Block, ...], old_blocks: tuple[Block, ...], line: i
         if block.owner is not None and block.owner in to_old:
             same = [b for b in old_blocks if b.owner == to_old[block.owner] and b.slot == block.slot]
             if same:
-                return Region(scope=same[0].scope, lines=frozenset(same[0].body_lines()))
+                return _region(same[0], old_code)
         if block.is_def:
             return Region(scope=block.scope, lines=frozenset())
         block = _smallest(b for b in found if b.start <= block.start and block.end <= b.end and b != block)
-    return Region(scope=MODULE, lines=frozenset(range(1, old_count + 1)))
+    return _region(None, old_code)
 
 
 def entered(region: Region, executed: frozenset[int], line_map: Mapping[int, int] | None) -> bool:
