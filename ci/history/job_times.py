@@ -6,7 +6,8 @@ JSON object a line (`gh api --paginate …/runs/N/attempts/A/jobs --jq '.jobs[] 
 event, pull request and trust that the workflow_run event states, never the file. Hosted
 jobs run side by side, so a run's wait is its slowest hosted job, set-up included (a job's
 time is GitHub's: from its start on a runner to its end). `python -m ci history waits` and
-the HUD's index show it over time. Pure, but for the reading of the file.
+the HUD's index show it over time. Pure, but for the reading of the file and the table's
+two queries (`record_job_times`, `job_times`), which take an open store as ci/hud/read.py's do.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ import json
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ci.errors import UsageError
+from ci.errors import StoreError, UsageError
+
+if TYPE_CHECKING:  # store.py imports nothing of this module: no circle
+    from ci.history.store import HistoryStore
 
 MAX_JOBS = 1_000  # one run's jobs: a matrix of shards times the suites stays far below
 MAX_BYTES = 4 << 20
@@ -127,6 +132,50 @@ def read_jobs(path: Path, **trigger: object) -> list[JobTime]:
                          "recorded") from None
     except ValueError as exc:
         raise UsageError(f"--jobs {path}: {exc}; no job time recorded") from None
+
+
+def record_job_times(store: HistoryStore, rows: Sequence[JobTime]) -> int:
+    """Write jobs' wall times (table `job_times`) in one transaction; how many were new: a job
+    ingested twice (a rerun ingest job) is kept once."""
+    from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from ci.history import schema
+
+    t = schema.job_times
+    try:
+        with store.engine.begin() as conn:
+            added = 0
+            for row in rows:
+                key = (t.c.gh_run_id == row.gh_run_id, t.c.gh_run_attempt == row.gh_run_attempt,
+                       t.c.job == row.job)
+                if conn.execute(select(t.c.id).where(*key)).first() is None:
+                    conn.execute(t.insert().values(**asdict(row)))
+                    added += 1
+            return added
+    except SQLAlchemyError as exc:
+        raise store._fail(exc, "record the jobs' times") from None  # the store's own wording
+
+
+def job_times(store: HistoryStore, *, event: str | None = None, since: float = 0.0) -> list[JobTime]:
+    """Jobs' wall times (table `job_times`) of runs started at or after `since`, oldest first."""
+    from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from ci.history import schema
+
+    t = schema.job_times
+    fields = [f for f in JobTime.__dataclass_fields__]
+    query = select(*(t.c[f] for f in fields)).where(t.c.started_at >= since)
+    if event is not None:
+        query = query.where(t.c.event == event)
+    try:
+        with store.engine.connect() as conn:
+            return [JobTime(**dict(zip(fields, row, strict=True)))
+                    for row in conn.execute(query.order_by(t.c.started_at, t.c.id)).tuples()]
+    except SQLAlchemyError as exc:
+        raise StoreError("history store: cannot read its jobs' times: "
+                         f"{str(exc).splitlines()[0]}") from None
 
 
 def waits(rows: Sequence[JobTime], *, event: str = "pull_request") -> list[Wait]:

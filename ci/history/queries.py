@@ -302,7 +302,7 @@ def _ingest(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
 
 def _ingest_jobs(path: Path, source: Trigger, commit: str, url: str, log: Log, *, dry_run: bool) -> None:
     """`ingest --jobs FILE`: the run's jobs' wall times, with the event's word on event, PR and trust."""
-    from ci.history.job_times import read_jobs
+    from ci.history.job_times import read_jobs, record_job_times
 
     if not path.is_file():
         _warn(f"ingest: no jobs' times at {path} (the fetch of the run's jobs failed?); none recorded")
@@ -313,18 +313,18 @@ def _ingest_jobs(path: Path, source: Trigger, commit: str, url: str, log: Log, *
         log.line(f"ingest: {len(rows)} job time(s) would be recorded; nothing written")
         return
     with open_store(url) as store:
-        added = store.record_job_times(rows)
+        added = record_job_times(store, rows)
     log.line(f"ingest: {source.describe()}: {len(rows)} job time(s), {added} new")
 
 
 def _waits(args: argparse.Namespace, url: str) -> int:
     """`waits`: each run's slowest hosted job, the last `--last`, and a one-line summary."""
-    from ci.history.job_times import summary, waits
+    from ci.history.job_times import job_times, summary, waits
 
     if args.last < 1:
         raise UsageError("--last must be at least 1")
     with open_store(url, create=False) as store:
-        found = waits(store.job_times(event=args.event), event=args.event)[-args.last:]
+        found = waits(job_times(store, event=args.event), event=args.event)[-args.last:]
     if args.json:
         print(json.dumps([asdict(w) for w in found], indent=1))
         return EXIT_OK
@@ -433,9 +433,9 @@ def _read(args: argparse.Namespace, root: Path, url: str, log: Log) -> int:
         if gone:
             md += (f"\n\n{len(gone)} failing entr{'y' if len(gone) == 1 else 'ies'} not in the registry "
                    "(deleted, or never registered) ignored.")
-        from ci.history.job_times import summary, waits
+        from ci.history.job_times import job_times, summary, waits
 
-        pr_waits = waits(store.job_times(event="pull_request"))
+        pr_waits = waits(job_times(store, event="pull_request"))
         if pr_waits:  # what pull requests' authors waited for, beside what main broke
             md += f"\n\nPull requests' {summary(pr_waits, last=30)}."
         if args.json:

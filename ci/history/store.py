@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from ci.errors import StoreError, UsageError
-from ci.history.job_times import JobTime
 from ci.history.rows import RunRecord, lines_json, lines_of, lines_problem
 
 # `schema` (SQLAlchemy tables) is imported inside the methods that use a store, so the
@@ -450,50 +449,6 @@ class HistoryStore:
                         for s, e, g, bad, k, c, text, at in conn.execute(query).tuples()]
         except SQLAlchemyError as exc:
             raise StoreError(f"history store: cannot read its bisects: {str(exc).splitlines()[0]}") from None
-
-    def record_job_times(self, rows: Sequence[JobTime]) -> int:
-        """Write jobs' wall times (table `job_times`) in one transaction; how many were new: a job
-        ingested twice (a rerun ingest job) is kept once."""
-        from dataclasses import asdict
-
-        from sqlalchemy import select
-        from sqlalchemy.exc import SQLAlchemyError
-
-        from ci.history import schema
-
-        t = schema.job_times
-        try:
-            with self.engine.begin() as conn:
-                added = 0
-                for row in rows:
-                    key = (t.c.gh_run_id == row.gh_run_id, t.c.gh_run_attempt == row.gh_run_attempt,
-                           t.c.job == row.job)
-                    if conn.execute(select(t.c.id).where(*key)).first() is None:
-                        conn.execute(t.insert().values(**asdict(row)))
-                        added += 1
-                return added
-        except SQLAlchemyError as exc:
-            raise self._fail(exc, "record the jobs' times") from None
-
-    def job_times(self, *, event: str | None = None, since: float = 0.0) -> list[JobTime]:
-        """Jobs' wall times (table `job_times`) of runs started at or after `since`, oldest first."""
-        from sqlalchemy import select
-        from sqlalchemy.exc import SQLAlchemyError
-
-        from ci.history import schema
-
-        t = schema.job_times
-        fields = [f for f in JobTime.__dataclass_fields__]
-        query = select(*(t.c[f] for f in fields)).where(t.c.started_at >= since)
-        if event is not None:
-            query = query.where(t.c.event == event)
-        try:
-            with self.engine.connect() as conn:
-                return [JobTime(**dict(zip(fields, row, strict=True)))
-                        for row in conn.execute(query.order_by(t.c.started_at, t.c.id)).tuples()]
-        except SQLAlchemyError as exc:
-            raise StoreError("history store: cannot read its jobs' times: "
-                             f"{str(exc).splitlines()[0]}") from None
 
     def metric_series(self, entry_id: str, *, hardware: str, names: Sequence[str],
                       last_runs: int = 15, exclude_uid: str = "") -> list[MetricRow]:

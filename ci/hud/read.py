@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ci.errors import StoreError
-from ci.history.job_times import Wait, waits
+from ci.history.job_times import Wait, job_times, waits
 from ci.history.store import AttemptRow, BisectRow, HistoryStore, MetricRow
 
 
@@ -86,4 +86,4 @@ def read(store: HistoryStore, *, branch: str, last_runs: int, include_prs: bool,
                 metrics[(entry, name)] = tuple(m for m in series if m.name == name)
     return History(main=tuple(rows), prs=tuple(prs), bisects=tuple(bisects(store)),
                    gpu=tuple(gpu_attempts(store, since=since)), metrics=metrics,
-                   waits=tuple(waits(store.job_times(event="pull_request"))))
+                   waits=tuple(waits(job_times(store, event="pull_request"))))

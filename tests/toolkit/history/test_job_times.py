@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: the shared helpers
 from _ci import run_ci
 
-from ci.history.job_times import JQ, parse_jobs, quantile, summary, waits
+from ci.history.job_times import JQ, job_times, parse_jobs, quantile, record_job_times, summary, waits
 from ci.history.store import open_store
 
 NUM_GPUS = 0
@@ -118,7 +118,7 @@ def test_ingest_records_the_jobs_with_the_events_word_once_and_waits_reads_them(
     again = _ingest(tmp_path, store_url, jobs_file)  # a rerun of the ingest job
     assert again.returncode == 0 and "4 job time(s), 0 new" in again.stdout
     with open_store(store_url) as store:
-        rows = store.job_times(event="pull_request")
+        rows = job_times(store, event="pull_request")
     assert len(rows) == 4 and {(r.gh_run_id, r.gh_run_attempt, r.pr, r.trusted, r.commit) for r in rows} == {
         ("777", 2, 12, False, SHA)}
     shown = run_ci("history", "waits", "--history", store_url, "--root", str(tmp_path))
@@ -151,7 +151,7 @@ def test_a_version_7_store_gains_the_table_and_keeps_its_runs(store_url):
         assert store.version == LATEST == 9
         assert "job_times" in inspect(store.engine).get_table_names()
         assert [r.uid for r in store.runs()] == ["07" * 16]
-        assert store.record_job_times(parsed(JOBS)) == 4 and len(store.job_times()) == 4
+        assert record_job_times(store, parsed(JOBS)) == 4 and len(job_times(store)) == 4
 
 
 def test_a_missing_or_bad_jobs_file(tmp_path):

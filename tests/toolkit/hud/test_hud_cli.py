@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: t
 import _hud_history as planted
 from _ci import REPO, run_ci
 
-from ci.history.job_times import JobTime
+from ci.history.job_times import JobTime, record_job_times
 from ci.history.store import open_store
 
 NUM_GPUS = 0
@@ -19,7 +19,7 @@ NUM_GPUS = 0
 def test_a_site_from_either_store_with_the_pr_pages_apart(store_url, tmp_path):
     planted.plant(store_url)
     with open_store(store_url) as store:  # two PR runs' jobs, as the ingest job records them
-        store.record_job_times([
+        record_job_times(store, [
             JobTime(gh_run_id=run, gh_run_attempt=1, job=name, event="pull_request", commit="f" * 40, pr=7,
                     trusted=False, hosted=hosted, conclusion="success", started_at=1e9, completed_at=1e9 + secs)
             for run, slowest in (("1", 300.0), ("2", 420.0))
