@@ -12,6 +12,8 @@ its `--issues` keeps an issue per missed entry (ci/quality/leak_issues.py).
 from __future__ import annotations
 
 import functools
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from ci.durations import DURATIONS_FILE, DurationStore
 from ci.durations import baseline as baseline_durations
 from ci.errors import StoreError, UsageError
 from ci.quality.plants import Plant
+from ci.quality.plants import apply as apply_patch
 from ci.quality.plants import discover as discover_plants
 from ci.registry.loader import Registry
 from ci.select import executed
@@ -29,7 +32,7 @@ from ci.select.by_execution import Change, changes, pick
 from ci.select.discover import discover
 from ci.select.entries import ResolvedEntry, resolve, select_only
 from ci.select.job_entries import commit_changes, commit_known
-from ci.select.unified_diff import parse_diff
+from ci.select.unified_diff import file_diff, parse_diff
 
 if TYPE_CHECKING:
     from ci.history.store import BisectRow
@@ -72,10 +75,30 @@ def replay(root: Path, registry: Registry, plant: Plant, records: Mapping[str, e
     entries: list[ResolvedEntry] = resolve(suite, discover(root), registry=registry.name)
     catchers = tuple(e.id for e in select_only(entries, plant.only))
 
-    def diff() -> tuple[Change, ...]:
-        return changes(parse_diff(plant.patch.read_text(encoding="utf-8")), _read(root), lambda _: None)
+    return _case(root, plant.key, PLANT, registry, suite.name, entries, catchers,
+                 functools.partial(plant_changes, root, plant.patch), records, durations)
 
-    return _case(root, plant.key, PLANT, registry, suite.name, entries, catchers, diff, records, durations)
+
+def plant_changes(root: Path, patch: Path) -> tuple[Change, ...]:
+    """A plant's change as it lands on this checkout. Its hunks carry the line numbers of the
+    tree it was made on, and `git apply` moves a hunk to where its context is now: so the
+    patch is applied to a scratch copy of the files it names and each is diffed against the
+    checkout's, both sides read (the blocks of `ci.select.blocks` need today's lines). A
+    patch that no longer applies is read by its own numbers (the plants' own test fails it)."""
+    files = parse_diff(patch.read_text(encoding="utf-8"))
+    read_old = _read(root)
+    with tempfile.TemporaryDirectory(prefix="slime-ci-plant-") as tmp:
+        tree = Path(tmp)
+        for f in files:
+            if f.old_path is not None and (root / f.old_path).is_file():
+                (tree / f.old_path).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(root / f.old_path, tree / f.old_path)
+        if apply_patch(patch, tree) is not None:
+            return changes(files, read_old, lambda _: None)
+        read_new = _read(tree)
+        landed = [file_diff(f.old_path, f.new_path, read_old(f.old_path) or "" if f.old_path else "",
+                            read_new(f.new_path) or "" if f.new_path else "") for f in files]
+        return changes(landed, read_old, read_new)
 
 
 def replay_blamed(root: Path, registry: Registry, answers: Sequence[BisectRow],

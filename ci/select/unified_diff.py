@@ -6,6 +6,7 @@ versions of a file (`ci.select.blocks`). Pure.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -65,3 +66,20 @@ def parse_diff(text: str) -> tuple[FileDiff, ...]:
             o, n = o + 1, n + 1
     flush()
     return tuple(out)
+
+
+def file_diff(old_path: str | None, new_path: str | None, old_text: str, new_text: str) -> FileDiff:
+    """One file's FileDiff from its two texts (a patch applied here, not a diff git wrote)."""
+    olds: set[int] = set()
+    news: set[int] = set()
+    after: set[int] = set()
+    matcher = difflib.SequenceMatcher(a=old_text.splitlines(), b=new_text.splitlines(), autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        olds.update(range(i1 + 1, i2 + 1))
+        news.update(range(j1 + 1, j2 + 1))
+        if i1 == i2:
+            after.add(i1)  # a pure insertion after old line i1
+    return FileDiff(old_path=old_path, new_path=new_path, old_lines=frozenset(olds),
+                    new_lines=frozenset(news), insert_after=frozenset(after))
