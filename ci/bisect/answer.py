@@ -156,10 +156,11 @@ def answer_row(answer: Answer, *, ended_at: float) -> dict[str, object]:
 
 def record_answer(url: str, answer: Answer) -> None:
     """Write the answer as one row of the history's `bisects` table."""
+    from ci.history.bisects import record_bisects
     from ci.history.store import open_store
 
     with open_store(url) as store:
-        store.record_bisects([answer_row(answer, ended_at=time.time())])
+        record_bisects(store, [answer_row(answer, ended_at=time.time())])
 
 
 def export_answer(answer: Answer, folder: Path) -> Path:

@@ -43,8 +43,9 @@ from ci.errors import EXIT_FAILED, EXIT_OK, StoreError, UsageError
 from ci.github.inert_text import BODY_LIMIT, TITLE_LIMIT, code, fit, plain, run_link
 from ci.github.issue_kinds import MARKER_RE, WORDS, IssueKind, Wanted, codeowners, marker, owner_of
 from ci.github.rest_client import GitHub, GitHubError
+from ci.history.bisects import BisectRow, bisects
 from ci.history.stats import after_lifts, auto_quarantine, clean_tail, flakiness, streaks
-from ci.history.store import HISTORY_ENV, HISTORY_FILE, AttemptRow, BisectRow, open_store, resolve_url
+from ci.history.store import HISTORY_ENV, HISTORY_FILE, AttemptRow, open_store, resolve_url
 from ci.history.verdicts import OK, infra_cause, short, when
 from ci.registry.loader import load_registry
 from ci.registry.model import Suite
@@ -439,7 +440,7 @@ def main(argv: Sequence[str]) -> int:
         with open_store(url) as store:
             rows = store.attempts(trusted_only=True, last_runs=HISTORY_RUNS)
             lifts = store.lifts()
-            answers = store.bisects()
+            answers = bisects(store)
     except StoreError as exc:
         if args.unreachable_ok:
             print(f"issues: skipped, the history store cannot be used ({exc})", file=sys.stderr)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ci.errors import UsageError
+from ci.history.bisects import record_bisects
 from ci.history.on_branch import SHA
 from ci.history.rows import (
     MAX_EXECUTED_FILES,
@@ -530,7 +531,7 @@ def ingest(store: HistoryStore, runs: Sequence[RunRecord]) -> int:
 def ingest_batch(store: HistoryStore, batch: Batch) -> tuple[int, int]:
     """Record a checked batch: its runs in one transaction, then its bisect answers in one;
     how many of each were new."""
-    return store.record_all(batch.runs), store.record_bisects(batch.bisects)
+    return store.record_all(batch.runs), record_bisects(store, batch.bisects)
 
 
 def read_event(path: Path) -> Any:

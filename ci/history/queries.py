@@ -491,6 +491,7 @@ def bisect_plan(store: HistoryStore, found: Sequence[Streak], root: Path) -> lis
     """The streaks to bisect: known good somewhere, of a suite the registry has, and with no
     answer in the history for the same entry and first failing commit (the monitor runs
     hourly; one bisect per streak is enough)."""
+    from ci.history.bisects import bisected
     from ci.registry.loader import load_registry
 
     registry = load_registry(root)
@@ -500,7 +501,7 @@ def bisect_plan(store: HistoryStore, found: Sequence[Streak], root: Path) -> lis
         if suite is None or not s.last_passing_commit:
             why = "its suite is not in the registry" if suite is None else "it never passed"
             _warn(f"monitor: no bisect of {s.entry_id} ({s.suite}): {why}")
-        elif not store.bisected(s.entry_id, bad=s.first_failing_commit):
+        elif not bisected(store, s.entry_id, bad=s.first_failing_commit):
             out.append({"suite": s.suite, "tier": suite.tier, "entry": s.entry_id})
     return out
 

@@ -149,20 +149,6 @@ class AttemptRow:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BisectRow:
-    """One finished bisect: the entry, the range it searched, and its one-line answer."""
-
-    suite: str
-    entry_id: str
-    good: str
-    bad: str
-    kind: str  # first-bad, rate-rose, undetermined, refused
-    commit: str  # the answer; "" when there is none
-    summary: str
-    started_at: float
-
-
-@dataclass(frozen=True, kw_only=True)
 class ExecutedRow:
     """The newest record of what an entry executed, and the run that made it."""
 
@@ -396,59 +382,6 @@ class HistoryStore:
                         in conn.execute(query).tuples().all()]
         except SQLAlchemyError as exc:
             raise self._fail(exc, "read it") from None
-
-    def bisected(self, entry_id: str, *, bad: str) -> bool:
-        """Whether a bisect answer (table `bisects`) exists for the entry with this bad end."""
-        from sqlalchemy import select
-        from sqlalchemy.exc import SQLAlchemyError
-
-        from ci.history import schema
-
-        b = schema.bisects
-        try:
-            with self.engine.connect() as conn:
-                return conn.execute(select(b.c.id).where(b.c.entry_id == entry_id, b.c.bad == bad)
-                                    .limit(1)).first() is not None
-        except SQLAlchemyError as exc:
-            raise self._fail(exc, "read it") from None
-
-    def record_bisects(self, rows: Sequence[Mapping[str, Any]]) -> int:
-        """Write bisect answers (rows of table `bisects`, keyed by `uid`) in one transaction;
-        how many were new: an answer ingested twice (a rerun ingest job) is kept once."""
-        from sqlalchemy import select
-        from sqlalchemy.exc import SQLAlchemyError
-
-        from ci.history import schema
-
-        b = schema.bisects
-        try:
-            with self.engine.begin() as conn:
-                added = 0
-                for row in rows:
-                    if conn.execute(select(b.c.id).where(b.c.uid == row["uid"])).first() is None:
-                        conn.execute(b.insert().values(**row))
-                        added += 1
-                return added
-        except SQLAlchemyError as exc:
-            raise self._fail(exc, "record the bisect answer") from None
-
-    def bisects(self) -> list[BisectRow]:
-        """Every bisect answer (table `bisects`), oldest first."""
-        from sqlalchemy import select
-        from sqlalchemy.exc import SQLAlchemyError
-
-        from ci.history import schema
-
-        b = schema.bisects
-        query = (select(b.c.suite, b.c.entry_id, b.c.good, b.c.bad, b.c.kind, b.c.commit, b.c.summary,
-                        b.c.started_at).order_by(b.c.started_at, b.c.id))
-        try:
-            with self.engine.connect() as conn:
-                return [BisectRow(suite=s, entry_id=e, good=g, bad=bad, kind=k, commit=c, summary=text,
-                                  started_at=at)
-                        for s, e, g, bad, k, c, text, at in conn.execute(query).tuples()]
-        except SQLAlchemyError as exc:
-            raise StoreError(f"history store: cannot read its bisects: {str(exc).splitlines()[0]}") from None
 
     def metric_series(self, entry_id: str, *, hardware: str, names: Sequence[str],
                       last_runs: int = 15, exclude_uid: str = "") -> list[MetricRow]:

@@ -15,8 +15,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from ci.history.bisects import BisectRow
 from ci.history.stats import after_lifts, auto_quarantine, flakiness, recovered
-from ci.history.store import AttemptRow, BisectRow
+from ci.history.store import AttemptRow
 from ci.history.verdicts import OK, SuiteRules, infra_cause, judge, short
 
 CellKind = Literal["pass", "fail", "flaky", "infra", "quarantined", "not-run"]

@@ -2,9 +2,9 @@
 bisect answers, the GPU attempts with their host, the gated metrics, and the pull requests'
 waits (their runs' slowest hosted jobs, from the jobs' times the ingest job records).
 
-The store's `attempts()` is the one read of attempts; the two queries here read what it
-does not carry (a run's host and an attempt's devices, the `bisects` table's rows), and
-only read.
+The store's `attempts()` is the one read of attempts; the query here reads what it does
+not carry (a run's host and an attempt's devices), and only reads. The bisect answers and
+the jobs' times are the queries of ci/history/bisects.py and ci/history/job_times.py.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ci.errors import StoreError
+from ci.history.bisects import BisectRow, bisects
 from ci.history.job_times import Wait, job_times, waits
-from ci.history.store import AttemptRow, BisectRow, HistoryStore, MetricRow
+from ci.history.store import AttemptRow, HistoryStore, MetricRow
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,11 +41,6 @@ class History:
     gpu: tuple[GpuAttempt, ...] = ()
     metrics: Mapping[tuple[str, str], tuple[MetricRow, ...]] = field(default_factory=dict)
     waits: tuple[Wait, ...] = ()  # pull requests' runs, oldest first
-
-
-def bisects(store: HistoryStore) -> list[BisectRow]:
-    """Every bisect answer, oldest first."""
-    return store.bisects()
 
 
 def gpu_attempts(store: HistoryStore, *, since: float) -> list[GpuAttempt]:

@@ -35,7 +35,7 @@ from ci.select.job_entries import commit_changes, commit_known
 from ci.select.unified_diff import file_diff, parse_diff
 
 if TYPE_CHECKING:
-    from ci.history.store import BisectRow
+    from ci.history.bisects import BisectRow
 
 PLANT, BLAMED = "plant", "blamed commit"
 BLAMING = ("first-bad", "rate-rose")  # the bisect answers that name a commit as the cause
@@ -171,13 +171,14 @@ class Audit:
 def bisect_answers(url: str | None, warn: Callable[[str], None]) -> list[BisectRow]:
     """The store's bisect answers; none without a store, and a store that cannot be read is
     one warning (the plants are replayed still)."""
+    from ci.history.bisects import bisects
     from ci.history.store import open_store
 
     if url is None or (url.startswith("sqlite:///") and not Path(url.split(":///", 1)[1]).is_file()):
         return []
     try:
         with open_store(url, create=False) as store:
-            return store.bisects()
+            return bisects(store)
     except StoreError as exc:
         warn(f"history: its bisect answers are unavailable ({exc}); replaying the plants alone")
         return []

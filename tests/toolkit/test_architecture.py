@@ -254,6 +254,8 @@ TESTED_ELSEWHERE: dict[str, tuple[str, str, str]] = {
     "ci/history/rows.py": ("history/test_store.py", "ci.history.rows", "what the store writes and reads back"),
     "ci/history/schema.py": ("history/test_store.py", "schema", "migrations on SQLite and PostgreSQL"),
     "ci/history/stats.py": ("history/test_record.py", "ci.history.stats", "p90 and failure-first order"),
+    "ci/history/bisects.py": ("github/test_bisect_workflow_answer.py", "ci.history.bisects",
+                              "an answer exported, ingested, read back and named in an issue"),
     "ci/github/rest_client.py": ("github/test_pr_verdicts.py", "fake_github", "GitHub's API through a stand-in"),
     "ci/run/report.py": ("run/test_runner.py", "junit", "the table and JUnit of real runs"),
     "ci/run/options.py": ("run/test_pipeline.py", "parse(", "the parsed options every stage takes"),

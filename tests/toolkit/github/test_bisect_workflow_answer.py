@@ -25,6 +25,7 @@ from _github_api import REPO, env_for, fake_github
 from _verdict_store import in_process
 
 from ci.github.bisect_workflow import BISECT_PATH
+from ci.history.bisects import bisects
 from ci.history.ingest import BISECT_WORKFLOW
 from ci.history.rows import AttemptRecord, RunRecord
 from ci.history.store import open_store
@@ -101,7 +102,7 @@ def test_the_ingested_answer_names_the_culprit_in_the_broken_main_issue(bisected
     again = ingest(artifact, event(shas), store_url, tmp_path, clone.root)  # a rerun ingest job
     assert again.returncode == 0 and "1 bisect answer(s), 0 new" in again.stdout, again.stdout
     with open_store(store_url) as store:
-        [row] = store.bisects()
+        [row] = bisects(store)
     assert (row.commit, row.bad, row.kind) == (shas[planted.BREAK], shas[-1], "first-bad")
     issues = in_process(capsys, monkeypatch, "issues")
     with fake_github() as (api, gh):

@@ -5,7 +5,7 @@ A scratch checkout with a GPU suite of two entries, a CPU suite, three plants an
 file. The records are written through the store's own `save` (what a recording run writes;
 the recording itself is proven in tests/toolkit/run/test_record_executed.py). Blamed commits
 are real commits of a git repository made of the checkout, and the bisect answers naming
-them real rows of a SQLite history store, written by the store's own `record_bisects`.
+them real rows of a SQLite history store, written by `record_bisects` of ci/history/bisects.py.
 """
 
 import json
@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/toolkit: t
 from _ci import run_ci, write
 from _gitrepo import git
 
+from ci.history.bisects import record_bisects
 from ci.history.store import open_store
 from ci.select.executed import MODULE, RECORDS_FILE, Record, save
 
@@ -142,7 +143,7 @@ def test_entries_without_records_always_run_and_are_counted(checkout):
 def blame(root: Path, store: Path, entry: str, sha: str, kind: str = "first-bad") -> None:
     """A bisect answer in the store: `sha` broke `entry` of suite train."""
     with open_store(f"sqlite:///{store}") as s:
-        s.record_bisects([{
+        record_bisects(s, [{
             "uid": f"{entry}-{sha}-{kind}", "suite": "train", "entry_id": entry, "good": "g", "bad": "b",
             "kind": kind, "commit": sha, "candidates": sha, "confidence": 0.99, "attempts_per_commit": 1,
             "width": 1, "rounds": 1, "steps": 1, "trigger": "cli", "started_at": 1.0, "ended_at": 2.0,
