@@ -15,7 +15,7 @@ import functools
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -84,7 +84,8 @@ def plant_changes(root: Path, patch: Path) -> tuple[Change, ...]:
     tree it was made on, and `git apply` moves a hunk to where its context is now: so the
     patch is applied to a scratch copy of the files it names and each is diffed against the
     checkout's, both sides read (the blocks of `ci.select.blocks` need today's lines). A
-    patch that no longer applies is read by its own numbers (the plants' own test fails it)."""
+    patch that does not apply here is read by its own numbers and by functions alone, its
+    stale lines never narrowed to a block (the plants' own test fails such a plant)."""
     files = parse_diff(patch.read_text(encoding="utf-8"))
     read_old = _read(root)
     with tempfile.TemporaryDirectory(prefix="slime-ci-plant-") as tmp:
@@ -94,7 +95,7 @@ def plant_changes(root: Path, patch: Path) -> tuple[Change, ...]:
                 (tree / f.old_path).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(root / f.old_path, tree / f.old_path)
         if apply_patch(patch, tree) is not None:
-            return changes(files, read_old, lambda _: None)
+            return tuple(replace(c, regions=None) for c in changes(files, read_old, lambda _: None))
         read_new = _read(tree)
         landed = [file_diff(f.old_path, f.new_path, read_old(f.old_path) or "" if f.old_path else "",
                             read_new(f.new_path) or "" if f.new_path else "") for f in files]

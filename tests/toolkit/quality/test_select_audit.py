@@ -20,7 +20,7 @@ from _gitrepo import git
 
 from ci.history.bisects import record_bisects
 from ci.history.store import open_store
-from ci.select.executed import MODULE, RECORDS_FILE, Record, save
+from ci.select.executed import MODULE, RECORDS_FILE, Record, blob_id, save, spans
 
 NUM_GPUS = 0
 
@@ -138,6 +138,46 @@ def test_entries_without_records_always_run_and_are_counted(checkout):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 of 2 GPU entries have no record and always run" in proc.stdout
     assert "1600 / 1600 = 1.00" in proc.stdout
+
+
+# A plant made before two lines were added at the top of pkg/lib.py: its numbers are stale,
+# and `git apply` finds the hunk by its context.
+STALE = """diff --git a/pkg/lib.py b/pkg/lib.py
+--- a/pkg/lib.py
++++ b/pkg/lib.py
+@@ -7,3 +7,3 @@
+{blank}
+ def train(steps):
+-    return steps
++    return 0
+""".format(blank=" ")
+
+
+def test_a_plant_made_on_an_older_file_is_read_where_it_lands_today(checkout):
+    lib = checkout / "pkg/lib.py"
+    lib.write_text("# header\nLIMIT = 1\n" + lib.read_text())
+    text = lib.read_text().splitlines()
+    at = {line.strip(): n for n, line in enumerate(text, 1) if line.strip()}
+    imported = {at["LIMIT = 1"], at["import os"], at["def load(path):"], at["def train(steps):"]}
+    blob = blob_id(lib.read_bytes())
+    save(checkout / RECORDS_FILE, [  # the records keep lines: the block the change lands in decides
+        Record(entry="tests/e2e/test_loads.py", commit="c", recorded_at=1.0, files={"pkg/lib.py": (MODULE, "load")},
+               lines={"pkg/lib.py": spans(imported | {at["return path"]})}, blobs={"pkg/lib.py": blob}),
+        Record(entry="tests/e2e/test_trains.py", commit="c", recorded_at=1.0, files={"pkg/lib.py": (MODULE, "train")},
+               lines={"pkg/lib.py": spans(imported | {at["return steps"]})}, blobs={"pkg/lib.py": blob}),
+    ])
+    (checkout / "tests/e2e/plants/test_trains/train-broken.patch").write_text(
+        plant("train", "tests/e2e/test_trains.py", STALE))
+    proc = run_ci("select-audit", "--root", str(checkout))
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("test_trains/train-broken"))
+    # By its own numbers the change is old line 9, a blank line here: no block, a miss.
+    assert "yes" in row and f"executes pkg/lib.py:train lines {at['return steps']}-" in row, proc.stdout
+    # load-broken has no context and does not apply (`git apply` wants context): its stale
+    # line 5, blank now, is read by functions alone, and a blank line at the top level is the
+    # module's: both entries run.
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("test_loads/load-broken"))
+    assert "yes" in row and "2 of 2" in row and "(module level changed)" in row, proc.stdout
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def blame(root: Path, store: Path, entry: str, sha: str, kind: str = "first-bad") -> None:
