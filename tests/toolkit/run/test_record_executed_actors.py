@@ -206,7 +206,8 @@ def test_a_function_run_only_in_a_spawned_multiprocessing_child_is_recorded(ran)
 @pytest.mark.slow
 def test_changing_the_actor_only_function_selects_the_entry(repo):
     picked = plan_for(repo, "in-actor", replace_in(WORK_PATH, "return x * 3", "return x * 3 + 0"))
-    assert picked == {ENTRY_ID: (True, f"executes {WORK_PATH}:only_in_actor")}
+    [(entry, (runs, why))] = picked.items()
+    assert entry == ENTRY_ID and runs and why.startswith(f"executes {WORK_PATH}:only_in_actor lines "), picked
 
 
 @pytest.mark.slow
