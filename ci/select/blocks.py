@@ -24,6 +24,7 @@ line numbers from the diff's old file to the recorded version of it (its blob), 
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import subprocess
 import tokenize
@@ -223,11 +224,13 @@ def entered(region: Region, executed: frozenset[int], line_map: Mapping[int, int
     return not mapped or not executed.isdisjoint(mapped)
 
 
+@functools.lru_cache(maxsize=4)
 def git_line_map(root: Path) -> LineMap:
-    """Old-file lines -> recorded lines through `git diff` of the two blobs, once per pair;
-    None where either blob is not in the checkout (a shallow clone): selection then goes by
-    functions for that file."""
-    cache: dict[tuple[str, str], Mapping[int, int] | None] = {}
+    """Old-file lines -> recorded lines through `git diff` of the two blobs, once per pair
+    for the process (blobs never change; every plant and job of an audit or plan shares
+    it); None where either blob is not in the checkout (a shallow clone): selection then
+    goes by functions for that file, and a later call asks git again."""
+    cache: dict[tuple[str, str], Mapping[int, int]] = {}
 
     def count(blob: str) -> int | None:
         shown = _git(root, "cat-file", "-p", blob)
@@ -236,7 +239,10 @@ def git_line_map(root: Path) -> LineMap:
     def line_map(path: str, old_blob: str, recorded_blob: str) -> Mapping[int, int] | None:
         key = (old_blob, recorded_blob)
         if key not in cache:
-            cache[key] = _map(old_blob, recorded_blob)
+            found = _map(old_blob, recorded_blob)
+            if found is None:
+                return None
+            cache[key] = found
         return cache[key]
 
     def _map(old_blob: str, recorded_blob: str) -> Mapping[int, int] | None:
